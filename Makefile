@@ -1,0 +1,35 @@
+# veil: the two quick-start commands are `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test bench lint clean
+
+setup: $(STAMP)
+
+# torch first, pinned, so pip takes the local CPU wheel instead of a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[test,dev]'
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/veil train --dataset digits --epsilon 3 --out runs/demo
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/python bench/accounting.py
+
+lint: setup
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info

@@ -1,0 +1,259 @@
+"""Privacy events: immutable, validated descriptions of what a mechanism did.
+
+An event says *which* randomised computation touched the private data; it carries no data and no
+state. Accountants (:mod:`veil.accounting.rdp`, :mod:`veil.accounting.pld`) compose events into an
+(ε, δ) guarantee; the run ledger persists the same events, so a report can be re-verified later.
+
+Normalisation. Every noise parameter is relative to the *sensitivity of the noised quantity under
+the stated neighbouring relation*: :class:`Gaussian` with ``noise_multiplier=σ`` releases
+``f(D) + N(0, σ²Δ²)`` where ``Δ`` is the L2 sensitivity of ``f``; :class:`Laplace` releases
+``f(D) + Lap(b)`` with L1 sensitivity ``Δ`` (``scale=b``, ``sensitivity=Δ``).
+
+Neighbouring relations (:class:`Neighbouring`):
+
+* ``ADD_OR_REMOVE_ONE``: D' is D with one record added or removed (the unit DP-SGD with Poisson
+  sampling is analysed in). For a clipped sum with clip norm C, Δ = C.
+* ``REPLACE_ONE``: D' is D with one record replaced (same size). For a clipped sum, Δ = 2C.
+
+Which relation an event supports is given by :meth:`PrivacyEvent.supports_relation`:
+Gaussian/Laplace support both (their parameter is relative to the sensitivity under the relation
+used); :class:`PoissonSampled` is analysed under add/remove only, since amplification by Poisson
+sampling is a statement about the presence of one record.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from veil.errors import InvalidParameterError
+
+__all__ = [
+    "Composed",
+    "Gaussian",
+    "Laplace",
+    "Neighbouring",
+    "NoOp",
+    "NonPrivate",
+    "PoissonSampled",
+    "PrivacyEvent",
+    "SelfComposed",
+    "event_from_dict",
+    "event_from_json",
+]
+
+
+class Neighbouring(str, enum.Enum):
+    """The neighbouring relation a guarantee is stated for."""
+
+    ADD_OR_REMOVE_ONE = "add_or_remove_one"
+    REPLACE_ONE = "replace_one"
+
+
+_BOTH = frozenset(Neighbouring)
+_REGISTRY: dict[str, type[PrivacyEvent]] = {}
+
+
+def _check_finite_positive(name: str, value: float, fix: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidParameterError(name, value, "it must be a real number to calibrate noise", fix)
+    if not math.isfinite(value) or value <= 0:
+        raise InvalidParameterError(
+            name, value, "noise must have a finite positive scale or nothing is protected", fix
+        )
+
+
+@dataclass(frozen=True)
+class PrivacyEvent:
+    """Base class. Subclasses are frozen dataclasses validated in ``__post_init__``."""
+
+    kind: ClassVar[str] = "event"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _REGISTRY[cls.kind] = cls
+
+    def supports_relation(self, relation: Neighbouring) -> bool:
+        """Whether this event's analysis holds under ``relation``."""
+        return relation in _BOTH
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict with a ``"type"`` tag; inverse of :func:`event_from_dict`."""
+        raise NotImplementedError
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+
+@dataclass(frozen=True)
+class NoOp(PrivacyEvent):
+    """A computation that did not touch private data: costs nothing."""
+
+    kind: ClassVar[str] = "noop"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.kind}
+
+
+@dataclass(frozen=True)
+class NonPrivate(PrivacyEvent):
+    """A computation on private data with no guarantee: ε = ∞ once composed."""
+
+    kind: ClassVar[str] = "non_private"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.kind}
+
+
+@dataclass(frozen=True)
+class Gaussian(PrivacyEvent):
+    """Gaussian mechanism ``f(D) + N(0, σ²Δ²·I)`` with ``noise_multiplier = σ``."""
+
+    noise_multiplier: float
+    kind: ClassVar[str] = "gaussian"
+
+    def __post_init__(self) -> None:
+        _check_finite_positive(
+            "noise_multiplier",
+            self.noise_multiplier,
+            "pass σ > 0 (use NonPrivate for an un-noised release)",
+        )
+        object.__setattr__(self, "noise_multiplier", float(self.noise_multiplier))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.kind, "noise_multiplier": self.noise_multiplier}
+
+
+@dataclass(frozen=True)
+class Laplace(PrivacyEvent):
+    """Laplace mechanism ``f(D) + Lap(scale)`` for L1 sensitivity ``sensitivity``: pure ε = Δ/b."""
+
+    scale: float
+    sensitivity: float = 1.0
+    kind: ClassVar[str] = "laplace"
+
+    def __post_init__(self) -> None:
+        _check_finite_positive("scale", self.scale, "pass a Laplace scale b > 0")
+        _check_finite_positive("sensitivity", self.sensitivity, "pass the L1 sensitivity Δ > 0")
+        object.__setattr__(self, "scale", float(self.scale))
+        object.__setattr__(self, "sensitivity", float(self.sensitivity))
+
+    @property
+    def noise_multiplier(self) -> float:
+        """Scale relative to sensitivity, b/Δ."""
+        return self.scale / self.sensitivity
+
+    @property
+    def pure_epsilon(self) -> float:
+        """The pure-DP ε = Δ/b of one release."""
+        return self.sensitivity / self.scale
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.kind, "scale": self.scale, "sensitivity": self.sensitivity}
+
+
+@dataclass(frozen=True)
+class PoissonSampled(PrivacyEvent):
+    """``event`` applied to a Poisson sample: each record joins independently with prob. q."""
+
+    sampling_rate: float
+    event: PrivacyEvent
+    kind: ClassVar[str] = "poisson_sampled"
+
+    def __post_init__(self) -> None:
+        q = self.sampling_rate
+        if isinstance(q, bool) or not isinstance(q, (int, float)) or not (0 < q <= 1):
+            raise InvalidParameterError(
+                "sampling_rate",
+                q,
+                "amplification by sampling is defined only for a probability in (0, 1]",
+                "pass q = expected batch size / dataset size",
+            )
+        if not isinstance(self.event, PrivacyEvent):
+            raise InvalidParameterError(
+                "event", self.event, "only a privacy event can be sampled", "wrap a PrivacyEvent"
+            )
+        object.__setattr__(self, "sampling_rate", float(q))
+
+    def supports_relation(self, relation: Neighbouring) -> bool:
+        return relation is Neighbouring.ADD_OR_REMOVE_ONE and self.event.supports_relation(relation)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.kind, "sampling_rate": self.sampling_rate, "event": self.event.to_dict()}
+
+
+@dataclass(frozen=True)
+class SelfComposed(PrivacyEvent):
+    """``event`` applied ``count`` times (adaptively) to the same data."""
+
+    event: PrivacyEvent
+    count: int
+    kind: ClassVar[str] = "self_composed"
+
+    def __post_init__(self) -> None:
+        c = self.count
+        if isinstance(c, bool) or not isinstance(c, int) or c < 0:
+            raise InvalidParameterError(
+                "count", c, "a composition count is a number of releases", "pass an integer ≥ 0"
+            )
+        if not isinstance(self.event, PrivacyEvent):
+            raise InvalidParameterError(
+                "event", self.event, "only a privacy event can be composed", "wrap a PrivacyEvent"
+            )
+
+    def supports_relation(self, relation: Neighbouring) -> bool:
+        return self.event.supports_relation(relation)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.kind, "count": self.count, "event": self.event.to_dict()}
+
+
+@dataclass(frozen=True)
+class Composed(PrivacyEvent):
+    """Adaptive composition of several (possibly different) events, in order."""
+
+    events: tuple[PrivacyEvent, ...] = field(default_factory=tuple)
+    kind: ClassVar[str] = "composed"
+
+    def __init__(self, events: Iterable[PrivacyEvent] = ()) -> None:
+        evs = tuple(events)
+        for e in evs:
+            if not isinstance(e, PrivacyEvent):
+                raise InvalidParameterError(
+                    "events", e, "only privacy events can be composed", "pass PrivacyEvent objects"
+                )
+        object.__setattr__(self, "events", evs)
+
+    def supports_relation(self, relation: Neighbouring) -> bool:
+        return all(e.supports_relation(relation) for e in self.events)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.kind, "events": [e.to_dict() for e in self.events]}
+
+
+def event_from_dict(data: dict[str, Any]) -> PrivacyEvent:
+    """Rebuild an event from :meth:`PrivacyEvent.to_dict` output (validated again)."""
+    if not isinstance(data, dict) or "type" not in data:
+        raise InvalidParameterError(
+            "event", data, "an event record must name its type", "pass the output of to_dict()"
+        )
+    kind = data["type"]
+    cls = _REGISTRY.get(kind)
+    if cls is None:
+        raise InvalidParameterError(
+            "event.type", kind, "an unknown event cannot be accounted", f"use one of {sorted(_REGISTRY)}"
+        )
+    fields = {k: v for k, v in data.items() if k != "type"}
+    if "event" in fields:
+        fields["event"] = event_from_dict(fields["event"])
+    if "events" in fields:
+        return Composed(event_from_dict(e) for e in fields["events"])
+    return cls(**fields)
+
+
+def event_from_json(text: str) -> PrivacyEvent:
+    return event_from_dict(json.loads(text))

@@ -1,0 +1,36 @@
+"""Shared output for subcommands: one JSON object with ``--json``, else a small table."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def emit(result: Mapping[str, Any], as_json: bool, title: str = "") -> None:
+    """Print ``result``: one JSON object on stdout, or a two-column table for people."""
+    if as_json:
+        sys.stdout.write(json.dumps(_jsonable(result), sort_keys=False) + "\n")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title or None, show_header=False, box=None)
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in result.items():
+        shown = f"{value:.6g}" if isinstance(value, float) else str(value)
+        table.add_row(key, shown)
+    Console().print(table)
