@@ -23,6 +23,7 @@ from veil.accounting.events import (
     Neighbouring,
     NonPrivate,
     NoOp,
+    PoissonSampled,
     PrivacyEvent,
     SelfComposed,
 )
@@ -47,7 +48,9 @@ def check_epsilon(epsilon: float, name: str = "epsilon") -> float:
     if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or math.isnan(epsilon):
         raise InvalidParameterError(name, epsilon, "ε must be a number", "pass ε ≥ 0")
     if epsilon < 0:
-        raise InvalidParameterError(name, epsilon, "ε measures privacy loss and cannot be negative", "pass ε ≥ 0")
+        raise InvalidParameterError(
+            name, epsilon, "ε measures privacy loss and cannot be negative", "pass ε ≥ 0"
+        )
     return float(epsilon)
 
 
@@ -68,7 +71,9 @@ class PrivacyAccountant(abc.ABC):
     def compose(self, event: PrivacyEvent, count: int = 1) -> PrivacyAccountant:
         """Compose ``event`` ``count`` times; returns ``self``. Refusals change nothing."""
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise InvalidParameterError("count", count, "a composition count is a number of releases", "pass an integer ≥ 0")
+            raise InvalidParameterError(
+                "count", count, "a composition count is a number of releases", "pass an integer ≥ 0"
+            )
         bad = self._unsupported_part(event)
         if bad is not None:
             raise UnsupportedEventError(
@@ -98,6 +103,8 @@ class PrivacyAccountant(abc.ABC):
             return event
         if isinstance(event, SelfComposed):
             return self._unsupported_part(event.event)
+        if isinstance(event, PoissonSampled) and not self._supports_leaf(event.event):
+            return self._unsupported_part(event.event) or event
         if isinstance(event, Composed):
             for e in event.events:
                 bad = self._unsupported_part(e)

@@ -1,0 +1,64 @@
+"""Shared resolution of the sampling flags of ``veil epsilon`` and ``veil calibrate``."""
+
+from __future__ import annotations
+
+import math
+
+from veil.errors import InvalidParameterError
+
+
+def resolve_sampling(
+    sampling_rate: float | None,
+    steps: int | None,
+    batch_size: int | None,
+    dataset_size: int | None,
+    epochs: float | None,
+) -> tuple[float, int]:
+    """(q, T) from either ``--sampling-rate/--steps`` or ``--batch-size/--dataset-size/--epochs``.
+
+    q = B/N and T = ceil(E·N/B): the expected number of Poisson-sampled steps in E epochs.
+    """
+    by_rate = sampling_rate is not None or steps is not None
+    by_batch = batch_size is not None or dataset_size is not None or epochs is not None
+    if by_rate and by_batch:
+        raise InvalidParameterError(
+            "--sampling-rate/--steps",
+            "given with --batch-size/--dataset-size/--epochs",
+            "two descriptions of the sampling could disagree about the rate the guarantee uses",
+            "pass either --sampling-rate and --steps, or --batch-size, --dataset-size and --epochs",
+        )
+    if by_batch:
+        for name, value in (
+            ("--batch-size", batch_size),
+            ("--dataset-size", dataset_size),
+            ("--epochs", epochs),
+        ):
+            if value is None:
+                raise InvalidParameterError(
+                    name,
+                    None,
+                    "q = B/N and T = E·N/B need all three",
+                    "pass --batch-size, --dataset-size and --epochs",
+                )
+        assert batch_size is not None and dataset_size is not None and epochs is not None
+        if dataset_size < 1 or not (1 <= batch_size <= dataset_size):
+            raise InvalidParameterError(
+                "--batch-size",
+                batch_size,
+                f"the expected batch must be between 1 and the dataset size ({dataset_size})",
+                "pass 1 ≤ B ≤ N",
+            )
+        if not (epochs > 0 and math.isfinite(epochs)):
+            raise InvalidParameterError(
+                "--epochs", epochs, "the number of passes sets the steps spent", "pass E > 0"
+            )
+        q = batch_size / dataset_size
+        return q, max(1, math.ceil(epochs * dataset_size / batch_size - 1e-9))
+    if sampling_rate is None or steps is None:
+        raise InvalidParameterError(
+            "--sampling-rate/--steps",
+            None,
+            "ε depends on the sampling rate and the number of steps",
+            "pass --sampling-rate Q --steps T (or --batch-size, --dataset-size, --epochs)",
+        )
+    return sampling_rate, steps

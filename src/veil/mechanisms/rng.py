@@ -1,0 +1,431 @@
+"""Randomness sources: seeded (reproducible research runs) and secure (the OS CSPRNG).
+
+Every random draw in veil goes through a :class:`RandomSource`, so the choice between the two is
+made once, in one place:
+
+* :class:`SeededSource` — a numpy ``Generator(PCG64(seed))`` for numpy draws and a
+  ``torch.Generator`` seeded from the same seed for tensor draws. The whole stream is restored by
+  :meth:`SeededSource.load_state_dict`, so a resumed run draws exactly what an uninterrupted one
+  would have. **Not** suitable for a deployed model: whoever knows (or guesses) the seed can
+  recompute the noise and subtract it.
+* :class:`SecureSource` — bytes from the operating system's CSPRNG (``os.urandom``), never from a
+  seeded PRNG. Its stream cannot be replayed, so its ``state_dict()`` is just ``{"secure": True}``.
+  Tensors of Gaussian noise are made from those bytes (Box–Muller in float64, two independent
+  draws of ``std/√2`` summed, then cast), which blunts the floating-point attacks of Mironov (2012)
+  and Jin et al. (2022) on float samplers; the scalar/array mechanisms of :mod:`veil.mechanisms`
+  go further in secure mode and sample on an integer lattice (see ``docs/mechanisms.md``).
+
+Nothing here touches numpy's or torch's global generators. ``import veil.mechanisms`` does not
+import torch (the tensor methods import it when first called).
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+import os
+import threading
+import zlib
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from veil.errors import InvalidParameterError
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["RandomSource", "SecureSource", "SeededSource", "make_source"]
+
+_TWO_POW_53 = 1 << 53
+_INV_TWO_POW_53 = 1.0 / _TWO_POW_53
+_MAX_SEED = (1 << 64) - 1
+
+
+def _check_size(size: int | tuple[int, ...]) -> tuple[int, ...]:
+    shape = (size,) if isinstance(size, (int, np.integer)) else tuple(size)
+    for s in shape:
+        if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0:
+            raise InvalidParameterError("size", size, "a sample shape is a tuple of counts", "pass ints ≥ 0")
+    return tuple(int(s) for s in shape)
+
+
+def _check_std(std: float) -> float:
+    if isinstance(std, bool) or not isinstance(std, (int, float, np.floating, np.integer)):
+        raise InvalidParameterError("std", std, "the noise scale must be a real number", "pass σ ≥ 0")
+    if not math.isfinite(std) or std < 0:
+        raise InvalidParameterError(
+            "std", std, "the noise scale sets the privacy guarantee and must be finite and ≥ 0", "pass σ ≥ 0"
+        )
+    return float(std)
+
+
+class RandomSource(abc.ABC):
+    """One stream of randomness. Subclasses provide raw 64-bit words and raw bit strings.
+
+    ``secure`` is ``True`` only for sources whose every bit comes from a CSPRNG.
+    """
+
+    secure: bool
+
+    # -- primitives -----------------------------------------------------------------------------
+    @abc.abstractmethod
+    def _raw_uint64(self, n: int) -> np.ndarray:
+        """``n`` independent uniform 64-bit words (``uint64``)."""
+
+    @abc.abstractmethod
+    def random_bits(self, k: int) -> int:
+        """A uniform integer in ``[0, 2**k)``."""
+
+    @abc.abstractmethod
+    def normal(
+        self,
+        shape: tuple[int, ...],
+        std: float,
+        *,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str = "cpu",
+    ) -> torch.Tensor:
+        """A tensor of i.i.d. ``N(0, std²)`` noise, generated in ≥ float32 and cast to ``dtype``.
+
+        ``dtype`` defaults to ``torch.float32``. Low-precision dtypes (bfloat16, float16) get noise
+        drawn at full precision and rounded once, so the scale is right.
+        """
+
+    @abc.abstractmethod
+    def standard_normal(self, size: int | tuple[int, ...]) -> np.ndarray:
+        """float64 i.i.d. ``N(0, 1)`` samples as a numpy array."""
+
+    @abc.abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """The state needed to continue this stream (JSON-serialisable)."""
+
+    @abc.abstractmethod
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a state produced by :meth:`state_dict` of the same kind of source."""
+
+    # -- derived draws (shared by both sources) --------------------------------------------------
+    def randbelow(self, n: int) -> int:
+        """A uniform integer in ``[0, n)`` for any Python int ``n ≥ 1`` (exact, by rejection)."""
+        if n <= 1:
+            if n == 1:
+                return 0
+            raise InvalidParameterError("n", n, "there is no integer in an empty range", "pass n ≥ 1")
+        k = n.bit_length()
+        while True:
+            v = self.random_bits(k)
+            if v < n:
+                return v
+
+    def uniform(self, size: int | tuple[int, ...]) -> np.ndarray:
+        """float64 uniforms on ``[0, 1)``, on the grid ``k·2⁻⁵³`` (all 53 bits random)."""
+        shape = _check_size(size)
+        n = math.prod(shape)
+        return ((self._raw_uint64(n) >> np.uint64(11)).astype(np.float64) * _INV_TWO_POW_53).reshape(shape)
+
+    def integers(self, low: int, high: int, size: int | tuple[int, ...] | None = None) -> int | np.ndarray:
+        """Uniform integers in ``[low, high)``: a Python int if ``size`` is None, else int64 array.
+
+        Exact (rejection sampling, no modulo bias). Arrays need ``high - low ≤ 2**63``.
+        """
+        span = int(high) - int(low)
+        if span < 1:
+            raise InvalidParameterError(
+                "high", high, f"[low={low}, high) is empty", "pass high > low (high is exclusive)"
+            )
+        if size is None:
+            return int(low) + self.randbelow(span)
+        shape = _check_size(size)
+        if span > 1 << 63 or int(low) < -(1 << 63) or int(high) - 1 > (1 << 63) - 1:
+            raise InvalidParameterError(
+                "high", high, "array draws are int64", "keep low, high within int64 and high - low ≤ 2**63"
+            )
+        n = math.prod(shape)
+        out = np.empty(n, dtype=np.uint64)
+        limit = ((1 << 64) // span) * span  # accept x < limit: each residue equally often
+        filled = 0
+        while filled < n:
+            need = n - filled
+            x = self._raw_uint64(need + need // 8 + 1)
+            if limit < 1 << 64:
+                x = x[x < np.uint64(limit)]
+            x = x[:need]
+            out[filled : filled + x.size] = x % np.uint64(span)
+            filled += x.size
+        return (out.astype(np.int64) + np.int64(low)).reshape(shape)  # out < span ≤ 2**63: fits
+
+    def bernoulli(self, n: int, p: float) -> np.ndarray:
+        """A bool mask of length ``n``, each entry True independently with probability ``p̃ ≤ p``.
+
+        ``p̃ = ⌊p·2⁵³⌋ / 2⁵³`` exactly (integer comparison of 53 random bits), so the realised
+        inclusion probability is never above ``p`` and below it by < 2⁻⁵³: a Poisson sampler
+        built on this is amplified at least as much as the rate it is accounted with.
+        """
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+            raise InvalidParameterError("n", n, "a mask length is a count", "pass an int ≥ 0")
+        if isinstance(p, bool) or not isinstance(p, (int, float, np.floating)) or not (0.0 <= p <= 1.0):
+            raise InvalidParameterError("p", p, "a probability must lie in [0, 1]", "pass 0 ≤ p ≤ 1")
+        threshold = math.floor(float(p) * _TWO_POW_53)  # exact: scaling by a power of two
+        k = self._raw_uint64(int(n)) >> np.uint64(11)
+        return k < np.uint64(threshold) if threshold < _TWO_POW_53 else np.ones(int(n), dtype=bool)
+
+
+class SeededSource(RandomSource):
+    """Reproducible stream from ``seed`` (an int in ``[0, 2**64)``). Not for deployment.
+
+    numpy draws use ``Generator(PCG64(seed))``; tensor draws use a ``torch.Generator`` per device,
+    the CPU one seeded with ``seed`` itself, others with a seed derived from ``(seed, device)``.
+    Tensor noise on an accelerator is therefore reproducible on that device type only.
+    """
+
+    secure = False
+
+    def __init__(self, seed: int) -> None:
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not (0 <= seed <= _MAX_SEED):
+            raise InvalidParameterError(
+                "seed", seed, "a seed must be an integer in [0, 2**64)", "pass a non-negative int"
+            )
+        self.seed = int(seed)
+        self._np = np.random.Generator(np.random.PCG64(self.seed))
+        self._torch_gens: dict[str, Any] = {}
+
+    def __repr__(self) -> str:
+        return f"SeededSource(seed={self.seed})"
+
+    def _raw_uint64(self, n: int) -> np.ndarray:
+        return np.asarray(self._np.bit_generator.random_raw(n), dtype=np.uint64)
+
+    def random_bits(self, k: int) -> int:
+        if k <= 0:
+            if k == 0:
+                return 0
+            raise InvalidParameterError("k", k, "a bit count cannot be negative", "pass k ≥ 0")
+        words = (k + 63) // 64
+        if words == 1:
+            return int(self._np.bit_generator.random_raw()) >> (64 - k)
+        v = int.from_bytes(self._raw_uint64(words).astype("<u8").tobytes(), "little")
+        return v >> (64 * words - k)
+
+    def standard_normal(self, size: int | tuple[int, ...]) -> np.ndarray:
+        return self._np.standard_normal(_check_size(size))
+
+    def _torch_generator(self, device: Any) -> Any:
+        import torch
+
+        dev = torch.device(device)
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        key = str(dev)
+        gen = self._torch_gens.get(key)
+        if gen is None:
+            gen = torch.Generator(device=dev)
+            if dev.type == "cpu":
+                gen.manual_seed(self.seed)
+            else:
+                spawn = np.random.SeedSequence(self.seed, spawn_key=(zlib.crc32(key.encode()),))
+                gen.manual_seed(int(spawn.generate_state(1, np.uint64)[0]))
+            self._torch_gens[key] = gen
+        return gen
+
+    def normal(
+        self,
+        shape: tuple[int, ...],
+        std: float,
+        *,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str = "cpu",
+    ) -> torch.Tensor:
+        import torch
+
+        std = _check_std(std)
+        out_dtype = torch.float32 if dtype is None else dtype
+        gen_dtype = torch.float64 if out_dtype == torch.float64 else torch.float32
+        gen = self._torch_generator(device)
+        z = torch.randn(_check_size(shape), generator=gen, dtype=gen_dtype, device=gen.device)
+        return (z * std).to(out_dtype)
+
+    def state_dict(self) -> dict[str, Any]:
+        torch_states = {}
+        for key, gen in self._torch_gens.items():
+            torch_states[key] = bytes(gen.get_state().cpu().numpy().tobytes()).hex()
+        return {
+            "secure": False,
+            "seed": self.seed,
+            "numpy": self._np.bit_generator.state,
+            "torch": torch_states,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore the exact stream; generators absent from ``state`` restart fresh from the seed."""
+        if not isinstance(state, Mapping) or state.get("secure") is not False or "numpy" not in state:
+            raise InvalidParameterError(
+                "state",
+                state if not isinstance(state, Mapping) else dict(state).get("secure"),
+                "a seeded stream can only resume from a seeded state_dict (a secure stream has no "
+                "state to replay, and mixing them would silently change the run's randomness)",
+                "load the state_dict saved by a SeededSource, or build a SecureSource",
+            )
+        seed = state.get("seed", self.seed)
+        fresh = SeededSource(seed)
+        try:
+            fresh._np.bit_generator.state = state["numpy"]
+        except (TypeError, ValueError, KeyError) as exc:
+            raise InvalidParameterError(
+                "state.numpy", "…", f"not a PCG64 state ({exc})", "pass an unmodified state_dict"
+            ) from exc
+        torch_states = state.get("torch", {}) or {}
+        if torch_states:
+            import torch
+
+            for key, hexstate in torch_states.items():
+                gen = fresh._torch_generator(key)
+                raw = bytearray(bytes.fromhex(hexstate))
+                gen.set_state(torch.frombuffer(raw, dtype=torch.uint8).clone())
+        self.seed = fresh.seed
+        self._np = fresh._np
+        self._torch_gens = fresh._torch_gens
+
+
+class SecureSource(RandomSource):
+    """Every bit from the OS CSPRNG (``os.urandom``); no seed, no replay.
+
+    Bytes are read in blocks into a private buffer (guarded by a lock, and discarded in a forked
+    child so parent and child never share bytes). ``state_dict()`` is ``{"secure": True}``: a
+    secure stream cannot be reproduced, by design.
+    """
+
+    secure = True
+    _BLOCK = 4096
+    _NORMAL_CHUNK = 1 << 20
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._pos = 0
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return "SecureSource()"
+
+    def _bytes(self, n: int) -> bytes:
+        if n >= self._BLOCK:
+            return os.urandom(n)
+        with self._lock:
+            pid = os.getpid()
+            if pid != self._pid:  # forked: never reuse the parent's bytes
+                self._buf, self._pos, self._pid = b"", 0, pid
+            if self._pos + n > len(self._buf):
+                self._buf, self._pos = os.urandom(self._BLOCK), 0
+            out = self._buf[self._pos : self._pos + n]
+            self._pos += n
+            return out
+
+    def _raw_uint64(self, n: int) -> np.ndarray:
+        return np.frombuffer(self._bytes(8 * n), dtype="<u8").astype(np.uint64)
+
+    def random_bits(self, k: int) -> int:
+        if k <= 0:
+            if k == 0:
+                return 0
+            raise InvalidParameterError("k", k, "a bit count cannot be negative", "pass k ≥ 0")
+        nbytes = (k + 7) // 8
+        return int.from_bytes(self._bytes(nbytes), "little") >> (8 * nbytes - k)
+
+    def _open_uniform_pair(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """``u1 ∈ (0, 1]`` and ``u2 ∈ [0, 1)``, each on the 2⁻⁵³ grid, ``n`` of each."""
+        raw = self._raw_uint64(2 * n) >> np.uint64(11)
+        u1 = (raw[:n] + np.uint64(1)).astype(np.float64) * _INV_TWO_POW_53
+        u2 = raw[n:].astype(np.float64) * _INV_TWO_POW_53
+        return u1, u2
+
+    def standard_normal(self, size: int | tuple[int, ...]) -> np.ndarray:
+        shape = _check_size(size)
+        n = math.prod(shape)
+        m = (n + 1) // 2
+        u1, u2 = self._open_uniform_pair(m)
+        r = np.sqrt(-2.0 * np.log(u1))
+        theta = 2.0 * math.pi * u2
+        z = np.concatenate([r * np.cos(theta), r * np.sin(theta)])[:n]
+        return z.reshape(shape)
+
+    def normal(
+        self,
+        shape: tuple[int, ...],
+        std: float,
+        *,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str = "cpu",
+    ) -> torch.Tensor:
+        """CSPRNG Gaussian noise: float64 Box–Muller, two draws of ``std/√2`` summed, then cast.
+
+        Summing two independent draws fills in the gaps between the float values one Box–Muller
+        draw can produce (the set a floating-point attack inspects), and generating in float64
+        before rounding to the parameter dtype makes the output grid (float32 or coarser) much
+        coarser than the noise's own. This is a mitigation, not an exact guarantee; exact
+        lattice sampling is used by :func:`veil.mechanisms.gaussian_mechanism` in secure mode.
+        """
+        import torch
+
+        std = _check_std(std)
+        out_dtype = torch.float32 if dtype is None else dtype
+        dims = _check_size(shape)
+        n = math.prod(dims)
+        dev = torch.device(device)
+        out = torch.empty(n, dtype=out_dtype, device=dev)
+        scale = std / math.sqrt(2.0)
+        for start in range(0, n, self._NORMAL_CHUNK):  # bounded memory for model-sized tensors
+            k = min(self._NORMAL_CHUNK, n - start)
+            m = (k + 1) // 2
+            u1, u2 = self._open_uniform_pair(2 * m)
+            r = torch.sqrt(-2.0 * torch.log(torch.from_numpy(u1).to(dev)))
+            theta = (2.0 * math.pi) * torch.from_numpy(u2).to(dev)
+            # Each output coordinate sums normals from two *different* uniform pairs (pairs
+            # [0, m) and [m, 2m)); the cos and sin of one pair would only rotate one draw.
+            a = torch.cat([r[:m] * torch.cos(theta[:m]), r[:m] * torch.sin(theta[:m])])[:k]
+            b = torch.cat([r[m:] * torch.cos(theta[m:]), r[m:] * torch.sin(theta[m:])])[:k]
+            out[start : start + k] = ((a + b) * scale).to(out_dtype)
+        return out.reshape(dims)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"secure": True}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Accepts only ``{"secure": True}``: a CSPRNG stream cannot be replayed or resumed."""
+        if not isinstance(state, Mapping) or dict(state) != {"secure": True}:
+            raise InvalidParameterError(
+                "state",
+                "seeded" if isinstance(state, Mapping) and state.get("secure") is False else state,
+                "a secure source draws fresh OS randomness and cannot replay a stream; loading a "
+                "seeded state into it would make the noise predictable",
+                "resume with a SeededSource for a reproducible run, or pass {'secure': True}",
+            )
+
+
+def make_source(secure: bool, seed: int | None = None) -> RandomSource:
+    """The randomness source for a run.
+
+    * ``secure=True``: a :class:`SecureSource`. Passing a ``seed`` too is refused with
+      :class:`~veil.errors.InvalidParameterError`: a seed promises a reproducibility the secure
+      stream cannot give, and silently ignoring it would hide that.
+    * ``secure=False`` with a seed: a :class:`SeededSource` on that seed.
+    * ``secure=False`` without a seed: a fresh seed is drawn from the OS (63 bits) and exposed as
+      ``source.seed``, so the run can be recorded and replayed. There is no fixed default seed.
+    """
+    if not isinstance(secure, bool):
+        raise InvalidParameterError(
+            "secure", secure, "the randomness mode must be explicit", "pass True or False"
+        )
+    if secure:
+        if seed is not None:
+            raise InvalidParameterError(
+                "seed",
+                seed,
+                "a secure (CSPRNG) source cannot be seeded; a seed would suggest the noise is "
+                "reproducible, and a reproducible noise is known to whoever knows the seed",
+                "drop the seed for secure mode, or use secure=False for a reproducible research run",
+            )
+        return SecureSource()
+    if seed is None:
+        seed = int.from_bytes(os.urandom(8), "little") >> 1
+    return SeededSource(seed)
