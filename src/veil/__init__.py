@@ -12,8 +12,8 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "PrivacyEngine": "veil.engine",
-    "validate": "veil.validate",
-    "fix": "veil.validate",
+    "validate": "veil.validation",
+    "fix": "veil.validation",
     "train": "veil.train",
     "calibrate_noise": "veil.accounting.calibrate",
     "dpsgd_epsilon": "veil.accounting.calibrate",

@@ -1,0 +1,83 @@
+"""Per-sample gradients of a (grouped) linear map, ghost or materialised.
+
+For one example with inputs ``a_t`` (``d``-vectors) and output gradients ``g_t`` (``p``-vectors)
+at positions ``t = 1..T`` (sequence positions, or the output pixels of a convolution), the
+weight gradient is ``W_i = Σ_t g_t a_tᵀ`` (``p × d``). Two exact ways to get what clipping needs:
+
+* materialise ``W_i`` for every example: ``O(B·T·d·p)`` time, ``B·d·p`` memory, and the
+  clipped sum is then a cheap weighted sum of the ``W_i``;
+* ghost norm: ``‖W_i‖²_F = Σ_{t,s} (a_t·a_s)(g_t·g_s)``, ``O(B·T²·(d+p))`` time and ``B·T²``
+  memory, then book-keeping forms ``Σ_i c_i W_i = Σ_{i,t} (c_i g_t) a_tᵀ`` as one matmul.
+
+The ghost form is chosen when ``T·(d+p) < d·p``: there it is cheaper, and materialising would
+hold more memory than the activations ``B·T·(d+p)`` already kept for the layer.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from veil.clipping.registry import Contribution, Ghost, Materialised
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def ghost_is_cheaper(positions: int, d: int, p: int) -> bool:
+    """Whether the ghost norm beats materialising for ``positions`` positions of a ``p × d`` map."""
+    return positions * (d + p) < d * p
+
+
+def _precise(t: Tensor) -> Tensor:
+    return t.float() if t.dtype in _LOW_PRECISION else t
+
+
+def grouped_linear(a: Tensor, g: Tensor, shape: torch.Size, *, materialise: bool) -> Contribution:
+    """Per-sample gradient of a grouped linear map's weight.
+
+    ``a``: ``[B, G, T, d]`` inputs and ``g``: ``[B, G, T, p]`` output gradients (any strides);
+    the weight is ``G`` blocks of ``p × d`` (group-major), viewed as ``shape``.
+    """
+    batch, groups, positions, d = a.shape
+    p = g.shape[-1]
+    if materialise or not ghost_is_cheaper(positions, d, p):
+        if groups == 1:
+            grads = torch.bmm(g[:, 0].transpose(1, 2), a[:, 0])
+        else:
+            grads = torch.einsum("bgtp,bgtd->bgpd", g, a)
+        return Materialised(grads.reshape(batch, *shape))
+    ap, gp = _precise(a), _precise(g)
+    if positions == 1:
+        a_sq = torch.linalg.vector_norm(ap, dim=-1).square()
+        g_sq = torch.linalg.vector_norm(gp, dim=-1).square()
+        norm_sq = (a_sq * g_sq).sum(dim=(1, 2))
+    elif groups == 1:
+        a0, g0 = ap[:, 0], gp[:, 0]
+        aa = torch.bmm(a0, a0.transpose(1, 2))
+        gg = torch.bmm(g0, g0.transpose(1, 2))
+        norm_sq = (aa * gg).sum(dim=(1, 2))
+    else:
+        aa = torch.einsum("bgtd,bgsd->bgts", ap, ap)
+        gg = torch.einsum("bgtp,bgsp->bgts", gp, gp)
+        norm_sq = (aa * gg).sum(dim=(1, 2, 3))
+
+    def weighted_sum(c: Tensor) -> Tensor:
+        c = c.to(g.dtype)
+        if groups == 1:
+            flat_g = g.reshape(batch, positions * p) if positions == 1 else g
+            flat_a = a.reshape(batch, positions * d) if positions == 1 else a
+            # scale the narrower operand by the per-example weights
+            if d < p:
+                flat_a = flat_a * c.view(batch, *([1] * (flat_a.dim() - 1)))
+            else:
+                flat_g = flat_g * c.view(batch, *([1] * (flat_g.dim() - 1)))
+            return (flat_g.reshape(-1, p).T @ flat_a.reshape(-1, d)).reshape(shape)
+        return torch.einsum("bgtp,bgtd->gpd", g * c.view(batch, 1, 1, 1), a).reshape(shape)
+
+    return Ghost(norm_sq, weighted_sum)
+
+
+def summed_positions(g: Tensor, batch: int, p: int) -> Materialised:
+    """Per-sample bias gradient ``Σ_t g_t`` from output gradients with ``p`` features last."""
+    flat = g.reshape(batch, -1, p)
+    return Materialised(flat[:, 0] if flat.shape[1] == 1 else flat.sum(dim=1))

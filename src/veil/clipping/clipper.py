@@ -1,0 +1,585 @@
+"""Per-sample clipping: per-example gradient norms and the clipped sum, in one backward pass.
+
+Guarantee. After ``loss.backward()`` on a physical batch, :meth:`PerSampleClipper.accumulate`
+adds ``Σ_i clip(g_i)`` to the accumulator, where ``g_i`` is the gradient of example ``i``'s own
+loss term with respect to every trainable parameter and ``clip`` scales ``g_i`` to norm at most
+``C`` (flat), or each group's part to at most ``C_k`` (per-layer). Adding or removing one
+example therefore changes the accumulated sum by a vector of L2 norm at most
+:attr:`PerSampleClipper.sensitivity` (``C``, or ``sqrt(Σ C_k²)``): the add/remove-one
+neighbouring relation used by the DP-SGD accountant.
+
+Assumptions, each checked where it can be: examples lie along dimension 0 of the inputs of
+every hooked module (a batch-size mismatch between layers is refused); the model's forward does
+not mix examples (the engine's validator checks this; the fallback refuses a module whose
+per-example recomputation differs); the loss is the mean (``loss_reduction="mean"``) or sum of
+per-example terms; every trainable parameter is used only inside the forward of a module that
+owns it (a parameter that received gradient any other way is refused, since its per-example
+gradient was not observed).
+
+How. Forward hooks keep each parameter-owning module's inputs; tensor hooks on its outputs
+receive the output gradients during the user's backward. While a module runs forward its
+parameters are made not to require grad, so autograd does not also compute the summed
+(non-private) weight gradient, which would be discarded. Each layer rule then gives per-sample
+squared norms, ghost (without forming per-sample gradients) or materialised, whichever is
+cheaper; rules that allow it do this inside the backward pass as each output gradient arrives,
+so a layer's activations and output gradient can be freed early when its per-sample gradients
+are smaller. Once every norm is known, the clip factors are applied inside the sum itself
+(book-keeping: ``Σ_i c_i g_i`` as one weighted matmul), with no second backward pass.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Sequence, Set
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
+
+from veil.clipping._autograd import reattach
+from veil.clipping._tree import flatten, map_tensors
+from veil.clipping.registry import (
+    CallRecord,
+    Contribution,
+    Ghost,
+    LayerRule,
+    Materialised,
+    RuleError,
+    is_floating,
+    rule_for,
+)
+from veil.errors import InvalidParameterError, ModelNotSupportedError, Problem
+
+__all__ = ["ClippingMode", "LossReduction", "PerSampleClipper"]
+
+ClippingMode = Literal["flat", "per_layer"]
+LossReduction = Literal["mean", "sum"]
+
+_STABILITY = 1e-12
+_ATTACHED: weakref.WeakKeyDictionary[nn.Module, PerSampleClipper] = weakref.WeakKeyDictionary()
+
+
+@dataclass(eq=False)
+class _Site:
+    """One hooked module: its rule and the trainable parameters it manages."""
+
+    name: str
+    module: nn.Module
+    rule: LayerRule
+    names: list[str]
+    params: list[nn.Parameter]
+    frames: list[tuple[_Call, Any, bool] | None] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class _Call:
+    """One captured forward call, and what its rule made of it (when done during backward)."""
+
+    site: _Site
+    record: CallRecord
+    generation: int
+    contributions: dict[str, Contribution] | None = None
+    forced: frozenset[str] = frozenset()
+    error: RuleError | None = None
+    late: bool = False
+
+    def has_gradient(self) -> bool:
+        return (
+            self.contributions is not None
+            or self.error is not None
+            or self.site.rule.has_gradient(self.record)
+        )
+
+    def release(self) -> None:
+        """Drop the captured tensors (contributions keep what they still need)."""
+        self.record.args, self.record.kwargs = (), {}
+        self.record.outputs, self.record.grads = [], []
+        self.record.extra = None
+
+
+def _location(name: str) -> str:
+    return name or "(root module)"
+
+
+class PerSampleClipper:
+    """Exact per-sample clipping for every trainable parameter of ``module``.
+
+    ``max_grad_norm``: one ``C`` for flat clipping; for ``clipping="per_layer"`` either one
+    ``C_k`` per group (one group per parameter-owning module, in :attr:`groups` order) or a
+    single ``C`` split as ``C/sqrt(K)`` per group. ``loss_reduction`` says how the loss combines
+    the per-example terms of a physical batch: ``"mean"`` (autograd's gradients are then
+    ``1/B`` times the sum, so they are multiplied back by ``B``) or ``"sum"``.
+
+    Hooks are owned by this object (nothing is patched onto parameters or modules); a module can
+    be attached to one clipper at a time; :meth:`remove` detaches them. Use: forward, backward,
+    :meth:`accumulate`, for each physical batch; a second backward pass before
+    :meth:`accumulate` is refused (its examples would be mixed with the first one's).
+    """
+
+    parameters: list[nn.Parameter]
+    groups: list[str]
+
+    def __init__(
+        self,
+        module: nn.Module,
+        max_grad_norm: float | Sequence[float],
+        *,
+        clipping: ClippingMode = "flat",
+        loss_reduction: LossReduction = "mean",
+    ) -> None:
+        if clipping not in ("flat", "per_layer"):
+            raise InvalidParameterError(
+                "clipping", clipping, "the clipping mode decides the sensitivity", "use 'flat' or 'per_layer'"
+            )
+        if loss_reduction not in ("mean", "sum"):
+            raise InvalidParameterError(
+                "loss_reduction",
+                loss_reduction,
+                "each example's own gradient is recovered only from a mean or a sum of per-example losses",
+                "use 'mean' or 'sum' and reduce the loss that way",
+            )
+        self.module = module
+        self.clipping: ClippingMode = clipping
+        self.loss_reduction: LossReduction = loss_reduction
+        self._sites: list[_Site] = []
+        self._handles: list[RemovableHandle] = []
+        self._calls: list[_Call] = []
+        self._generation = 0
+        self._backward_seen = False
+        self._uses: dict[int, int] = {}
+        self._toggled: dict[int, tuple[nn.Parameter, int]] = {}
+        self._suspended = False
+        self._sum: list[Tensor] | None = None
+        self._discover(module)
+        self._bounds = self._check_bounds(max_grad_norm)
+        self._attach()
+
+    # ------------------------------------------------------------------ setup
+    def _discover(self, root: nn.Module) -> None:
+        problems: list[Problem] = []
+        owner: dict[int, int] = {}  # id(param) -> group index
+        covered: set[int] = set()  # modules inside a subtree rule
+        self.groups = []
+        for name, mod in root.named_modules():
+            if id(mod) in covered:
+                continue
+            own = [(n, p) for n, p in mod.named_parameters(recurse=False) if p.requires_grad]
+            rule = rule_for(mod)
+            if rule.subtree:
+                covered.update(id(sub) for sub in mod.modules() if sub is not mod)
+                own = [(n, p) for n, p in mod.named_parameters() if p.requires_grad]
+            if not own:
+                continue
+            problem = rule.problem(mod)
+            if problem is not None:
+                problems.append(
+                    Problem(
+                        f"{_location(name)} ({type(mod).__name__})",
+                        problem,
+                        "replace the layer (veil.fix(model) does so for known ones) or freeze its parameters",
+                    )
+                )
+                continue
+            site = _Site(name, mod, rule, [n for n, _ in own], [p for _, p in own])
+            for p in site.params:
+                if id(p) not in owner:
+                    if not self.groups or self.groups[-1] != _location(name):
+                        self.groups.append(_location(name))
+                    owner[id(p)] = len(self.groups) - 1
+            self._sites.append(site)
+        if problems:
+            raise ModelNotSupportedError(problems)
+        self._group_of = owner
+        self.parameters = [p for p in root.parameters() if p.requires_grad and id(p) in owner]
+        self._names = {id(p): n for n, p in root.named_parameters() if id(p) in owner}
+
+    def _check_bounds(self, max_grad_norm: float | Sequence[float]) -> list[float]:
+        def valid(c: Any) -> bool:
+            return not isinstance(c, bool) and isinstance(c, (int, float)) and math.isfinite(c) and c > 0
+
+        fix = "pass a finite clipping bound C > 0 (typical: 0.1 to 10)"
+        reason = "the clipping bound C is the sensitivity of the clipped sum and must be finite and positive"
+        if isinstance(max_grad_norm, (int, float)) and not isinstance(max_grad_norm, bool):
+            if not valid(max_grad_norm):
+                raise InvalidParameterError("max_grad_norm", max_grad_norm, reason, fix)
+            c = float(max_grad_norm)
+            if self.clipping == "flat":
+                return [c]
+            k = max(len(self.groups), 1)
+            return [c / math.sqrt(k)] * k
+        if (
+            isinstance(max_grad_norm, bool)
+            or not isinstance(max_grad_norm, Sequence)
+            or isinstance(max_grad_norm, str)
+        ):
+            raise InvalidParameterError("max_grad_norm", max_grad_norm, reason, fix)
+        bounds = list(max_grad_norm)
+        if self.clipping == "flat":
+            raise InvalidParameterError(
+                "max_grad_norm",
+                max_grad_norm,
+                "flat clipping bounds the whole gradient by one C",
+                "pass a single float, or clipping='per_layer' for one bound per group",
+            )
+        if len(bounds) != len(self.groups) or not all(valid(c) for c in bounds):
+            raise InvalidParameterError(
+                "max_grad_norm",
+                max_grad_norm,
+                f"per-layer clipping needs one finite positive bound per group ({len(self.groups)}: "
+                f"{', '.join(self.groups)})",
+                "pass one C_k > 0 per group in PerSampleClipper.groups order, or a single float",
+            )
+        return [float(c) for c in bounds]
+
+    def _attach(self) -> None:
+        for site in self._sites:
+            other = _ATTACHED.get(site.module)
+            if other is not None and other is not self:
+                self.remove()
+                raise InvalidParameterError(
+                    "module",
+                    _location(site.name),
+                    "it is already hooked by another PerSampleClipper, whose hooks would interfere",
+                    "call remove() on the previous clipper (or its engine) first",
+                )
+            _ATTACHED[site.module] = self
+            self._handles.append(
+                site.module.register_forward_pre_hook(self._pre_hook(site), with_kwargs=True)
+            )
+            self._handles.append(
+                site.module.register_forward_hook(self._post_hook(site), with_kwargs=True, always_call=True)
+            )
+
+    # ------------------------------------------------------------------ hooks
+    def _pre_hook(self, site: _Site) -> Any:
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if self._suspended or not torch.is_grad_enabled():
+                site.frames.append(None)
+                return
+            try:
+                batch = site.rule.batch_size(module, args, kwargs)
+            except ValueError as exc:
+                raise ModelNotSupportedError(
+                    [
+                        Problem(
+                            f"{_location(site.name)} ({type(module).__name__})",
+                            str(exc),
+                            "feed batches with the examples in dimension 0",
+                        )
+                    ]
+                ) from exc
+            if self._backward_seen:  # a forward after a backward starts a new generation
+                self._generation += 1
+                self._backward_seen = False
+                self._uses = {}
+            for p in site.params:
+                self._uses[id(p)] = self._uses.get(id(p), 0) + 1
+            record = CallRecord(
+                args=_detached(args), kwargs=_detached(kwargs) if kwargs else {}, batch_size=batch
+            )
+            call = _Call(site, record, self._generation)
+            context = site.rule.forward_context(module, record)
+            toggled = site.rule.toggle_requires_grad
+            if toggled:
+                for p in site.params:
+                    count = self._toggled.get(id(p), (p, 0))[1]
+                    if count == 0:
+                        p.requires_grad_(False)
+                    self._toggled[id(p)] = (p, count + 1)
+            if context is not None:
+                context.__enter__()
+            site.frames.append((call, context, toggled))
+
+        return hook
+
+    def _release(self, site: _Site, frame: tuple[_Call, Any, bool]) -> None:
+        _, context, toggled = frame
+        if context is not None:
+            context.__exit__(None, None, None)
+        if toggled:
+            for p in site.params:
+                param, count = self._toggled[id(p)]
+                if count == 1:
+                    del self._toggled[id(p)]
+                    param.requires_grad_(True)
+                else:
+                    self._toggled[id(p)] = (param, count - 1)
+
+    def _post_hook(self, site: _Site) -> Any:
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
+            frame = site.frames.pop() if site.frames else None
+            if frame is None:
+                return None
+            self._release(site, frame)
+            call = frame[0]
+            self._calls.append(call)
+            if not site.rule.needs_output_grads:
+                return None
+            if isinstance(output, Tensor):  # the common case, without the tree walk
+                if not is_floating(output):
+                    return None
+                out = output if output.requires_grad else reattach(output)
+                self._watch(call, out)
+                return None if out is output else out
+            leaves, build = flatten(output)
+            changed = False
+            for i, leaf in enumerate(leaves):
+                if not (isinstance(leaf, Tensor) and is_floating(leaf)):
+                    continue
+                if not leaf.requires_grad:
+                    leaf = reattach(leaf)
+                    leaves[i] = leaf
+                    changed = True
+                self._watch(call, leaf)
+            return build(leaves) if changed else None
+
+        return hook
+
+    def _watch(self, call: _Call, out: Tensor) -> None:
+        """Receive the gradient of ``out`` (a module output) during backward."""
+        record = call.record
+        slot = len(record.grads)
+        record.grads.append(None)
+        if call.site.rule.keep_outputs:
+            record.outputs.append(out.detach())
+        single = slot == 0 and call.site.rule.eager and record.batch_size > 0
+
+        def sink(grad: Tensor) -> None:
+            self._backward_seen = True
+            if call.contributions is not None or call.error is not None:
+                call.late = True
+                return
+            prev = record.grads[slot]
+            record.grads[slot] = grad if prev is None else prev + grad
+            if single and len(record.grads) == 1:
+                self._process_now(call)
+
+        out.register_hook(sink)
+
+    def _process_now(self, call: _Call) -> None:
+        """Run the call's rule inside backward, so its inputs and output gradient can be freed."""
+        site = call.site
+        call.forced = frozenset(
+            n for n, p in zip(site.names, site.params, strict=True) if self._uses.get(id(p), 0) > 1
+        )
+        try:
+            with torch.no_grad():
+                call.contributions = site.rule.contributions(
+                    site.module, call.record, site.names, call.forced
+                )
+        except RuleError as exc:
+            call.error = exc
+        call.release()
+
+    # ------------------------------------------------------------------ clipping
+    @property
+    def sensitivity(self) -> float:
+        """L2 sensitivity of the clipped sum under add/remove-one: ``C`` or ``sqrt(Σ C_k²)``."""
+        return math.sqrt(sum(c * c for c in self._bounds))
+
+    @property
+    def max_grad_norms(self) -> list[float]:
+        """The bound per group (per-layer) or the single flat bound."""
+        return list(self._bounds)
+
+    def accumulate(self) -> Tensor:
+        """Clip this physical batch's per-example gradients and add their sum to the accumulator.
+
+        Call after ``loss.backward()``. Returns the per-example (flat) gradient norms ``[B]`` of
+        each example's own loss term. Managed parameters' ``.grad`` are left ``None``.
+        """
+        calls, self._calls = self._calls, []
+        self._backward_seen = False
+        self._uses = {}
+        self._generation += 1
+        self._suspended = True
+        try:
+            with torch.no_grad():
+                self._check_stray_gradients()
+                return self._accumulate([c for c in calls if c.has_gradient()])
+        finally:
+            self._suspended = False
+
+    def _check_stray_gradients(self) -> None:
+        stray = [p for p in self.parameters if p.grad is not None]
+        if not stray:
+            return
+        counts = torch.stack(
+            [torch.count_nonzero(g).to("cpu") for g in (p.grad for p in stray) if g is not None]
+        )
+        bad = [p for p, n in zip(stray, counts.tolist(), strict=True) if n > 0]
+        for p in self.parameters:
+            p.grad = None
+        if bad:
+            raise ModelNotSupportedError(
+                [
+                    Problem(
+                        self._names[id(p)],
+                        "received a gradient that did not pass through the forward of a module owning it "
+                        "(used outside that module, or a stale .grad), so its per-example gradient was not "
+                        "observed",
+                        "use each parameter only inside the forward of a module that owns it, and call "
+                        "optimizer.zero_grad() before each backward",
+                    )
+                    for p in bad
+                ]
+            )
+
+    @staticmethod
+    def _refuse(location: str, reason: str, fix: str) -> ModelNotSupportedError:
+        return ModelNotSupportedError([Problem(location, reason, fix)])
+
+    def _accumulate(self, calls: list[_Call]) -> Tensor:
+        if len({c.generation for c in calls}) > 1 or any(c.late for c in calls):
+            raise self._refuse(
+                "model",
+                "gradients from more than one backward pass were captured before accumulate(), so "
+                "examples of different passes cannot be told apart (activation checkpointing, which "
+                "reruns the forward inside backward, also does this)",
+                "call accumulate() after each backward, before the next forward; do not use "
+                "activation checkpointing",
+            )
+        sizes = {c.record.batch_size for c in calls}
+        if len(sizes) > 1:
+            detail = ", ".join(f"{_location(c.site.name)}: {c.record.batch_size}" for c in calls)
+            raise self._refuse(
+                "model",
+                f"layers saw different numbers of examples in dimension 0 ({detail})",
+                "keep the examples in dimension 0 of every layer's input (batch_first), "
+                "without reshaping them into other dimensions",
+            )
+        ref = self.parameters[0] if self.parameters else None
+        batch = sizes.pop() if sizes else 0
+        norm_dtype = torch.promote_types(ref.dtype, torch.float32) if ref is not None else torch.float32
+        device = ref.device if ref is not None else torch.device("cpu")
+        if batch == 0 or ref is None:
+            return torch.zeros(batch, dtype=norm_dtype, device=device)
+        scale = float(batch) if self.loss_reduction == "mean" else 1.0
+
+        uses: dict[int, int] = {}
+        for call in calls:
+            for p in call.site.params:
+                uses[id(p)] = uses.get(id(p), 0) + 1
+        shared = {pid for pid, n in uses.items() if n > 1}
+        squares: list[list[Tensor]] = [[] for _ in self.groups]
+        materialised: dict[int, Tensor] = {}
+        ghosts: list[tuple[int, Ghost]] = []
+        for call in calls:
+            site = call.site
+            contributions, forced = self._contributions_of(call, shared)
+            for name, p in zip(site.names, site.params, strict=True):
+                c = contributions.get(name)
+                if c is None:
+                    continue
+                self._check_shape(site, name, p, c, batch)
+                pid = id(p)
+                if isinstance(c, Materialised):
+                    prev = materialised.get(pid)
+                    materialised[pid] = c.grads if prev is None else prev + c.grads
+                elif name in forced or pid in shared:
+                    raise RuntimeError(f"veil: rule for {_location(site.name)} ignored materialise={name}")
+                else:
+                    squares[self._group_of[pid]].append(c.norm_sq.to(norm_dtype))
+                    ghosts.append((pid, c))
+        for pid, grads in materialised.items():
+            norm = torch.linalg.vector_norm(grads.reshape(batch, -1), dim=1, dtype=norm_dtype)
+            squares[self._group_of[pid]].append(norm.square())
+
+        def total(parts: list[Tensor]) -> Tensor:
+            if not parts:
+                return torch.zeros(batch, dtype=norm_dtype, device=device)
+            return parts[0] if len(parts) == 1 else torch.stack(parts).sum(dim=0)
+
+        if self.clipping == "flat":
+            flat_norms = total([t for parts in squares for t in parts]).sqrt() * scale
+            weight = torch.clamp(self._bounds[0] / (flat_norms + _STABILITY), max=1.0) * scale
+            weights = [weight] * len(self.groups)
+        else:
+            group_sq = torch.stack([total(parts) for parts in squares])
+            flat_norms = group_sq.sum(dim=0).sqrt() * scale
+            bounds = torch.tensor(self._bounds, dtype=norm_dtype, device=device).unsqueeze(1)
+            factors = torch.clamp(bounds / (group_sq.sqrt() * scale + _STABILITY), max=1.0)
+            weights = list((factors * scale).unbind(0))
+
+        added: dict[int, Tensor] = {}
+        for pid, grads in materialised.items():
+            w = weights[self._group_of[pid]].to(grads.dtype)
+            added[pid] = (w @ grads.reshape(batch, -1)).view(grads.shape[1:])
+        for pid, ghost in ghosts:
+            part = ghost.weighted_sum(weights[self._group_of[pid]])
+            added[pid] = part if pid not in added else added[pid] + part
+        if self._sum is None:
+            self._sum = [added[id(p)] if id(p) in added else torch.zeros_like(p) for p in self.parameters]
+        else:
+            for i, p in enumerate(self.parameters):
+                if id(p) in added:
+                    self._sum[i] += added[id(p)]
+        return flat_norms
+
+    def _contributions_of(self, call: _Call, shared: set[int]) -> tuple[dict[str, Contribution], Set[str]]:
+        site = call.site
+        if call.contributions is None and call.error is None:
+            forced = {n for n, p in zip(site.names, site.params, strict=True) if id(p) in shared}
+            try:
+                call.contributions = site.rule.contributions(site.module, call.record, site.names, forced)
+            except RuleError as exc:
+                call.error = exc
+            call.forced = frozenset(forced)
+            call.release()
+        if call.error is not None:
+            raise self._refuse(
+                f"{_location(site.name)} ({type(site.module).__name__})", call.error.reason, call.error.fix
+            ) from call.error
+        assert call.contributions is not None
+        return call.contributions, call.forced
+
+    @staticmethod
+    def _check_shape(site: _Site, name: str, p: nn.Parameter, c: Contribution, batch: int) -> None:
+        got = c.grads.shape if isinstance(c, Materialised) else c.norm_sq.shape
+        want = (batch, *p.shape) if isinstance(c, Materialised) else (batch,)
+        if tuple(got) != tuple(want):
+            raise RuntimeError(
+                f"veil: rule {type(site.rule).__name__} gave shape {tuple(got)} for "
+                f"{_location(site.name)}.{name}, expected {want}"
+            )
+
+    def clipped_sum(self) -> list[Tensor]:
+        """``Σ clip(g_i)`` over everything accumulated since :meth:`reset`, aligned with :attr:`parameters`.
+
+        Zeros when nothing was accumulated. The tensors are the accumulator itself (no copy);
+        they stay valid after :meth:`reset`, which starts a new accumulator.
+        """
+        if self._sum is None:
+            return [torch.zeros_like(p) for p in self.parameters]
+        return list(self._sum)
+
+    def reset(self) -> None:
+        """Start a new, empty accumulator and drop inputs captured since the last accumulate."""
+        self._sum = None
+        self._calls = []
+        self._backward_seen = False
+        self._uses = {}
+        self._generation += 1
+
+    def remove(self) -> None:
+        """Detach every hook and restore any parameter a forward interrupted left not requiring grad."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        for param, _ in self._toggled.values():
+            param.requires_grad_(True)
+        self._toggled = {}
+        for site in self._sites:
+            site.frames.clear()
+            if _ATTACHED.get(site.module) is self:
+                del _ATTACHED[site.module]
+        self._calls = []
+
+
+def _detached(obj: Any) -> Any:
+    if isinstance(obj, tuple) and all(isinstance(t, Tensor) for t in obj):
+        return tuple(t.detach() for t in obj)
+    return map_tensors(obj, lambda t: t.detach())

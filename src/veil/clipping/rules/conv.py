@@ -1,0 +1,159 @@
+"""Rules for ``nn.Conv1d`` and ``nn.Conv2d`` (stride, padding of any mode, dilation, groups, bias).
+
+A convolution is a grouped linear map applied at every output position to the unfolded input
+patch, so the weight's per-sample gradient is ``Σ_l g_l a_lᵀ`` per group over the ``L`` output
+positions (see :mod:`veil.clipping._linear_algebra`); ghost or materialised by cost.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence, Set
+from typing import Any, ClassVar
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from veil.clipping._linear_algebra import ghost_is_cheaper, grouped_linear
+from veil.clipping.registry import CallRecord, Contribution, LayerRule, Materialised, register_rule
+from veil.clipping.rules._common import batched_input, output_grad
+
+_PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
+
+
+def _explicit_padding(module: nn.modules.conv._ConvNd) -> list[tuple[int, int]]:
+    """(before, after) padding per spatial dimension, as the module's forward applies it."""
+    dims = len(module.kernel_size)
+    if isinstance(module.padding, str):
+        if module.padding == "valid":
+            return [(0, 0)] * dims
+        pads = []
+        for k, d in zip(module.kernel_size, module.dilation, strict=True):
+            total = d * (k - 1)
+            pads.append((total // 2, total - total // 2))
+        return pads
+    return [(int(p), int(p)) for p in module.padding]
+
+
+def _padded(module: nn.modules.conv._ConvNd, x: Tensor) -> Tensor:
+    """The input as the convolution sees it after padding (any padding mode)."""
+    pads = _explicit_padding(module)
+    if not any(lo or hi for lo, hi in pads):
+        return x
+    flat_pad = [v for pair in reversed(pads) for v in pair]
+    if module.padding_mode == "zeros":
+        return F.pad(x, flat_pad)
+    return F.pad(x, flat_pad, mode=module.padding_mode)
+
+
+def per_sample_weight(module: nn.modules.conv._ConvNd, x: Tensor, g: Tensor) -> Tensor:
+    """Per-sample weight gradients ``[B, *weight.shape]`` of an ungrouped convolution.
+
+    ``∂W_b[o, i, u] = Σ_h g[b, o, h] · x_pad[b, i, h·stride + u·dilation]`` is itself a
+    convolution of each input channel with the example's output gradient as kernel: run it as
+    one grouped convolution with the batch as channels (groups = B), the original stride as
+    dilation and the original dilation as stride, then keep the first ``kernel_size`` taps.
+    """
+    batch, c_in = x.shape[:2]
+    c_out = g.shape[1]
+    kernel = tuple(module.kernel_size)
+    conv = F.conv1d if len(kernel) == 1 else F.conv2d
+    taps = conv(
+        _padded(module, x).transpose(0, 1),
+        g.reshape(batch * c_out, 1, *g.shape[2:]),
+        stride=module.dilation,
+        dilation=module.stride,
+        groups=batch,
+    )
+    taps = taps[(..., *(slice(0, k) for k in kernel))]
+    return taps.reshape(c_in, batch, c_out, *kernel).movedim(0, 2)
+
+
+def unfold_patches(module: nn.modules.conv._ConvNd, x: Tensor) -> Tensor:
+    """Input patches ``[B, C_in·prod(kernel), L]`` of a 1-d or 2-d convolution, channel-major."""
+    pads = _explicit_padding(module)
+    flat_pad = [v for pair in reversed(pads) for v in pair]  # F.pad wants the last dim first
+    symmetric = all(lo == hi for lo, hi in pads)
+    if module.padding_mode != "zeros":
+        x = F.pad(x, flat_pad, mode=module.padding_mode)
+        unfold_pad = [0] * len(pads)
+    elif symmetric:
+        unfold_pad = [lo for lo, _ in pads]
+    else:
+        x = F.pad(x, flat_pad)
+        unfold_pad = [0] * len(pads)
+    kernel, dilation, stride = (
+        list(module.kernel_size),
+        list(module.dilation),
+        list(module.stride),
+    )
+    if x.dim() == 3:  # 1-d: a 2-d convolution with height 1
+        x = x.unsqueeze(2)
+        kernel, dilation, stride, unfold_pad = (
+            [1, *kernel],
+            [1, *dilation],
+            [1, *stride],
+            [0, *unfold_pad],
+        )
+    return F.unfold(
+        x, tuple(kernel), dilation=tuple(dilation), padding=tuple(unfold_pad), stride=tuple(stride)
+    )
+
+
+class _ConvRule(LayerRule):
+    eager = True
+    param_names = ("weight", "bias")
+    spatial_dims: ClassVar[int] = 2
+
+    def problem(self, module: nn.Module) -> str | None:
+        assert isinstance(module, nn.modules.conv._ConvNd)
+        if module.padding_mode not in _PADDING_MODES:
+            return f"padding_mode={module.padding_mode!r} is not one the convolution rule knows"
+        return None
+
+    def batch_size(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+        x = batched_input(args, kwargs, self.spatial_dims + 2, type(module).__name__)
+        return int(x.shape[0])
+
+    def contributions(
+        self, module: nn.Module, record: CallRecord, names: Sequence[str], materialise: Set[str]
+    ) -> dict[str, Contribution]:
+        assert isinstance(module, nn.modules.conv._ConvNd)
+        g = output_grad(record)
+        if g is None:
+            return {}
+        batch = record.batch_size
+        c_out = module.out_channels
+        out: dict[str, Contribution] = {}
+        if "weight" in names:
+            x = batched_input(record.args, record.kwargs, self.spatial_dims + 2, "convolution")
+            groups = module.groups
+            positions = math.prod(g.shape[2:])
+            d = (module.in_channels // groups) * math.prod(module.kernel_size)
+            forced = "weight" in materialise
+            if groups == 1 and (forced or not ghost_is_cheaper(positions, d, c_out)):
+                out["weight"] = Materialised(per_sample_weight(module, x, g))
+                if "bias" in names:
+                    out["bias"] = Materialised(g.reshape(batch, c_out, -1).sum(dim=2))
+                return out
+            patches = unfold_patches(module, x)
+            a = patches.view(batch, groups, d, positions).transpose(2, 3)
+            gg = g.reshape(batch, groups, c_out // groups, positions).transpose(2, 3)
+            out["weight"] = grouped_linear(a, gg, module.weight.shape, materialise="weight" in materialise)
+        if "bias" in names:
+            out["bias"] = Materialised(g.reshape(batch, c_out, -1).sum(dim=2))
+        return out
+
+
+@register_rule(nn.Conv1d)
+class Conv1dRule(_ConvRule):
+    """``nn.Conv1d`` on ``[B, C, L]`` inputs."""
+
+    spatial_dims = 1
+
+
+@register_rule(nn.Conv2d)
+class Conv2dRule(_ConvRule):
+    """``nn.Conv2d`` on ``[B, C, H, W]`` inputs."""
+
+    spatial_dims = 2

@@ -1,0 +1,70 @@
+"""Rule for ``nn.Linear`` with inputs of any rank ``[B, *, in_features]``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence, Set
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from veil.clipping._linear_algebra import grouped_linear, summed_positions
+from veil.clipping.registry import CallRecord, Contribution, Ghost, LayerRule, register_rule
+from veil.clipping.rules._common import batched_input, output_grad
+
+
+@register_rule(nn.Linear)
+class LinearRule(LayerRule):
+    """``y_t = W x_t + b`` at every position ``t`` of an example; ghost or materialised weight."""
+
+    eager = True
+
+    param_names = ("weight", "bias")
+
+    def batch_size(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+        return int(batched_input(args, kwargs, 2, "Linear").shape[0])
+
+    def contributions(
+        self, module: nn.Module, record: CallRecord, names: Sequence[str], materialise: Set[str]
+    ) -> dict[str, Contribution]:
+        assert isinstance(module, nn.Linear)
+        g = output_grad(record)
+        if g is None:
+            return {}
+        batch = record.batch_size
+        if g.dim() == 2 and "weight" not in materialise:
+            return _flat_ghost(module, record, g, names)
+        out: dict[str, Contribution] = {}
+        if "weight" in names:
+            x = batched_input(record.args, record.kwargs, 2, "Linear")
+            a = x.reshape(batch, 1, -1, module.in_features)
+            gg = g.reshape(batch, 1, -1, module.out_features)
+            out["weight"] = grouped_linear(a, gg, module.weight.shape, materialise="weight" in materialise)
+        if "bias" in names:
+            out["bias"] = summed_positions(g, batch, module.out_features)
+        return out
+
+
+def _flat_ghost(
+    module: nn.Linear, record: CallRecord, g: Tensor, names: Sequence[str]
+) -> dict[str, Contribution]:
+    """One position per example: ``‖g aᵀ‖² = ‖g‖²‖a‖²`` and the bias gradient is ``g`` itself."""
+    g_sq = torch.linalg.vector_norm(g, dim=1, dtype=_norm_dtype(g)).square()
+    out: dict[str, Contribution] = {}
+    if "weight" in names:
+        a = batched_input(record.args, record.kwargs, 2, "Linear")
+        a_sq = torch.linalg.vector_norm(a, dim=1, dtype=_norm_dtype(a)).square()
+        narrow_input = module.in_features < module.out_features
+
+        def weight_sum(c: Tensor) -> Tensor:
+            c = c.to(g.dtype).unsqueeze(1)
+            return (g.T @ (a * c)) if narrow_input else ((g * c).T @ a)
+
+        out["weight"] = Ghost(a_sq * g_sq, weight_sum)
+    if "bias" in names:
+        out["bias"] = Ghost(g_sq, lambda c: c.to(g.dtype) @ g)
+    return out
+
+
+def _norm_dtype(t: Tensor) -> torch.dtype:
+    return torch.promote_types(t.dtype, torch.float32)

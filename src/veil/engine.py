@@ -1,0 +1,696 @@
+"""``PrivacyEngine.make_private``: the Opacus-familiar facade over veil's DP-SGD.
+
+    engine = veil.PrivacyEngine(accountant="pld", secure_rng=False, seed=0)
+    model, optimizer, loader = engine.make_private(
+        module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=1.1, max_grad_norm=1.0)
+    for x, y in loader:
+        optimizer.zero_grad(); criterion(model(x), y).backward(); optimizer.step()
+    engine.get_epsilon(1e-5)
+
+Behind the facade is a frozen :class:`PrivacyPlan` (σ, C, q, B, sampling, clipping, loss reduction):
+the privacy settings. Performance settings (``physical_batch_size``, dtype, device, workers) are
+not part of the plan and cannot change it.
+
+Accounting (add/remove-one neighbouring, the accountant's relation). Each logical step composes one
+event into ``engine.accountant`` before its update is written:
+
+* Poisson sampling (default): ``PoissonSampled(q, Gaussian(σ))`` with q = batch_size / len(dataset)
+  (``Gaussian(σ)`` when q = 1).
+* The opt-in fixed-size shuffled loader (``poisson_sampling=False, allow_non_poisson=True``):
+  ``Gaussian(σ/2)`` per step, no amplification by sampling. Why σ/2: with fixed-size batches, adding
+  one record to the dataset displaces another, so (under the coupling that puts the displaced record
+  in the added record's place) one step's sum changes by a *replacement*, up to 2C, and one other step
+  by up to C. Accounting every step at sensitivity 2C bounds that for every prefix of a run.
+* ``noise_multiplier=0`` (tests, baselines): ``NonPrivate`` per step, so ε = ∞ is reported.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+
+import numpy as np
+import torch
+from torch import nn
+from torch.optim import Optimizer
+from torch.utils.data import DataLoader, IterableDataset
+
+from veil.accounting.base import AccountantName, PrivacyAccountant, make_accountant
+from veil.accounting.events import Gaussian, NonPrivate, PrivacyEvent, event_from_dict
+from veil.errors import (
+    CheckpointError,
+    ConfigError,
+    DataError,
+    InvalidParameterError,
+    ModelNotSupportedError,
+    Problem,
+    SamplingError,
+)
+from veil.optimizer import DPOptimizer
+from veil.sampling import (
+    PoissonBatchSampler,
+    PrivateDataLoader,
+    ShuffledBatchSampler,
+    StepSignal,
+    check_sampling_rate,
+    steps_per_epoch,
+)
+from veil.validation import validate
+
+if TYPE_CHECKING:
+    from veil.clipping import PerSampleClipper
+    from veil.mechanisms.rng import RandomSource
+
+__all__ = ["PrivacyEngine", "PrivacyPlan", "PrivateTraining"]
+
+Sampling = Literal["poisson", "shuffled_not_amplified"]
+_STATE_FORMAT = "veil.engine/1"
+
+
+class PrivateTraining(NamedTuple):
+    """What ``make_private`` returns; unpacks as ``model, optimizer, loader``."""
+
+    model: nn.Module
+    optimizer: DPOptimizer
+    data_loader: PrivateDataLoader
+
+
+@dataclass(frozen=True)
+class PrivacyPlan:
+    """The privacy settings of a run, fixed by ``make_private``. Nothing about performance lives here."""
+
+    noise_multiplier: float
+    max_grad_norm: float
+    sampling_rate: float
+    expected_batch_size: int
+    dataset_size: int
+    steps_per_epoch: int
+    sampling: Sampling
+    clipping: Literal["flat", "per_layer"]
+    loss_reduction: Literal["mean", "sum"]
+    accountant: AccountantName
+
+    @property
+    def event(self) -> PrivacyEvent:
+        """The privacy event of one logical step (see the module docstring)."""
+        if self.noise_multiplier == 0:
+            return NonPrivate()
+        if self.sampling == "poisson":
+            from veil.accounting.calibrate import dpsgd_event
+
+            return dpsgd_event(self.sampling_rate, self.noise_multiplier)  # plain Gaussian when q = 1
+        return Gaussian(self.noise_multiplier / 2)
+
+
+def _finite_positive(value: Any) -> bool:
+    return (
+        not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+    )
+
+
+def _resolve_loss_reduction(
+    loss_reduction: str | None, criterion: nn.Module | None
+) -> Literal["mean", "sum"]:
+    detected = getattr(criterion, "reduction", None) if criterion is not None else None
+    for name, value in (("criterion.reduction", detected), ("loss_reduction", loss_reduction)):
+        if value is not None and value not in ("mean", "sum"):
+            raise InvalidParameterError(
+                name,
+                value,
+                "each example's gradient is recovered from a loss reduced to one scalar by 'mean' or 'sum'; "
+                "an unreduced loss has no such gradient to clip",
+                "use reduction='mean' (or 'sum') in the loss and pass loss_reduction to match",
+            )
+    if detected is not None and loss_reduction is not None and detected != loss_reduction:
+        raise InvalidParameterError(
+            "loss_reduction",
+            loss_reduction,
+            f"the criterion reduces with {detected!r}; a mismatch scales every per-example gradient wrongly "
+            "before clipping",
+            f"pass loss_reduction={detected!r} or leave it out",
+        )
+    chosen = loss_reduction or detected or "mean"
+    return "sum" if chosen == "sum" else "mean"
+
+
+def _check_optimizer(module: nn.Module, optimizer: Optimizer) -> None:
+    names = {id(p): n for n, p in module.named_parameters()}
+    trainable = {id(p) for p in module.parameters() if p.requires_grad}
+    in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    missing = sorted(names[i] for i in trainable - in_optimizer)
+    if missing:
+        raise InvalidParameterError(
+            "optimizer",
+            f"missing {len(missing)} trainable parameter(s): {', '.join(missing[:5])}",
+            "every trainable parameter is clipped and noised; one the optimizer does not update "
+            "signals a mismatch between the model and the optimizer",
+            "build the optimizer from model.parameters() (or freeze those with requires_grad=False)",
+        )
+    extra = in_optimizer - set(names)
+    if extra:
+        raise InvalidParameterError(
+            "optimizer",
+            f"{len(extra)} parameter(s) not in the model",
+            "their gradients bypass per-sample clipping and noise, so their updates are not private",
+            "pass only the model's own parameters to the optimizer",
+        )
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors(v)
+
+
+def _model_input(batch: Any, device: torch.device, dtype: torch.dtype | None) -> torch.Tensor | None:
+    """The input part of a collated batch: the batch itself, or the first field of a tuple/list."""
+    x = batch[0] if isinstance(batch, (list, tuple)) and batch else batch
+    if not isinstance(x, torch.Tensor):
+        return None
+    if dtype is not None and x.is_floating_point():
+        return x.to(device=device, dtype=dtype)
+    return x.to(device=device)
+
+
+def _probe_forward(module: nn.Module, loader: DataLoader) -> Problem | str:
+    """Does one example influence the other examples' outputs? Does a forward update float buffers?
+
+    Runs the model (in its current mode, under ``no_grad``, from the same RNG state each time so dropout
+    masks agree, buffers restored afterwards) on a batch of ≤ 3 dataset items, then on the same batch
+    with the first and with the last item replaced, and compares the outputs of the unchanged
+    examples. Returns a :class:`Problem` if they move (or a floating-point buffer changed), else a
+    string saying it passed or why it was skipped (fewer than 2 examples, no tensor input first in the
+    batch, a forward that needs more than the first batch field).
+    """
+    dataset = loader.dataset
+    n = len(dataset)  # type: ignore[arg-type]
+    if n < 2:
+        return "skipped: fewer than 2 examples"
+    k = min(3, n)
+    items = [dataset[i] for i in range(k)]
+    spare = dataset[k] if n > k else None
+    variants = [
+        (0, spare if spare is not None else items[-1]),
+        (k - 1, spare if spare is not None else items[0]),
+    ]
+    param = next(iter(module.parameters()), None)
+    device = param.device if param is not None else torch.device("cpu")
+    dtype = param.dtype if param is not None and param.is_floating_point() else None
+    try:
+        base = _model_input(loader.collate_fn(items), device, dtype)
+        changed_inputs = []
+        for j, item in variants:
+            batch = list(items)
+            batch[j] = item
+            changed_inputs.append((j, _model_input(loader.collate_fn(batch), device, dtype)))
+    except Exception as exc:  # best effort: static validation already ran
+        return f"skipped: could not collate a probe batch ({type(exc).__name__})"
+    if base is None or base.shape[:1] != (k,) or any(x is None for _, x in changed_inputs):
+        return "skipped: the batch has no tensor input with the batch dimension first"
+    saved = {name: b.detach().clone() for name, b in module.named_buffers()}
+    devices = [device] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            cpu_state = torch.get_rng_state()
+            cuda_state = torch.cuda.get_rng_state(device) if devices else None
+
+            def outputs(x: torch.Tensor) -> list[torch.Tensor]:
+                torch.set_rng_state(cpu_state)
+                if cuda_state is not None:
+                    torch.cuda.set_rng_state(cuda_state, device)
+                return [t.double() for t in _tensors(module(x)) if t.shape[:1] == (k,)]
+
+            reference = outputs(base)
+            moved = [
+                name
+                for name, b in module.named_buffers()
+                if b.is_floating_point() and name in saved and not torch.equal(b, saved[name])
+            ]
+            others = [(j, outputs(x)) for j, x in changed_inputs if x is not None]
+    except Exception as exc:
+        return f"skipped: the forward needs more than the first batch field ({type(exc).__name__})"
+    finally:
+        with torch.no_grad():
+            for name, b in module.named_buffers():
+                if name in saved:
+                    b.copy_(saved[name])
+    if moved:
+        return Problem(
+            ", ".join(moved),
+            "a training-mode forward updates these buffers from private data without noise",
+            "stop updating buffers from data in forward (or register them as constants)",
+        )
+    if not reference:
+        return "skipped: no output with the batch dimension first"
+    for j, outs in others:
+        keep = [i for i in range(k) if i != j]
+        for a, b in zip(reference, outs, strict=False):
+            a, b = a[keep], b[keep]
+            scale = max(1.0, float(a.abs().max())) if a.numel() else 1.0
+            if not torch.allclose(a, b, rtol=1e-4, atol=1e-6 * scale, equal_nan=True):
+                return Problem(
+                    "forward",
+                    "changing one example changed the outputs of other examples in the batch: the forward "
+                    "mixes examples (batch statistics, x.mean(0), attention across the batch dimension), "
+                    "so one example's influence is not bounded by clipping its own gradient",
+                    "compute every example's output from that example alone (e.g. GroupNorm instead of "
+                    "BatchNorm, no reductions over the batch dimension)",
+                )
+    return "passed"
+
+
+def _child_seeds(seed: int | None) -> tuple[int | None, int | None]:
+    if seed is None:
+        return None, None
+    noise, sampler = np.random.SeedSequence(seed).spawn(2)
+    return int(noise.generate_state(1)[0]), int(sampler.generate_state(1)[0])
+
+
+class PrivacyEngine:
+    """DP-SGD for any ``nn.Module``: per-sample clipping, Gaussian noise, Poisson sampling, accounting.
+
+    ``accountant``: ``"pld"`` (default, tight) or ``"rdp"``. ``secure_rng=True`` draws noise *and*
+    sampling from the operating system's CSPRNG (no seed accepted, not reproducible); otherwise both
+    come from seeded generators (``seed`` or fresh entropy), reproducible and resumable. One engine
+    trains one model: call ``make_private`` once.
+    """
+
+    def __init__(
+        self, accountant: AccountantName = "pld", secure_rng: bool = False, seed: int | None = None
+    ) -> None:
+        if secure_rng and seed is not None:
+            raise InvalidParameterError(
+                "seed",
+                seed,
+                "a seeded generator is predictable, so noise from it protects nothing against someone who "
+                "knows the seed; secure mode never uses one",
+                "drop the seed for secure_rng=True, or use secure_rng=False for reproducible experiments",
+            )
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise InvalidParameterError(
+                "seed", seed, "a seed must be a non-negative integer", "pass e.g. seed=0"
+            )
+        from veil.mechanisms.rng import make_source
+
+        self.accountant: PrivacyAccountant = make_accountant(accountant)
+        self.accountant_name: AccountantName = accountant
+        self.secure_rng = bool(secure_rng)
+        noise_seed, sampler_seed = _child_seeds(seed)
+        self.noise_source: RandomSource = make_source(self.secure_rng, noise_seed)
+        self.sampler_source: RandomSource = make_source(self.secure_rng, sampler_seed)
+        self.plan: PrivacyPlan | None = None
+        self.forward_probe: str | None = None
+        self._steps = 0
+        self._optimizer: DPOptimizer | None = None
+        self._loader: PrivateDataLoader | None = None
+        self._clipper: PerSampleClipper | None = None
+
+    # -- the facade ----------------------------------------------------------------------------
+    def make_private(
+        self,
+        *,
+        module: nn.Module,
+        optimizer: Optimizer,
+        data_loader: DataLoader,
+        max_grad_norm: float,
+        noise_multiplier: float | None = None,
+        target_epsilon: float | None = None,
+        target_delta: float | None = None,
+        epochs: float | None = None,
+        clipping: Literal["flat", "per_layer"] = "flat",
+        loss_reduction: Literal["mean", "sum"] | None = None,
+        criterion: nn.Module | None = None,
+        physical_batch_size: int | None = None,
+        poisson_sampling: bool = True,
+        allow_non_poisson: bool = False,
+    ) -> PrivateTraining:
+        """Make ``module``/``optimizer``/``data_loader`` private; returns ``(model, optimizer, loader)``.
+
+        Give either ``noise_multiplier`` or ``target_epsilon`` + ``target_delta`` + ``epochs`` (σ is then
+        calibrated, on the private side of the target, for ``epochs × ⌈N/B⌉`` steps). ``loss_reduction``
+        defaults to the criterion's ``reduction`` when a criterion is passed, else ``"mean"``. Everything
+        is checked before anything changes; a refusal leaves the model, optimizer and engine untouched.
+        The returned model is ``module`` itself (with the clipper's hooks); the optimizer wraps
+        ``optimizer``; the loader replaces ``data_loader`` with Poisson-sampled logical batches of expected
+        size ``data_loader.batch_size`` over the same dataset, collate function and workers.
+        """
+        if self.plan is not None:
+            raise ConfigError(
+                "make_private",
+                "called twice",
+                "one engine accounts for one training run; a second model on the same accountant would "
+                "entangle two runs' checkpoints",
+                "create one PrivacyEngine per model",
+            )
+        if not isinstance(module, nn.Module):
+            raise InvalidParameterError(
+                "module", type(module).__name__, "only an nn.Module can be clipped", "pass an nn.Module"
+            )
+        if not isinstance(optimizer, Optimizer) or isinstance(optimizer, DPOptimizer):
+            raise InvalidParameterError(
+                "optimizer",
+                type(optimizer).__name__,
+                "the engine wraps a plain torch.optim optimizer once",
+                "pass the torch.optim optimizer built on the model's parameters",
+            )
+        if not _finite_positive(max_grad_norm):
+            raise InvalidParameterError(
+                "max_grad_norm",
+                max_grad_norm,
+                "the clip norm C bounds each example's influence; it must be a finite number > 0",
+                "pass max_grad_norm > 0, e.g. 1.0",
+            )
+        if clipping not in ("flat", "per_layer"):
+            raise InvalidParameterError(
+                "clipping", clipping, "unknown clipping mode", "use 'flat' or 'per_layer'"
+            )
+        if physical_batch_size is not None and (
+            isinstance(physical_batch_size, bool)
+            or not isinstance(physical_batch_size, int)
+            or physical_batch_size < 1
+        ):
+            raise InvalidParameterError(
+                "physical_batch_size",
+                physical_batch_size,
+                "a chunk must hold at least one example",
+                "pass an int ≥ 1 or None",
+            )
+        reduction = _resolve_loss_reduction(loss_reduction, criterion)
+        sampling = self._check_sampling(poisson_sampling, allow_non_poisson)
+        if not isinstance(data_loader, DataLoader):
+            raise SamplingError(
+                "data_loader",
+                type(data_loader).__name__,
+                "the sampling rate is read from a DataLoader",
+                "pass a torch DataLoader",
+            )
+        dataset = data_loader.dataset
+        if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
+            raise SamplingError(
+                "data_loader.dataset",
+                type(dataset).__name__,
+                "Poisson sampling needs random access to a dataset of known size",
+                "use a map-style Dataset (with __len__ and __getitem__)",
+            )
+        n = len(dataset)
+        if n < 1:
+            raise DataError("dataset", "empty", "there is nothing to train on", "pass a non-empty dataset")
+        batch_size = data_loader.batch_size
+        if batch_size is None:
+            raise SamplingError(
+                "data_loader.batch_size",
+                None,
+                "the expected batch size q·N is read from the loader's batch_size; a batch sampler hides it",
+                "build the DataLoader with batch_size=<expected logical batch size>",
+            )
+        q = check_sampling_rate(batch_size, n)
+        per_epoch = steps_per_epoch(n, batch_size)
+        _check_optimizer(module, optimizer)
+        problems = validate(module)
+        if problems:
+            raise ModelNotSupportedError(problems)
+        probe = _probe_forward(module, data_loader)
+        if isinstance(probe, Problem):
+            raise ModelNotSupportedError([probe])
+        # Last among the checks: calibration can take seconds.
+        sigma = self._noise_multiplier(
+            noise_multiplier, target_epsilon, target_delta, epochs, q, per_epoch, n, sampling
+        )
+        plan = PrivacyPlan(
+            noise_multiplier=sigma,
+            max_grad_norm=float(max_grad_norm),
+            sampling_rate=q,
+            expected_batch_size=batch_size,
+            dataset_size=n,
+            steps_per_epoch=per_epoch,
+            sampling=sampling,
+            clipping=clipping,
+            loss_reduction=reduction,
+            accountant=self.accountant_name,
+        )
+        if not self.accountant.supports(plan.event):
+            raise InvalidParameterError(
+                "accountant",
+                self.accountant_name,
+                f"it cannot account for this run's steps ({plan.event.to_json()})",
+                "use accountant='pld'",
+            )
+
+        # -- every check passed: build and commit ----------------------------------------------
+        from veil.clipping import PerSampleClipper
+
+        clipper = PerSampleClipper(module, float(max_grad_norm), clipping=clipping, loss_reduction=reduction)
+        signal = StepSignal()
+        logical: PoissonBatchSampler | ShuffledBatchSampler
+        if sampling == "poisson":
+            logical = PoissonBatchSampler(n, q, per_epoch, self.sampler_source)
+        else:
+            logical = ShuffledBatchSampler(n, batch_size, per_epoch, self.sampler_source)
+        loader = PrivateDataLoader(
+            dataset,
+            logical,
+            expected_batch_size=batch_size,
+            physical_batch_size=physical_batch_size,
+            signal=signal,
+            collate_fn=data_loader.collate_fn,
+            template_item=dataset[0],
+            **_loader_kwargs(data_loader),
+        )
+        dp_optimizer = DPOptimizer(
+            optimizer,
+            clipper=clipper,
+            noise_multiplier=sigma,
+            max_grad_norm=float(max_grad_norm),
+            expected_batch_size=batch_size,
+            noise_source=self.noise_source,
+            signal=signal,
+            on_release=self._account_step,
+        )
+        self.plan = plan
+        self.forward_probe = probe
+        self._clipper, self._optimizer, self._loader = clipper, dp_optimizer, loader
+        return PrivateTraining(module, dp_optimizer, loader)
+
+    def _check_sampling(self, poisson_sampling: bool, allow_non_poisson: bool) -> Sampling:
+        if poisson_sampling:
+            return "poisson"
+        if not allow_non_poisson:
+            raise SamplingError(
+                "poisson_sampling",
+                False,
+                "fixed-size shuffled batches get no privacy amplification by sampling, so the same noise "
+                "buys a much larger ε; accounting them as Poisson would under-state ε",
+                "keep poisson_sampling=True (recommended), or also pass allow_non_poisson=True to accept "
+                "ε accounted without amplification",
+            )
+        return "shuffled_not_amplified"
+
+    def _noise_multiplier(
+        self,
+        noise_multiplier: float | None,
+        target_epsilon: float | None,
+        target_delta: float | None,
+        epochs: float | None,
+        q: float,
+        per_epoch: int,
+        n: int,
+        sampling: Sampling,
+    ) -> float:
+        targets = (target_epsilon, target_delta, epochs)
+        if noise_multiplier is not None:
+            if any(t is not None for t in targets):
+                raise InvalidParameterError(
+                    "noise_multiplier",
+                    noise_multiplier,
+                    "σ is either given or calibrated from (target_epsilon, target_delta, epochs), not both",
+                    "pass noise_multiplier alone, or the three targets alone",
+                )
+            if (
+                isinstance(noise_multiplier, bool)
+                or not isinstance(noise_multiplier, (int, float))
+                or not (math.isfinite(noise_multiplier) and noise_multiplier >= 0)
+            ):
+                raise InvalidParameterError(
+                    "noise_multiplier",
+                    noise_multiplier,
+                    "σ scales the noise and must be finite and ≥ 0",
+                    "pass σ ≥ 0",
+                )
+            return float(noise_multiplier)
+        if any(t is None for t in targets):
+            raise InvalidParameterError(
+                "noise_multiplier",
+                None,
+                "without σ the noise must be calibrated, which needs target_epsilon, target_delta and epochs",
+                "pass noise_multiplier, or all of target_epsilon, target_delta and epochs",
+            )
+        assert target_epsilon is not None and target_delta is not None and epochs is not None
+        if not _finite_positive(epochs):
+            raise InvalidParameterError(
+                "epochs", epochs, "calibration needs the planned length of training", "pass epochs > 0"
+            )
+        if not _finite_positive(target_delta) or target_delta >= 1.0 / n:
+            raise InvalidParameterError(
+                "target_delta",
+                target_delta,
+                f"δ ≥ 1/N (N = {n}) allows a mechanism that publishes one whole record outright",
+                f"pass δ well below 1/N, e.g. {10 ** math.floor(math.log10(1.0 / n) - 1):g}",
+            )
+        from veil.accounting.calibrate import calibrate_noise
+
+        steps = math.ceil(epochs * per_epoch)
+        if sampling == "poisson":
+            return float(
+                calibrate_noise(target_epsilon, target_delta, q, steps, accountant=self.accountant_name)
+            )
+        # Shuffled: each step is Gaussian(σ/2) (see the module docstring); q = 1 means "no sampling".
+        return 2.0 * float(
+            calibrate_noise(target_epsilon, target_delta, 1.0, steps, accountant=self.accountant_name)
+        )
+
+    def _account_step(self) -> None:
+        assert self.plan is not None
+        self.accountant.compose(self.plan.event)
+        self._steps += 1
+
+    # -- queries -------------------------------------------------------------------------------
+    @property
+    def steps(self) -> int:
+        """Logical steps (noisy updates) taken so far, each composed into the accountant."""
+        return self._steps
+
+    @property
+    def sampling(self) -> Sampling | None:
+        """``"poisson"`` or ``"shuffled_not_amplified"`` once ``make_private`` ran, else None."""
+        return None if self.plan is None else self.plan.sampling
+
+    @property
+    def noise_multiplier(self) -> float | None:
+        return None if self.plan is None else self.plan.noise_multiplier
+
+    @property
+    def max_grad_norm(self) -> float | None:
+        return None if self.plan is None else self.plan.max_grad_norm
+
+    @property
+    def sampling_rate(self) -> float | None:
+        return None if self.plan is None else self.plan.sampling_rate
+
+    def get_epsilon(self, delta: float) -> float:
+        """ε at ``delta`` for every step taken so far (∞ if any step was non-private, i.e. σ = 0)."""
+        return self.accountant.epsilon(delta)
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything to resume exactly: plan, steps, accountant ledger (JSON events), RNG states.
+
+        Save model and optimizer states alongside (``model.state_dict()``, ``optimizer.state_dict()``).
+        Refused in the middle of a logical batch (after a physical chunk that did not close it).
+        """
+        if self.plan is None or self._optimizer is None or self._loader is None:
+            raise CheckpointError(
+                "engine", "not private yet", "there is no run to save", "call make_private first"
+            )
+        if self._optimizer.pending_chunks:
+            raise CheckpointError(
+                "engine",
+                f"{self._optimizer.pending_chunks} chunk(s) pending",
+                "a logical batch is half accumulated; its per-sample state is not saved",
+                "save right after the optimizer step that closes a logical batch",
+            )
+        return {
+            "format": _STATE_FORMAT,
+            "plan": asdict(self.plan),
+            "steps": self._steps,
+            "ledger": _run_length(self.accountant.ledger.events),
+            "secure_rng": self.secure_rng,
+            "noise_rng": None if self.secure_rng else self.noise_source.state_dict(),
+            "sampler": self._loader.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict` after ``make_private`` with the same privacy settings.
+
+        The accountant is rebuilt from the saved ledger; RNG states are restored when both the saved and
+        this engine are seeded (a secure engine has no state to restore). Checked before anything
+        changes: a mismatched plan raises :class:`~veil.errors.CheckpointError`.
+        """
+        if self.plan is None or self._loader is None:
+            raise CheckpointError(
+                "engine",
+                "not private yet",
+                "a state resumes a configured run",
+                "call make_private, then load_state_dict",
+            )
+        if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
+            raise CheckpointError(
+                "state.format",
+                state.get("format") if isinstance(state, dict) else type(state).__name__,
+                "not an engine state this version can read",
+                "pass the dict returned by PrivacyEngine.state_dict()",
+            )
+        saved_plan = state.get("plan")
+        if saved_plan != asdict(self.plan):
+            raise CheckpointError(
+                "state.plan",
+                saved_plan,
+                f"the privacy settings differ from this engine's {asdict(self.plan)}, so the saved ledger "
+                "would be continued with different events",
+                "call make_private with the same settings (σ or targets, C, batch size, dataset, sampling)",
+            )
+        try:
+            accountant = make_accountant(self.accountant_name)
+            for record in state["ledger"]:
+                accountant.compose(event_from_dict(record["event"]), int(record["count"]))
+            steps = int(state["steps"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(
+                "state.ledger",
+                type(exc).__name__,
+                "the saved privacy history is unreadable",
+                "pass an intact state",
+            ) from exc
+        restore_rng = not self.secure_rng and not state.get("secure_rng", False)
+        if restore_rng:
+            self.noise_source.load_state_dict(state["noise_rng"])
+        sampler_token = dict(state["sampler"])
+        if not restore_rng:
+            sampler_token["rng"] = None
+        self._loader.load_state_dict(sampler_token)
+        self.accountant = accountant
+        self._steps = steps
+
+
+def _run_length(events: tuple[PrivacyEvent, ...]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    previous: PrivacyEvent | None = None
+    for event in events:
+        if previous is not None and event == previous:
+            out[-1]["count"] += 1
+        else:
+            out.append({"event": event.to_dict(), "count": 1})
+            previous = event
+    return out
+
+
+def _loader_kwargs(loader: DataLoader) -> dict[str, Any]:
+    """The performance settings of the user's loader, carried over to the private one."""
+    kwargs: dict[str, Any] = {
+        "num_workers": loader.num_workers,
+        "pin_memory": loader.pin_memory,
+        "timeout": loader.timeout,
+        "worker_init_fn": loader.worker_init_fn,
+        "persistent_workers": loader.persistent_workers,
+        "pin_memory_device": loader.pin_memory_device,
+    }
+    if loader.num_workers > 0:
+        kwargs["multiprocessing_context"] = loader.multiprocessing_context
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+    return kwargs

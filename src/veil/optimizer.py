@@ -1,0 +1,144 @@
+"""The DP optimizer: clipped sum → Gaussian noise → scale → the user's own torch optimizer.
+
+Guarantee (per logical step, add/remove-one neighbouring). With clip norm C, noise multiplier σ and
+expected batch size B = q·N, one logical step releases
+
+    ḡ = (Σ_{i ∈ batch} clip_C(g_i) + N(0, σ²Δ²·I)) / B
+
+where g_i is the gradient of example i's own loss term, ``Δ`` the clipper's L2 sensitivity of the
+clipped sum (Δ = C for flat clipping) and the sum runs over the whole logical batch, however many
+physical chunks it arrived in. Adding or removing one example changes the sum by at most Δ, so the
+release is the Gaussian mechanism with multiplier σ on the sampled batch; the user's optimizer (any
+``torch.optim`` optimizer: SGD, Adam, weight decay, ...) only post-processes ḡ. The divisor B is a
+constant, never the realised batch size (with it the sensitivity would depend on the batch).
+The engine composes one privacy event *before* ḡ is written, so no update goes unaccounted.
+
+Assumptions: one ``loss.backward()`` per physical batch, ``step()`` after each, and the clipper sees
+every trainable parameter (checked by :meth:`veil.PrivacyEngine.make_private`).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.optim import Optimizer
+
+from veil.errors import ConfigError
+
+if TYPE_CHECKING:
+    from veil.clipping import PerSampleClipper
+    from veil.mechanisms.rng import RandomSource
+    from veil.sampling import StepSignal
+
+__all__ = ["DPOptimizer"]
+
+
+class DPOptimizer(Optimizer):
+    """Wraps the user's optimizer; ``step()`` privatises the gradient, then applies the user's step.
+
+    Shares ``param_groups``, ``state`` and ``defaults`` with the wrapped optimizer, so learning-rate
+    schedulers and the optimizer's ``state_dict`` work as before. On a physical chunk that does not
+    close its logical batch, ``step()`` only accumulates the clipped per-sample gradients and returns
+    without touching the parameters.
+    """
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        *,
+        clipper: PerSampleClipper,
+        noise_multiplier: float,
+        max_grad_norm: float,
+        expected_batch_size: int,
+        noise_source: RandomSource,
+        signal: StepSignal,
+        on_release: Callable[[], None],
+    ) -> None:
+        # No super().__init__: this object is a view on ``optimizer``, not a second optimizer.
+        self.original_optimizer = optimizer
+        self.defaults = optimizer.defaults
+        self.state = optimizer.state
+        self.param_groups = optimizer.param_groups
+        self._optimizer_step_pre_hooks = OrderedDict()
+        self._optimizer_step_post_hooks = OrderedDict()
+        self._optimizer_state_dict_pre_hooks = OrderedDict()
+        self._optimizer_state_dict_post_hooks = OrderedDict()
+        self._optimizer_load_state_dict_pre_hooks = OrderedDict()
+        self._optimizer_load_state_dict_post_hooks = OrderedDict()
+        self.clipper = clipper
+        self.noise_multiplier = float(noise_multiplier)
+        self.max_grad_norm = float(max_grad_norm)
+        self.expected_batch_size = int(expected_batch_size)
+        self._denominator = float(expected_batch_size)
+        self._noise = noise_source
+        self._signal = signal
+        self._on_release = on_release
+        self.pending_chunks = 0
+
+    @property
+    def noise_std(self) -> float:
+        """Standard deviation of the noise added to the clipped sum: σ·Δ (before dividing by B)."""
+        return self.noise_multiplier * float(self.clipper.sensitivity)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clears ``.grad`` of every parameter; per-sample state of an unfinished logical batch is kept."""
+        self.original_optimizer.zero_grad(set_to_none=set_to_none)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        raise ConfigError(
+            "param_group",
+            f"{len(list(param_group.get('params', [])))} parameter(s)",
+            "parameters added after make_private have no per-sample clipping, so their updates would "
+            "carry unbounded per-example influence",
+            "add every parameter group to the optimizer before calling make_private",
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.original_optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.original_optimizer.load_state_dict(state_dict)
+        # torch rebinds ``state`` and ``param_groups`` on load: follow it.
+        self.state = self.original_optimizer.state
+        self.param_groups = self.original_optimizer.param_groups
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Accumulate this physical batch; at the end of a logical batch add noise once and update."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.clipper.accumulate()
+        if not self._signal.last_chunk:
+            self.pending_chunks += 1
+            return loss
+        self._on_release()  # account first: a failure below can only over-count
+        self._write_private_grads()
+        self.original_optimizer.step()
+        self.clipper.reset()
+        self.pending_chunks = 0
+        return loss
+
+    @torch.no_grad()
+    def _write_private_grads(self) -> None:
+        std = self.noise_std
+        for p, summed in zip(self.clipper.parameters, self.clipper.clipped_sum(), strict=True):
+            # Low-precision parameters (bf16/fp16) get noise drawn and added at ≥ float32, cast once.
+            work = torch.promote_types(p.dtype, torch.float32)
+            # In place on the clipper's accumulator when dtypes agree: reset() (after the step)
+            # starts a new one, so nothing else reads this tensor; no extra parameter-sized copies.
+            g = summed if summed.dtype == work else summed.to(work)
+            if std > 0:
+                g.add_(self._noise.normal(tuple(p.shape), std, dtype=work, device=p.device))
+            g.div_(self._denominator)
+            p.grad = g if g.dtype == p.dtype else g.to(p.dtype)
+
+    def __repr__(self) -> str:
+        inner = type(self.original_optimizer).__name__
+        return (
+            f"DPOptimizer({inner}, noise_multiplier={self.noise_multiplier}, "
+            f"max_grad_norm={self.max_grad_norm}, expected_batch_size={self.expected_batch_size})"
+        )
