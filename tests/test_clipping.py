@@ -252,6 +252,47 @@ def test_all_and_none_clipped(name: str, clip: str) -> None:
     check_exact(model, x, clip=clip)
 
 
+@pytest.mark.parametrize("name", ["cnn_groupnorm", "transformer_encoder_layer", "tied_weights"])
+def test_float32_model_is_close_to_float64_reference(name: str) -> None:
+    model, x = MODELS[name]()
+    with torch.no_grad():
+        target = torch.randn_like(_output(model(x)))
+    grads = per_example_grads(model, x, target)
+    _, norms = clip_and_sum(grads, [1.0])
+    want, _ = clip_and_sum(grads, [float(norms.median())])
+    model32 = copy.deepcopy(model).float()
+    x32 = x.float() if x.is_floating_point() else x
+    _, got, _ = run_clipper(model32, x32, target.float(), float(norms.median()))
+    scale = max(float(w.abs().max()) for w in want)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == torch.float32
+        assert float((g.double() - w).abs().max()) <= 1e-4 * scale
+
+
+@pytest.mark.parametrize(
+    "name", ["cnn_groupnorm", "transformer_encoder_layer", "tied_weights", "custom_fallback"]
+)
+def test_bfloat16_autocast_is_close_to_float64_reference(name: str) -> None:
+    model, x = MODELS[name]()
+    with torch.no_grad():
+        target = torch.randn_like(_output(model(x)))
+    grads = per_example_grads(model, x, target)
+    _, norms = clip_and_sum(grads, [1.0])
+    bound = float(norms.median())
+    want, _ = clip_and_sum(grads, [bound])
+    model32 = copy.deepcopy(model).float()
+    clipper = PerSampleClipper(model32, bound)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = _output(model32(x.float() if x.is_floating_point() else x))
+    _terms(out.float(), target.float()).mean().backward()
+    clipper.accumulate()
+    scale = max(float(w.abs().max()) for w in want)
+    for g, w in zip(clipper.clipped_sum(), want, strict=True):
+        assert g.dtype == torch.float32
+        assert float((g.double() - w).abs().max()) <= 3e-2 * scale  # bf16 keeps ~3 significant digits
+    clipper.remove()
+
+
 def test_both_linear_forms_are_exercised() -> None:
     assert ghost_is_cheaper(3, 20, 16) and not ghost_is_cheaper(7, 3, 2)
     assert ghost_is_cheaper(4, 8 * 9, 16) and not ghost_is_cheaper(5 * 5, 1 * 9, 2)
@@ -434,9 +475,52 @@ def test_frozen_parameters_are_skipped() -> None:
     clipper.remove()
 
 
+@pytest.mark.parametrize("change", ["freeze", "unfreeze"])
+def test_freezing_after_creation_is_refused_and_flags_restored(change: str) -> None:
+    first, middle = nn.Linear(6, 8), nn.Linear(8, 8)
+    model = nn.Sequential(first, nn.Tanh(), middle)
+    middle.bias.requires_grad_(False)
+    clipper = PerSampleClipper(model, 1.0)
+    target = first.weight if change == "freeze" else middle.bias
+    target.requires_grad_(change == "unfreeze")
+    model(torch.randn(3, 6)).sum().backward()
+    assert target.requires_grad == (change == "unfreeze")  # the forward restored the user's choice
+    with pytest.raises(ModelNotSupportedError, match="frozen or unfrozen"):
+        clipper.accumulate()
+    clipper.remove()
+
+
 def test_first_layer_output_may_be_modified_in_place() -> None:
     model = nn.Sequential(nn.Linear(5, 6), nn.ReLU(inplace=True), nn.Linear(6, 2))
     check_exact(model, torch.randn(6, 5))
+
+
+def test_first_layer_never_alters_the_callers_tensors() -> None:
+    class PassThrough(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(4))
+
+        def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+            return x * self.w, x  # the second output is the caller's own tensor
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = PassThrough()
+
+        def forward(self, x: Tensor) -> Tensor:
+            y, same = self.inner(x)
+            return y + same.sin()
+
+    x = torch.randn(5, 4)
+    model = Model()
+    check_exact(model, x)
+    clipper = PerSampleClipper(model, 1.0)
+    model(x).sum().backward()
+    assert not x.requires_grad and x.grad_fn is None
+    clipper.accumulate()
+    clipper.remove()
 
 
 def test_input_that_requires_grad() -> None:
@@ -457,6 +541,71 @@ def test_forward_without_grad_is_not_captured() -> None:
     clipper.accumulate()
     assert_close(clipper.clipped_sum(), want)
     assert all(p.requires_grad for p in model.parameters())
+    clipper.remove()
+
+
+@pytest.mark.parametrize("name", ["mlp", "custom_fallback"])
+def test_two_backward_passes_before_accumulate_are_refused(name: str) -> None:
+    model, x = MODELS[name]()
+    clipper = PerSampleClipper(model, 1.0)
+    model(x[:2]).square().sum().backward()
+    model(x[2:4]).square().sum().backward()
+    with pytest.raises(ModelNotSupportedError, match="more than one backward"):
+        clipper.accumulate()
+    out = model(x[:2]).square().sum()
+    out.backward(retain_graph=True)
+    out.backward()
+    with pytest.raises(ModelNotSupportedError, match="more than one backward"):
+        clipper.accumulate()
+    out = model(x[:2]).square().sum()
+    out.backward(retain_graph=True)
+    clipper.accumulate()
+    out.backward()  # after accumulate(): its gradients have nowhere to go
+    with pytest.raises(ModelNotSupportedError, match="more than one backward"):
+        clipper.accumulate()
+    clipper.remove()
+
+
+class Checkpointed(nn.Module):
+    def __init__(self, reentrant: bool) -> None:
+        super().__init__()
+        self.reentrant = reentrant
+        self.first = nn.Linear(6, 6)
+        tied = nn.Linear(6, 6)
+        tied.weight = self.first.weight  # tied across the checkpoint boundary
+        self.inner = nn.Sequential(tied, nn.Tanh(), nn.Linear(6, 3))
+        self.last = nn.Linear(3, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        h = checkpoint(self.inner, torch.tanh(self.first(x)), use_reentrant=self.reentrant)
+        return self.last(h)
+
+
+def test_non_reentrant_activation_checkpointing_is_exact() -> None:
+    check_exact(Checkpointed(reentrant=False), torch.randn(5, 6))
+
+
+def test_reentrant_activation_checkpointing_is_refused() -> None:
+    model = Checkpointed(reentrant=True)
+    clipper = PerSampleClipper(model, 1.0)
+    model(torch.randn(4, 6)).square().sum().backward()
+    with pytest.raises(ModelNotSupportedError, match="checkpointing"):
+        clipper.accumulate()
+    clipper.remove()
+
+
+def test_forward_after_backward_without_gradient_is_ignored() -> None:
+    model, x = MODELS["mlp"]()
+    with torch.no_grad():
+        target = torch.randn_like(model(x))
+    want, _ = clip_and_sum(per_example_grads(model, x, target), [0.5])
+    clipper = PerSampleClipper(model, 0.5)
+    _terms(model(x), target).mean().backward()
+    model(torch.randn(3, 6))  # e.g. a metric computed with grad enabled before the step
+    clipper.accumulate()
+    assert_close(clipper.clipped_sum(), want)
     clipper.remove()
 
 

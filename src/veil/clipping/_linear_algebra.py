@@ -28,6 +28,14 @@ def ghost_is_cheaper(positions: int, d: int, p: int) -> bool:
     return positions * (d + p) < d * p
 
 
+def common_dtype(a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+    """``a`` and ``g`` in one dtype (they differ under autocast: inputs float32, gradients bf16)."""
+    if a.dtype == g.dtype:
+        return a, g
+    dtype = torch.promote_types(a.dtype, g.dtype)
+    return a.to(dtype), g.to(dtype)
+
+
 def _precise(t: Tensor) -> Tensor:
     return t.float() if t.dtype in _LOW_PRECISION else t
 
@@ -40,6 +48,7 @@ def grouped_linear(a: Tensor, g: Tensor, shape: torch.Size, *, materialise: bool
     """
     batch, groups, positions, d = a.shape
     p = g.shape[-1]
+    a, g = common_dtype(a, g)
     if materialise or not ghost_is_cheaper(positions, d, p):
         if groups == 1:
             grads = torch.bmm(g[:, 0].transpose(1, 2), a[:, 0])

@@ -84,7 +84,6 @@ class _Call:
     contributions: dict[str, Contribution] | None = None
     forced: frozenset[str] = frozenset()
     error: RuleError | None = None
-    late: bool = False
 
     def has_gradient(self) -> bool:
         return (
@@ -149,8 +148,9 @@ class PerSampleClipper:
         self._calls: list[_Call] = []
         self._generation = 0
         self._backward_seen = False
-        self._uses: dict[int, int] = {}
-        self._toggled: dict[int, tuple[nn.Parameter, int]] = {}
+        self._late = False
+        self._uses: dict[int, dict[int, int]] = {}  # generation -> id(param) -> forward calls
+        self._toggled: dict[int, tuple[nn.Parameter, int, bool]] = {}  # id -> (param, depth, before)
         self._suspended = False
         self._sum: list[Tensor] | None = None
         self._discover(module)
@@ -274,21 +274,24 @@ class PerSampleClipper:
             if self._backward_seen:  # a forward after a backward starts a new generation
                 self._generation += 1
                 self._backward_seen = False
-                self._uses = {}
+            uses = self._uses.setdefault(self._generation, {})
             for p in site.params:
-                self._uses[id(p)] = self._uses.get(id(p), 0) + 1
+                uses[id(p)] = uses.get(id(p), 0) + 1
             record = CallRecord(
-                args=_detached(args), kwargs=_detached(kwargs) if kwargs else {}, batch_size=batch
+                args=_detached(args),
+                kwargs=_detached(kwargs) if kwargs else {},
+                batch_size=batch,
+                autocast=_autocast_state(args, kwargs),
             )
             call = _Call(site, record, self._generation)
             context = site.rule.forward_context(module, record)
             toggled = site.rule.toggle_requires_grad
             if toggled:
                 for p in site.params:
-                    count = self._toggled.get(id(p), (p, 0))[1]
+                    _, count, before = self._toggled.get(id(p), (p, 0, p.requires_grad))
                     if count == 0:
                         p.requires_grad_(False)
-                    self._toggled[id(p)] = (p, count + 1)
+                    self._toggled[id(p)] = (p, count + 1, before)
             if context is not None:
                 context.__enter__()
             site.frames.append((call, context, toggled))
@@ -301,12 +304,12 @@ class PerSampleClipper:
             context.__exit__(None, None, None)
         if toggled:
             for p in site.params:
-                param, count = self._toggled[id(p)]
+                param, count, before = self._toggled[id(p)]
                 if count == 1:
                     del self._toggled[id(p)]
-                    param.requires_grad_(True)
+                    param.requires_grad_(before)
                 else:
-                    self._toggled[id(p)] = (param, count - 1)
+                    self._toggled[id(p)] = (param, count - 1, before)
 
     def _post_hook(self, site: _Site) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
@@ -321,7 +324,7 @@ class PerSampleClipper:
             if isinstance(output, Tensor):  # the common case, without the tree walk
                 if not is_floating(output):
                     return None
-                out = output if output.requires_grad else reattach(output)
+                out = output if output.requires_grad else reattach(output, _owned(module, call.record))
                 self._watch(call, out)
                 return None if out is output else out
             leaves, build = flatten(output)
@@ -330,7 +333,7 @@ class PerSampleClipper:
                 if not (isinstance(leaf, Tensor) and is_floating(leaf)):
                     continue
                 if not leaf.requires_grad:
-                    leaf = reattach(leaf)
+                    leaf = reattach(leaf, [*_owned(module, call.record), *leaves[:i]])
                     leaves[i] = leaf
                     changed = True
                 self._watch(call, leaf)
@@ -349,11 +352,10 @@ class PerSampleClipper:
 
         def sink(grad: Tensor) -> None:
             self._backward_seen = True
-            if call.contributions is not None or call.error is not None:
-                call.late = True
+            if call.contributions is not None or call.error is not None or record.grads[slot] is not None:
+                self._late = True  # a second backward through the same forward
                 return
-            prev = record.grads[slot]
-            record.grads[slot] = grad if prev is None else prev + grad
+            record.grads[slot] = grad
             if single and len(record.grads) == 1:
                 self._process_now(call)
 
@@ -362,8 +364,9 @@ class PerSampleClipper:
     def _process_now(self, call: _Call) -> None:
         """Run the call's rule inside backward, so its inputs and output gradient can be freed."""
         site = call.site
+        uses = self._uses.get(call.generation, {})
         call.forced = frozenset(
-            n for n, p in zip(site.names, site.params, strict=True) if self._uses.get(id(p), 0) > 1
+            n for n, p in zip(site.names, site.params, strict=True) if uses.get(id(p), 0) > 1
         )
         try:
             with torch.no_grad():
@@ -404,6 +407,20 @@ class PerSampleClipper:
             self._suspended = False
 
     def _check_stray_gradients(self) -> None:
+        managed = {id(p) for p in self.parameters}
+        changed = [n for n, p in self.module.named_parameters() if (id(p) in managed) != p.requires_grad]
+        if changed:
+            raise ModelNotSupportedError(
+                [
+                    Problem(
+                        n,
+                        "was frozen or unfrozen after the clipper was created, so the set of clipped "
+                        "parameters no longer matches the trainable ones",
+                        "set requires_grad on every parameter before creating the clipper (make_private)",
+                    )
+                    for n in changed
+                ]
+            )
         stray = [p for p in self.parameters if p.grad is not None]
         if not stray:
             return
@@ -433,14 +450,15 @@ class PerSampleClipper:
         return ModelNotSupportedError([Problem(location, reason, fix)])
 
     def _accumulate(self, calls: list[_Call]) -> Tensor:
-        if len({c.generation for c in calls}) > 1 or any(c.late for c in calls):
+        late, self._late = self._late, False
+        if late or len({c.generation for c in calls}) > 1:
             raise self._refuse(
                 "model",
                 "gradients from more than one backward pass were captured before accumulate(), so "
-                "examples of different passes cannot be told apart (activation checkpointing, which "
-                "reruns the forward inside backward, also does this)",
-                "call accumulate() after each backward, before the next forward; do not use "
-                "activation checkpointing",
+                "examples of different passes cannot be told apart (reentrant activation "
+                "checkpointing, which runs a backward inside the backward, does this too)",
+                "call accumulate() after each backward, before the next forward; use "
+                "checkpoint(..., use_reentrant=False) for activation checkpointing",
             )
         sizes = {c.record.batch_size for c in calls}
         if len(sizes) > 1:
@@ -504,12 +522,14 @@ class PerSampleClipper:
             factors = torch.clamp(bounds / (group_sq.sqrt() * scale + _STABILITY), max=1.0)
             weights = list((factors * scale).unbind(0))
 
+        dtypes = {id(p): p.dtype for p in self.parameters}
         added: dict[int, Tensor] = {}
         for pid, grads in materialised.items():
-            w = weights[self._group_of[pid]].to(grads.dtype)
-            added[pid] = (w @ grads.reshape(batch, -1)).view(grads.shape[1:])
+            work = torch.promote_types(grads.dtype, dtypes[pid])
+            w = weights[self._group_of[pid]].to(work)
+            added[pid] = (w @ grads.reshape(batch, -1).to(work)).view(grads.shape[1:]).to(dtypes[pid])
         for pid, ghost in ghosts:
-            part = ghost.weighted_sum(weights[self._group_of[pid]])
+            part = ghost.weighted_sum(weights[self._group_of[pid]]).to(dtypes[pid])
             added[pid] = part if pid not in added else added[pid] + part
         if self._sum is None:
             self._sum = [added[id(p)] if id(p) in added else torch.zeros_like(p) for p in self.parameters]
@@ -560,6 +580,7 @@ class PerSampleClipper:
         """Start a new, empty accumulator and drop inputs captured since the last accumulate."""
         self._sum = None
         self._calls = []
+        self._late = False
         self._backward_seen = False
         self._uses = {}
         self._generation += 1
@@ -569,14 +590,29 @@ class PerSampleClipper:
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        for param, _ in self._toggled.values():
-            param.requires_grad_(True)
+        for param, _, before in self._toggled.values():
+            param.requires_grad_(before)
         self._toggled = {}
         for site in self._sites:
             site.frames.clear()
             if _ATTACHED.get(site.module) is self:
                 del _ATTACHED[site.module]
         self._calls = []
+
+
+def _autocast_state(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, torch.dtype] | None:
+    """The autocast setting the forward ran under (device type of the first tensor input)."""
+    first = next((t for t in (*args, *kwargs.values()) if isinstance(t, Tensor)), None)
+    device_type = first.device.type if first is not None else "cpu"
+    if not torch.is_autocast_enabled(device_type):
+        return None
+    return device_type, torch.get_autocast_dtype(device_type)
+
+
+def _owned(module: nn.Module, record: CallRecord) -> list[Any]:
+    """Tensors an output must not share memory with to be reattached without a copy."""
+    inputs = flatten((record.args, record.kwargs))[0]
+    return [*inputs, *module.parameters(), *module.buffers()]
 
 
 def _detached(obj: Any) -> Any:

@@ -13,6 +13,7 @@ statistics, or is not reproducible).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence, Set
 from typing import Any
 
@@ -39,12 +40,16 @@ _FIX = (
 )
 
 
-def _close(recomputed: Tensor, captured: Tensor) -> bool:
+def _close(recomputed: Tensor, captured: Tensor, low_precision: torch.dtype | None) -> bool:
+    """Equal up to the rounding of the dtypes involved (``low_precision``: the autocast dtype)."""
     if recomputed.shape != captured.shape:
         return False
+    recomputed = recomputed.to(captured.dtype)
     if captured.numel() == 0:
         return True
     tol = _TOLERANCE.get(captured.dtype, 1e-2)
+    if low_precision is not None:
+        tol = max(tol, _TOLERANCE.get(low_precision, 1e-2))
     scale = float(captured.abs().max())
     return bool(torch.allclose(recomputed, captured, rtol=tol, atol=tol * max(scale, 1e-30)))
 
@@ -110,6 +115,11 @@ class FunctionalRule(LayerRule):
             for g, out, d in zip(record.grads, record.outputs, out_dims, strict=True)
         ]
         split = [leaf.movedim(d, 0) for leaf, d in zip(leaves, dim_leaves, strict=True) if d is not None]
+        autocast: contextlib.AbstractContextManager[Any] = (
+            torch.autocast(record.autocast[0], dtype=record.autocast[1])
+            if record.autocast is not None
+            else contextlib.nullcontext()
+        )
 
         def per_example(
             p: dict[str, Tensor], xs: list[Tensor], gs: list[Tensor]
@@ -122,14 +132,16 @@ class FunctionalRule(LayerRule):
             args, kwargs = build(rebuilt)
 
             def run(q: dict[str, Tensor]) -> tuple[Tensor, ...]:
-                out = functional_call(module, {**q, **buffers}, tuple(args), kwargs)
+                with autocast:
+                    out = functional_call(module, {**q, **buffers}, tuple(args), kwargs)
                 return tuple(t for t in flatten(out)[0] if isinstance(t, Tensor) and is_floating(t))
 
             pulled = vjp(run, p)
             outs, pullback = pulled[0], pulled[1]
             if len(outs) != len(gs):
                 raise RuleError("the module returned a different number of outputs when rerun", _FIX)
-            (grad_p,) = pullback(tuple(g.unsqueeze(d) for g, d in zip(gs, out_dims, strict=True)))
+            cotangents = tuple(g.unsqueeze(d).to(o.dtype) for g, o, d in zip(gs, outs, out_dims, strict=True))
+            (grad_p,) = pullback(cotangents)
             return grad_p, outs
 
         try:
@@ -144,7 +156,8 @@ class FunctionalRule(LayerRule):
                 _FIX,
             ) from exc
         for out, captured, d in zip(outs, record.outputs, out_dims, strict=True):
-            if not _close(out.squeeze(d + 1), captured.movedim(d, 0)):
+            low = record.autocast[1] if record.autocast is not None else None
+            if not _close(out.squeeze(d + 1), captured.movedim(d, 0), low):
                 raise RuleError(
                     "its output for each example recomputed alone differs from the batched forward "
                     "(randomness such as dropout, or statistics over the batch)",

@@ -51,8 +51,9 @@ class Materialised:
 class Ghost:
     """Per-sample squared gradient norms ``[B]`` and a book-keeping weighted sum.
 
-    ``weighted_sum(c)`` returns ``Σ_i c_i g_i`` (shaped like the parameter) for per-example
-    weights ``c`` of shape ``[B]``, without forming any ``g_i``.
+    ``weighted_sum(c)`` returns ``Σ_i c_i g_i`` (shaped like the parameter, a new tensor the
+    clipper may keep and modify) for per-example weights ``c`` of shape ``[B]``, without forming
+    any ``g_i``.
     """
 
     norm_sq: Tensor
@@ -78,6 +79,7 @@ class CallRecord:
     ``args``/``kwargs`` are the call's inputs with tensors detached; ``grads[k]`` is the gradient
     of the loss with respect to the k-th tensor leaf of the output (``None`` when no gradient
     reached it); ``outputs`` holds those leaves (detached) only for rules that ask for them;
+    ``autocast`` is ``(device_type, dtype)`` when the forward ran under ``torch.autocast``;
     ``extra`` is rule-private state (e.g. captured sub-computations).
     """
 
@@ -86,6 +88,7 @@ class CallRecord:
     batch_size: int
     grads: list[Tensor | None] = field(default_factory=list)
     outputs: list[Tensor] = field(default_factory=list)
+    autocast: tuple[str, torch.dtype] | None = None
     extra: Any = None
 
     def has_gradient(self) -> bool:

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from veil.clipping._linear_algebra import ghost_is_cheaper, grouped_linear
+from veil.clipping._linear_algebra import common_dtype, ghost_is_cheaper, grouped_linear
 from veil.clipping.registry import CallRecord, Contribution, LayerRule, Materialised, register_rule
 from veil.clipping.rules._common import batched_input, output_grad
 
@@ -57,15 +57,15 @@ def per_sample_weight(module: nn.modules.conv._ConvNd, x: Tensor, g: Tensor) -> 
     batch, c_in = x.shape[:2]
     c_out = g.shape[1]
     kernel = tuple(module.kernel_size)
-    conv = F.conv1d if len(kernel) == 1 else F.conv2d
-    taps = conv(
-        _padded(module, x).transpose(0, 1),
-        g.reshape(batch * c_out, 1, *g.shape[2:]),
-        stride=module.dilation,
-        dilation=module.stride,
-        groups=batch,
-    )
-    taps = taps[(..., *(slice(0, k) for k in kernel))]
+    x, g = common_dtype(x, g)
+    inputs = _padded(module, x).transpose(0, 1)
+    kernels = g.reshape(batch * c_out, 1, *g.shape[2:])
+    if len(kernel) == 1:
+        taps = F.conv1d(inputs, kernels, stride=module.dilation, dilation=module.stride, groups=batch)
+        taps = taps[:, :, : kernel[0]]
+    else:
+        taps = F.conv2d(inputs, kernels, stride=module.dilation, dilation=module.stride, groups=batch)
+        taps = taps[:, :, : kernel[0], : kernel[1]]
     return taps.reshape(c_in, batch, c_out, *kernel).movedim(0, 2)
 
 

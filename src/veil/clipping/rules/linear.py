@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from veil.clipping._linear_algebra import grouped_linear, summed_positions
+from veil.clipping._linear_algebra import common_dtype, grouped_linear, summed_positions
 from veil.clipping.registry import CallRecord, Contribution, Ghost, LayerRule, register_rule
 from veil.clipping.rules._common import batched_input, output_grad
 
@@ -52,7 +52,7 @@ def _flat_ghost(
     g_sq = torch.linalg.vector_norm(g, dim=1, dtype=_norm_dtype(g)).square()
     out: dict[str, Contribution] = {}
     if "weight" in names:
-        a = batched_input(record.args, record.kwargs, 2, "Linear")
+        a, g = common_dtype(batched_input(record.args, record.kwargs, 2, "Linear"), g)
         a_sq = torch.linalg.vector_norm(a, dim=1, dtype=_norm_dtype(a)).square()
         narrow_input = module.in_features < module.out_features
 
