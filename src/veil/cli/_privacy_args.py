@@ -4,7 +4,19 @@ from __future__ import annotations
 
 import math
 
+import typer
+
 from veil.errors import InvalidParameterError
+
+# Option declarations shared by `veil epsilon` and `veil calibrate` (typer reads them as defaults).
+DELTA = typer.Option(..., "--delta", help="Target δ (well below 1/N).")
+SAMPLING_RATE = typer.Option(None, "--sampling-rate", help="Poisson sampling rate q.")
+STEPS = typer.Option(None, "--steps", help="Number of noisy steps T.")
+BATCH_SIZE = typer.Option(None, "--batch-size", help="Expected batch size B (q = B/N).")
+DATASET_SIZE = typer.Option(None, "--dataset-size", help="Dataset size N.")
+EPOCHS = typer.Option(None, "--epochs", help="Epochs E (T = ceil(E·N/B)).")
+ACCOUNTANT = typer.Option("pld", "--accountant", help="pld (default, tightest) or rdp.")
+JSON_OUTPUT = typer.Option(False, "--json", help="Print one JSON object.")
 
 
 def resolve_sampling(

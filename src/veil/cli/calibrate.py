@@ -7,6 +7,7 @@ from typing import Any
 import typer
 
 from veil.accounting.base import AccountantName
+from veil.cli import _privacy_args as args
 from veil.cli._output import emit
 from veil.cli._privacy_args import resolve_sampling
 
@@ -35,14 +36,14 @@ def register(app: typer.Typer) -> None:
         target_epsilon: float = typer.Option(
             ..., "--target-epsilon", help="The ε the whole run must stay within."
         ),
-        delta: float = typer.Option(..., "--delta", help="Target δ (well below 1/N)."),
-        sampling_rate: float = typer.Option(None, "--sampling-rate", help="Poisson sampling rate q."),
-        steps: int = typer.Option(None, "--steps", help="Number of noisy steps T."),
-        batch_size: int = typer.Option(None, "--batch-size", help="Expected batch size B (q = B/N)."),
-        dataset_size: int = typer.Option(None, "--dataset-size", help="Dataset size N."),
-        epochs: float = typer.Option(None, "--epochs", help="Epochs E (T = ceil(E·N/B))."),
-        accountant: str = typer.Option("pld", "--accountant", help="pld (default, tightest) or rdp."),
-        json_output: bool = typer.Option(False, "--json", help="Print one JSON object."),
+        delta: float = args.DELTA,
+        sampling_rate: float = args.SAMPLING_RATE,
+        steps: int = args.STEPS,
+        batch_size: int = args.BATCH_SIZE,
+        dataset_size: int = args.DATASET_SIZE,
+        epochs: float = args.EPOCHS,
+        accountant: str = args.ACCOUNTANT,
+        json_output: bool = args.JSON_OUTPUT,
     ) -> None:
         """Smallest noise multiplier σ whose ε stays within the target (always on the private side)."""
         q, t = resolve_sampling(sampling_rate, steps, batch_size, dataset_size, epochs)
