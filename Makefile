@@ -16,7 +16,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test,dev]'
 	touch $(STAMP)
 
+# Each demo replaces the previous one (a run folder is never overwritten by veil itself).
 demo: setup
+	rm -rf runs/demo
 	$(BIN)/veil train --dataset digits --epsilon 3 --out runs/demo
 
 test: setup
@@ -25,6 +27,11 @@ test: setup
 bench: setup
 	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python bench/accounting.py
+	$(BIN)/python bench/engine.py
+	$(BIN)/python bench/utility.py
+	$(BIN)/python bench/fashion_mnist.py
+	$(BIN)/python bench/pate.py
+	$(BIN)/python bench/audit.py
 
 lint: setup
 	$(BIN)/ruff check src tests bench

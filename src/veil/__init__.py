@@ -14,7 +14,7 @@ _LAZY = {
     "PrivacyEngine": "veil.engine",
     "validate": "veil.validation",
     "fix": "veil.validation",
-    "train": "veil.train",
+    "train": "veil.training",
     "calibrate_noise": "veil.accounting.calibrate",
     "dpsgd_epsilon": "veil.accounting.calibrate",
     "max_steps": "veil.accounting.calibrate",

@@ -1,0 +1,115 @@
+"""``veil train [CONFIG.toml] [flags]``: DP training end to end, with a report (see :mod:`veil.train`)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from veil.cli._output import emit
+
+
+def run_train(
+    config_file: str | None, flags: dict[str, Any], resume: str | None = None, json_output: bool = False
+) -> dict[str, Any]:
+    """The work of ``veil train``: resolve the config (defaults < file < flags), train, return the report."""
+    from veil.config import load_config_file, make_config, resolve_config
+    from veil.training import train
+
+    given = {k: v for k, v in flags.items() if v is not None}
+    if json_output:
+        given["progress"] = False
+    if resume is not None:
+        values: dict[str, Any] = {}
+        if config_file is not None:
+            values.update(load_config_file(config_file))
+        values.update(given)
+        make_config(values)  # typos and wrong types are refused on resume too
+        report = train({k.replace("-", "_"): v for k, v in values.items()}, resume=resume)
+    else:
+        report = train(resolve_config(config_file, given))
+    return report.to_dict()
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("train")
+    def train_command(
+        config: str = typer.Argument(
+            None, metavar="[CONFIG.toml]", help="TOML file of settings (flags override it)."
+        ),
+        dataset: str = typer.Option(
+            None,
+            "--dataset",
+            help="digits (default), breast-cancer, fashion-mnist, mnist, csv:PATH, parquet:PATH, npz:PATH.",
+        ),
+        data_dir: str = typer.Option(
+            None, "--data-dir", help="Folder of the IDX files (fashion-mnist, mnist)."
+        ),
+        target: str = typer.Option(
+            None, "--target", help="Label column (csv, parquet) or label array (npz)."
+        ),
+        model: str = typer.Option(
+            None, "--model", help="auto (default), logreg, mlp, cnn, or package.module:factory."
+        ),
+        epsilon: float = typer.Option(None, "--epsilon", help="Target ε for the whole run (default 3)."),
+        delta: float = typer.Option(None, "--delta", help="Target δ, must be < 1/N (default 1e-5)."),
+        epochs: int = typer.Option(None, "--epochs", help="Planned epochs (default: tuned preset)."),
+        batch_size: int = typer.Option(None, "--batch-size", help="Expected logical batch size; q = B/N."),
+        max_grad_norm: float = typer.Option(None, "--max-grad-norm", help="Per-example clip norm C."),
+        lr: float = typer.Option(None, "--lr", help="Learning rate."),
+        optimizer: str = typer.Option(None, "--optimizer", help="sgd (with momentum) or adam."),
+        accountant: str = typer.Option(None, "--accountant", help="pld (default, tightest) or rdp."),
+        noise_multiplier: float = typer.Option(
+            None,
+            "--noise-multiplier",
+            help="σ instead of calibrating it; training still stops at the target ε.",
+        ),
+        seed: int = typer.Option(
+            None, "--seed", help="Seed of split, initialisation and (without --secure-rng) noise."
+        ),
+        secure_rng: bool = typer.Option(None, "--secure-rng", help="Noise and sampling from the OS CSPRNG."),
+        no_baseline: bool = typer.Option(None, "--no-baseline", help="Skip the non-private baseline."),
+        out: str = typer.Option(None, "--out", help="Run folder (default runs/<dataset>-<time>)."),
+        resume: str = typer.Option(None, "--resume", help="Continue the interrupted run in this folder."),
+        json_output: bool = typer.Option(
+            False, "--json", help="Print the report JSON on stdout (no progress bar)."
+        ),
+    ) -> None:
+        """Train a model with differential privacy and write a report a data-protection officer can file."""
+        flags: dict[str, Any] = {
+            "dataset": dataset,
+            "data_dir": data_dir,
+            "target": target,
+            "model": model,
+            "epsilon": epsilon,
+            "delta": delta,
+            "epochs": epochs,
+            "batch_size": batch_size,
+            "max_grad_norm": max_grad_norm,
+            "lr": lr,
+            "optimizer": optimizer,
+            "accountant": accountant,
+            "noise_multiplier": noise_multiplier,
+            "seed": seed,
+            "secure_rng": secure_rng,
+            "baseline": False if no_baseline else None,
+            "out": out,
+        }
+        report = run_train(config, flags, resume=resume, json_output=json_output)
+        if json_output:
+            emit(report, True)
+            return
+        folder = Path(report["out_dir"])
+        base = report["baseline_test_accuracy"]
+        lines = [
+            f"DP test accuracy {report['test_accuracy']:.4f}"
+            + (f" (non-private baseline {base:.4f})" if base is not None else "")
+            + f" at ε = {report['epsilon_spent']:.3f} (target "
+            f"{report['target_epsilon']:g}), δ = {report['delta']:g}",
+            f"checks: {sum(c['passed'] for c in report['checks'])}/{len(report['checks'])} passed",
+            f"report: {folder / 'report.html'}",
+            f"        {folder / 'report.json'}",
+        ]
+        sys.stdout.write("\n".join(lines) + "\n")

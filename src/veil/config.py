@@ -1,0 +1,422 @@
+"""The configuration of ``veil train``: one validated, immutable :class:`TrainConfig`.
+
+Precedence: built-in defaults < a TOML config file < command-line flags (or the dict passed to
+:func:`veil.train`). Unknown keys are refused by name with the closest known key suggested: a typo
+must never fall back silently to a default privacy setting. Values of the wrong type are refused
+with the key, the value and the expected type. Keys may be written ``max_grad_norm`` or
+``max-grad-norm``.
+
+Hyperparameters left unset (``None``: ``epochs``, ``batch_size``, ``lr``, ``optimizer``,
+``momentum``, ``max_grad_norm``) take the tuned preset of the data kind (:data:`PRESETS`); the
+presets were chosen on veil's own benchmarks (``bench/utility.py``), never on the user's data, so
+choosing them spends no privacy. The resolved config (presets filled in) is saved with every run as
+``config.toml``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from veil.errors import ConfigError, InvalidParameterError, VeilError
+
+__all__ = [
+    "PRESETS",
+    "PRIVACY_KEYS",
+    "TrainConfig",
+    "apply_presets",
+    "config_to_toml",
+    "load_config_file",
+    "make_config",
+    "resolve_config",
+    "write_config",
+]
+
+DataKind = Literal["image", "table"]
+
+
+class TrainConfig(BaseModel):
+    """Every setting of a ``veil train`` run, with its default."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    # -- data --------------------------------------------------------------------------------
+    dataset: str = "digits"
+    """``digits`` | ``breast-cancer`` | ``fashion-mnist`` | "
+    "``mnist`` | ``csv:PATH`` | ``parquet:PATH`` | ``npz:PATH``."""
+    data_dir: str | None = None
+    """Folder of the IDX files (fashion-mnist, mnist)."""
+    target: str | None = None
+    """Label column (csv, parquet) or label array (npz, default ``y``)."""
+    test_fraction: float = 0.2
+    """Share of the examples held out for testing (stratified, fixed by ``seed``)."""
+    feature_bounds: list[list[float]] | dict[str, list[float]] | None = None
+    """Public per-feature ``[low, high]`` bounds for tables: a list (one pair per feature, or one pair for
+    all) or a table keyed by column name. Given, features are clipped to them and scaled to [-1, 1] at
+    no privacy cost; not given, a DP estimate of the feature centres is bought with part of ε."""
+    feature_resolution: float = 1e-3
+    """Public scale of the log transform of table features: ``asinh(x/r) - asinh(1/r)``."""
+    preprocessing_budget: float = 0.5
+    """Share of ε that sizes the DP centring of table features (used only without feature_bounds)."""
+    center_clip_norm: float | None = None
+    """L2 clip of each transformed row for the DP centring (default 5·√d)."""
+
+    # -- model -------------------------------------------------------------------------------
+    model: str = "auto"
+    """``auto`` | ``logreg`` | ``mlp`` | ``cnn`` | ``package.module:factory``."""
+
+    # -- privacy -----------------------------------------------------------------------------
+    epsilon: float = 3.0
+    """Target ε: the whole run (preprocessing included) is calibrated to it and never exceeds it."""
+    delta: float = 1e-5
+    """Target δ; must be < 1/N (N = training examples)."""
+    noise_multiplier: float | None = None
+    """σ given outright instead of calibrated; training still stops before ε would pass the target."""
+    max_grad_norm: float | None = None
+    """Per-example clip norm C (preset when unset)."""
+    batch_size: int | None = None
+    """Expected logical batch size B; Poisson sampling rate q = B/N (preset when unset)."""
+    epochs: int | None = None
+    """Planned epochs; ⌈N/B⌉ noisy steps each (preset when unset)."""
+    accountant: Literal["pld", "rdp"] = "pld"
+    secure_rng: bool = False
+    """Noise and sampling from the OS CSPRNG (not reproducible; required for a released model)."""
+    seed: int = 0
+    """Seeds the split, the initialisation and, without secure_rng, the sampling and noise."""
+
+    # -- optimisation (no privacy impact) ----------------------------------------------------
+    lr: float | None = None
+    optimizer: Literal["sgd", "adam"] | None = None
+    momentum: float | None = None
+    ema_decay: float | None = None
+    """Release an exponential moving average of the DP iterates with this decay (0: the last iterate).
+    Post-processing: costs no privacy."""
+    physical_batch_size: int | None = None
+    """Memory-only: split each logical batch into chunks of at most this many examples."""
+    device: str = "cpu"
+
+    # -- run ---------------------------------------------------------------------------------
+    baseline: bool = True
+    """Also train the same model non-privately to report the utility cost of privacy."""
+    out: str | None = None
+    """Run folder (default ``runs/<dataset>-<timestamp>``)."""
+    checkpoint_every: int = 25
+    """Checkpoint every this many steps (and at the end)."""
+    progress: bool | None = None
+    """Show a progress bar (default: only when stdout is a terminal)."""
+
+    @field_validator("epsilon")
+    @classmethod
+    def _epsilon(cls, v: float) -> float:
+        if not (math.isfinite(v) and v > 0):
+            raise InvalidParameterError(
+                "epsilon",
+                v,
+                "ε bounds the privacy loss and must be a finite number > 0",
+                "pass e.g. --epsilon 3",
+            )
+        return float(v)
+
+    @field_validator("delta")
+    @classmethod
+    def _delta(cls, v: float) -> float:
+        if not (0 < v < 1):
+            raise InvalidParameterError(
+                "delta",
+                v,
+                "δ is the probability the ε guarantee fails and must lie in (0, 1)",
+                "pass δ < 1/N, e.g. 1e-5",
+            )
+        return float(v)
+
+    @field_validator("noise_multiplier", "max_grad_norm", "lr", "feature_resolution", "center_clip_norm")
+    @classmethod
+    def _positive(cls, v: float | None, info: Any) -> float | None:
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise InvalidParameterError(
+                info.field_name, v, "it must be a finite number > 0", "pass a positive number"
+            )
+        return None if v is None else float(v)
+
+    @field_validator("epochs", "batch_size", "physical_batch_size", "checkpoint_every")
+    @classmethod
+    def _positive_int(cls, v: int | None, info: Any) -> int | None:
+        if v is not None and v < 1:
+            raise InvalidParameterError(
+                info.field_name, v, "it counts something and must be ≥ 1", "pass an integer ≥ 1"
+            )
+        return v
+
+    @field_validator("seed")
+    @classmethod
+    def _seed(cls, v: int) -> int:
+        if v < 0:
+            raise InvalidParameterError(
+                "seed", v, "a seed must be a non-negative integer", "pass e.g. --seed 0"
+            )
+        return v
+
+    @field_validator("test_fraction", "preprocessing_budget")
+    @classmethod
+    def _fraction(cls, v: float, info: Any) -> float:
+        if not (0 < v < 1):
+            raise InvalidParameterError(
+                info.field_name, v, "it is a share and must lie in (0, 1)", "pass e.g. 0.2"
+            )
+        return float(v)
+
+    @field_validator("momentum", "ema_decay")
+    @classmethod
+    def _unit(cls, v: float | None, info: Any) -> float | None:
+        if v is not None and not (0 <= v < 1):
+            raise InvalidParameterError(info.field_name, v, "it must lie in [0, 1)", "pass e.g. 0.9")
+        return None if v is None else float(v)
+
+    @field_validator("feature_bounds")
+    @classmethod
+    def _bounds(
+        cls, v: list[list[float]] | dict[str, list[float]] | None
+    ) -> list[list[float]] | dict[str, list[float]] | None:
+        if v is None:
+            return v
+        pairs = v.items() if isinstance(v, dict) else enumerate(v)
+        for key, pair in pairs:
+            if len(pair) != 2 or not all(math.isfinite(b) for b in pair) or not pair[0] < pair[1]:
+                raise ConfigError(
+                    f"feature_bounds[{key!r}]",
+                    pair,
+                    "each bound is a public [low, high] pair with "
+                    "low < high; anything else cannot bound a feature",
+                    "write [low, high], e.g. [0.0, 100.0]",
+                )
+        return v
+
+
+# Settings whose change alters the privacy guarantee or its accounting: a resumed run must keep them.
+PRIVACY_KEYS = frozenset(
+    {
+        "dataset",
+        "data_dir",
+        "target",
+        "test_fraction",
+        "feature_bounds",
+        "feature_resolution",
+        "preprocessing_budget",
+        "center_clip_norm",
+        "model",
+        "epsilon",
+        "delta",
+        "noise_multiplier",
+        "max_grad_norm",
+        "batch_size",
+        "epochs",
+        "accountant",
+        "secure_rng",
+        "seed",
+    }
+)
+
+# Tuned on veil's benchmarks (bench/utility.py; docs/train.md), per data kind; batch_size None
+# below means "a share of N" (see apply_presets).
+PRESETS: dict[str, dict[str, Any]] = {
+    # 8×8 digits at ε = 3: logistic regression, few large-ish Poisson batches.
+    "image-small": {
+        "epochs": 8,
+        "batch_size": 256,
+        "max_grad_norm": 1.0,
+        "optimizer": "sgd",
+        "lr": {"sgd": 1.5, "adam": 0.1},
+        "momentum": 0.9,
+        "ema_decay": 0.0,
+    },
+    # 28×28 images (Fashion-MNIST, MNIST): the Tramèr & Boneh (2021) end-to-end CNN settings.
+    "image": {
+        "epochs": 40,
+        "batch_size": 2048,
+        "max_grad_norm": 0.1,
+        "optimizer": "sgd",
+        "lr": {"sgd": 4.0, "adam": 1e-3},
+        "momentum": 0.9,
+        "ema_decay": 0.0,
+    },
+    # Tables (breast-cancer at ε = 1): two Poisson batches per epoch (batch_size None: ⌈N/2⌉), Adam.
+    "table": {
+        "epochs": 50,
+        "batch_size": None,
+        "max_grad_norm": 1.0,
+        "optimizer": "adam",
+        "lr": {"sgd": 1.0, "adam": 0.05},
+        "momentum": 0.9,
+        "ema_decay": 0.0,
+    },
+}
+
+_TYPE_NAMES = {
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "int_type": "an integer",
+    "int_from_float": "an integer",
+    "int_parsing": "an integer",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+    "string_type": "a string",
+    "list_type": "a list",
+    "dict_type": "a table",
+    "literal_error": "one of the listed values",
+    "finite_number": "a finite number",
+}
+
+
+def _type_name(value: Any) -> str:
+    return {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "a table",
+    }.get(type(value), type(value).__name__)
+
+
+def _normalise_keys(values: Mapping[str, Any], source: str) -> dict[str, Any]:
+    known = list(TrainConfig.model_fields)
+    out: dict[str, Any] = {}
+    for raw_key, value in values.items():
+        key = str(raw_key).replace("-", "_")
+        if key not in TrainConfig.model_fields:
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(sorted(known))}"
+            raise ConfigError(
+                f"{source} key",
+                raw_key,
+                "unknown settings are refused so that a typo cannot "
+                "silently leave a privacy setting at its default",
+                f"remove or rename it ({hint})",
+            )
+        out[key] = value
+    return out
+
+
+def make_config(values: Mapping[str, Any] | None = None, source: str = "config") -> TrainConfig:
+    """A :class:`TrainConfig` from ``values``; unknown keys and wrong types raise :class:`ConfigError`."""
+    clean = _normalise_keys(values or {}, source)
+    try:
+        return TrainConfig(**clean)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        original = (err.get("ctx") or {}).get("error")
+        if isinstance(original, VeilError):
+            raise original from None
+        loc = err.get("loc") or ("?",)
+        key = str(loc[0])
+        value = clean.get(key, err.get("input"))
+        expected = _TYPE_NAMES.get(err["type"], err.get("msg", "a valid value"))
+        if err["type"] == "literal_error":
+            expected = err.get("msg", expected).replace("Input should be ", "")
+        raise ConfigError(
+            key,
+            value,
+            f"expected {expected}, got {_type_name(value)}; a "
+            "mistyped setting is refused rather than guessed",
+            f"set {key} to {expected}",
+        ) from None
+
+
+def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The key/value pairs of a TOML config file (keys not yet checked)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("config", str(p), "the config file does not exist", "pass the path of a TOML file")
+    import importlib
+
+    try:
+        toml: Any = importlib.import_module("tomllib")  # Python ≥ 3.11
+    except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+        try:
+            toml = importlib.import_module("tomli")
+        except ModuleNotFoundError:
+            raise ConfigError(
+                "config", str(p), "reading TOML on Python 3.10 needs the tomli package", "pip install tomli"
+            ) from None
+    try:
+        with p.open("rb") as fh:
+            data = toml.load(fh)
+    except (OSError, toml.TOMLDecodeError) as exc:
+        raise ConfigError(
+            "config", str(p), f"not a readable TOML file ({exc})", "fix the TOML syntax"
+        ) from None
+    if isinstance(data.get("train"), dict) and len(data) == 1:
+        data = data["train"]  # a single [train] table is accepted too
+    return data
+
+
+def resolve_config(
+    config_file: str | os.PathLike[str] | None = None, overrides: Mapping[str, Any] | None = None
+) -> TrainConfig:
+    """Defaults < ``config_file`` < ``overrides`` (``None`` values in overrides mean "not given")."""
+    merged: dict[str, Any] = {}
+    if config_file is not None:
+        merged.update(_normalise_keys(load_config_file(config_file), "config file"))
+    if overrides:
+        merged.update(_normalise_keys({k: v for k, v in overrides.items() if v is not None}, "flag"))
+    return make_config(merged)
+
+
+def apply_presets(config: TrainConfig, preset: str, n_train: int) -> TrainConfig:
+    """Fill every unset hyperparameter from :data:`PRESETS` (chosen without the user's data)."""
+    values = dict(PRESETS[preset])
+    if values["batch_size"] is None:
+        values["batch_size"] = max(1, math.ceil(n_train / 2))  # two steps per epoch
+    values["batch_size"] = min(int(values["batch_size"]), n_train)
+    values["optimizer"] = config.optimizer or values["optimizer"]
+    values["lr"] = values["lr"][values["optimizer"]]
+    update = {k: v for k, v in values.items() if getattr(config, k) is None}
+    return config.model_copy(update=update)
+
+
+# -- writing TOML -------------------------------------------------------------------------------
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConfigError("value", value, "TOML config values must be finite", "use a finite number")
+        return repr(value)
+    if isinstance(value, str):
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        return f'"{escaped}"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise ConfigError(
+        "value", value, "only scalars and lists are written to config.toml", "report this as a bug"
+    )
+
+
+def config_to_toml(config: TrainConfig) -> str:
+    """``config`` as TOML; unset (``None``) values are omitted, so they read back as unset."""
+    lines = ["# veil train: the resolved configuration of this run (defaults < config file < flags)."]
+    tables: list[str] = []
+    for key, value in config.model_dump().items():
+        if value is None:
+            continue
+        if isinstance(value, dict):
+            tables.append(f"\n[{key}]")
+            tables.extend(f"{_toml_value(str(k))} = {_toml_value(v)}" for k, v in value.items())
+            continue
+        lines.append(f"{key} = {_toml_value(value)}")
+    return "\n".join(lines + tables) + "\n"
+
+
+def write_config(config: TrainConfig, path: str | os.PathLike[str]) -> None:
+    """Write ``config`` as TOML atomically (temp file + rename)."""
+    from veil.accounting.ledger import atomic_write_text
+
+    atomic_write_text(Path(path), config_to_toml(config))

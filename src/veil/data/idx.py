@@ -1,0 +1,150 @@
+"""IDX files (the MNIST format), gzipped or not, and the ``fashion-mnist``/``mnist`` datasets.
+
+IDX layout: two zero bytes, a type code (0x08 = unsigned byte), the number of dimensions, then each
+dimension as a big-endian 32-bit integer, then the data in C order.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from veil.data import Dataset, check_labels
+from veil.errors import DataError
+
+__all__ = ["IDX_FILES", "load_idx_dataset", "read_idx"]
+
+_DTYPES: dict[int, np.dtype[Any]] = {
+    0x08: np.dtype(np.uint8),
+    0x09: np.dtype(np.int8),
+    0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"),
+    0x0E: np.dtype(">f8"),
+}
+IDX_FILES = {
+    "train_images": ("train-images-idx3-ubyte", "train-images.idx3-ubyte"),
+    "train_labels": ("train-labels-idx1-ubyte", "train-labels.idx1-ubyte"),
+    "test_images": ("t10k-images-idx3-ubyte", "t10k-images.idx3-ubyte"),
+    "test_labels": ("t10k-labels-idx1-ubyte", "t10k-labels.idx1-ubyte"),
+}
+CLASSES = {
+    "fashion-mnist": [
+        "T-shirt/top",
+        "Trouser",
+        "Pullover",
+        "Dress",
+        "Coat",
+        "Sandal",
+        "Shirt",
+        "Sneaker",
+        "Bag",
+        "Ankle boot",
+    ],
+    "mnist": [str(i) for i in range(10)],
+}
+
+
+def _bad(path: Path, why: str) -> DataError:
+    return DataError("IDX file", str(path), why, "replace it with an intact IDX file (gzipped or not)")
+
+
+def read_idx(path: Path) -> tuple[np.ndarray, bytes]:
+    """The array in an IDX file and the file's raw bytes (as stored, for the fingerprint)."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise DataError(
+            "IDX file", str(path), f"it cannot be read ({exc.strerror})", "check the path and permissions"
+        ) from None
+    data = raw
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(raw)
+        except (OSError, EOFError) as exc:
+            raise _bad(path, f"it is not a valid gzip file ({exc})") from None
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _DTYPES:
+        raise _bad(path, "it does not start with an IDX header")
+    ndim = data[3]
+    header = 4 + 4 * ndim
+    if ndim < 1 or len(data) < header:
+        raise _bad(path, "its IDX header is truncated")
+    dims = struct.unpack(f">{ndim}I", data[4:header])
+    dtype = np.dtype(_DTYPES[data[2]])
+    expected = int(np.prod(dims)) * dtype.itemsize
+    if len(data) - header != expected:
+        raise _bad(path, f"it holds {len(data) - header} data bytes where its header announces {expected}")
+    array = np.frombuffer(data, dtype=dtype, offset=header).reshape(dims)
+    return array, raw
+
+
+def _find(folder: Path, key: str) -> Path:
+    for stem in IDX_FILES[key]:
+        for candidate in (folder / stem, folder / f"{stem}.gz"):
+            if candidate.is_file():
+                return candidate
+    names = ", ".join(f"{s}[.gz]" for s in IDX_FILES[key][:1])
+    raise DataError(
+        "data_dir",
+        str(folder),
+        f"the IDX file {names} is missing",
+        "pass --data-dir with the folder of the four IDX files (for "
+        "fashion-mnist: apt-get install dataset-fashion-mnist)",
+    )
+
+
+def load_idx_dataset(name: str, data_dir: str) -> Dataset:
+    """The official train/test split of ``name`` from ``data_dir``, images as 1×H×W, pixels 0..255."""
+    folder = Path(data_dir)
+    if not folder.is_dir():
+        raise DataError(
+            "data_dir",
+            str(folder),
+            f"the folder with the {name} IDX files does not exist",
+            "pass --data-dir with the folder of the four IDX files"
+            + (" (or apt-get install dataset-fashion-mnist)" if name == "fashion-mnist" else ""),
+        )
+    arrays: dict[str, np.ndarray] = {}
+    digest = hashlib.sha256()
+    for key in ("train_images", "train_labels", "test_images", "test_labels"):
+        path = _find(folder, key)
+        arrays[key], raw = read_idx(path)
+        digest.update(hashlib.sha256(raw).digest())
+    for part in ("train", "test"):
+        images, labels = arrays[f"{part}_images"], arrays[f"{part}_labels"]
+        if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
+            raise DataError(
+                f"{part} IDX files",
+                f"images {images.shape}, labels {labels.shape}",
+                "images must be N×H×W with one label per image",
+                "use matching image and label files",
+            )
+    classes = CLASSES[name]
+    y_train = arrays["train_labels"].astype(np.int64)
+    y_test = arrays["test_labels"].astype(np.int64)
+    if y_train.min() < 0 or max(y_train.max(), y_test.max()) >= len(classes):
+        raise DataError(
+            "labels",
+            f"{int(y_train.max())}",
+            f"{name} has {len(classes)} classes",
+            "use the right label files",
+        )
+    check_labels(y_train, [str(c) for c in np.unique(y_train)], "train labels")
+    return Dataset(
+        name=name,
+        kind="image",
+        x_train=arrays["train_images"][:, None].astype(np.float32),
+        y_train=y_train,
+        x_test=arrays["test_images"][:, None].astype(np.float32),
+        y_test=y_test,
+        classes=list(classes),
+        sha256=digest.hexdigest(),
+        preset="image",
+        pixel_max=255.0,
+    )

@@ -1,0 +1,77 @@
+"""A live progress bar for training: epoch, step, loss, ε spent so far, time left.
+
+Quiet (a no-op) when disabled: with ``--json``, or when stdout is not a terminal. The loss shown is
+the running loss of the sampled training batches: it is displayed to the operator who holds the data
+and never stored or released (the report's curves use the test split).
+"""
+
+from __future__ import annotations
+
+import sys
+from types import TracebackType
+from typing import Any
+
+__all__ = ["TrainingProgress", "progress_enabled"]
+
+
+def progress_enabled(requested: bool | None) -> bool:
+    """``requested`` if given, else whether stdout is an interactive terminal."""
+    if requested is not None:
+        return requested
+    try:
+        return sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+class TrainingProgress:
+    """``with TrainingProgress(enabled, total_steps, epochs) as bar: bar.update(...)``."""
+
+    def __init__(
+        self, enabled: bool, total_steps: int, epochs: int, description: str = "DP training"
+    ) -> None:
+        self.enabled = enabled
+        self.total = total_steps
+        self.epochs = epochs
+        self.description = description
+        self._progress: Any = None
+        self._task: Any = None
+
+    def __enter__(self) -> TrainingProgress:
+        if not self.enabled:
+            return self
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self._progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            TextColumn("epoch {task.fields[epoch]}/{task.fields[epochs]}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"),
+            TextColumn("ε {task.fields[eps]}"),
+            TimeRemainingColumn(),
+            transient=False,
+        )
+        self._progress.__enter__()
+        self._task = self._progress.add_task(
+            self.description, total=self.total, epoch=0, epochs=self.epochs, loss="-", eps="0"
+        )
+        return self
+
+    def update(self, *, step: int, epoch: int, loss: float | None, epsilon: float) -> None:
+        if self._progress is None:
+            return
+        self._progress.update(
+            self._task,
+            completed=step,
+            epoch=epoch,
+            loss="-" if loss is None else f"{loss:.4f}",
+            eps=f"{epsilon:.3f}",
+        )
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._progress is not None:
+            self._progress.__exit__(exc_type, exc, tb)
+            self._progress = None

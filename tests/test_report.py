@@ -1,0 +1,105 @@
+"""The report: stable JSON fields, a self-contained HTML page, valid PNG plots."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import markupsafe
+import numpy as np
+
+from veil.report import Check, DatasetInfo, Report
+from veil.report.html import guarantee_text, render_html
+from veil.report.plots import curves_png, epsilon_png
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _report(**changes: object) -> Report:
+    values: dict[str, object] = {
+        "epsilon_spent": 2.97,
+        "target_epsilon": 3.0,
+        "delta": 1e-5,
+        "accountant": "pld",
+        "noise_multiplier": 1.9,
+        "max_grad_norm": 1.0,
+        "sampling_rate": 0.18,
+        "batch_size": 256,
+        "steps": 60,
+        "steps_planned": 60,
+        "epochs": 10,
+        "preprocessing": {"method": "pixels", "description": "pixels / 16", "public": True, "event": None},
+        "dataset": DatasetInfo(
+            name="digits", n_train=1438, n_test=359, sha256="ab" * 32, kind="image", num_classes=10
+        ),
+        "model": "logreg",
+        "parameters": 650,
+        "optimizer": "sgd",
+        "lr": 1.5,
+        "test_accuracy": 0.94,
+        "baseline_test_accuracy": 0.97,
+        "utility_drop": 0.03,
+        "seed": 0,
+        "secure_rng": False,
+        "veil_version": "0.1.0",
+        "duration_s": 12.5,
+        "checks": [
+            Check(name="epsilon_reported", passed=True, detail="ε = 2.97 ≤ 3"),
+            Check(name="per_sample_clipping", passed=False, detail="relative error <1e-3> & more"),
+        ],
+        "history": {"dp": [{"epoch": 1.0, "test_loss": 1.0, "test_accuracy": 0.8}], "baseline": []},
+        "files": {"report.json": "this report"},
+        "out_dir": "runs/x",
+    }
+    values.update(changes)
+    return Report(**values)  # type: ignore[arg-type]
+
+
+def test_json_has_the_stable_fields_and_round_trips() -> None:
+    report = _report()
+    data = json.loads(report.to_json())
+    for key in ("epsilon_spent", "target_epsilon", "delta", "accountant", "noise_multiplier", "max_grad_norm",
+                "sampling", "sampling_rate", "steps", "epochs", "dataset", "model", "test_accuracy",
+                "baseline_test_accuracy", "utility_drop", "seed", "secure_rng", "veil_version", "duration_s",
+                "checks"):  # fmt: skip
+        assert key in data, key
+    assert data["sampling"] == "poisson" and data["checks"][0] == {
+        "name": "epsilon_reported",
+        "passed": True,
+        "detail": "ε = 2.97 ≤ 3",
+    }
+    assert Report.model_validate(data) == report
+    assert not report.all_checks_passed
+
+
+def test_plots_are_png() -> None:
+    eps = epsilon_png([(0, 0.0), (30, 2.0), (60, 2.97)], 3.0, 60, 1e-5)
+    curves = curves_png(
+        [
+            {"epoch": 1.0, "test_loss": 1.0, "test_accuracy": 0.8},
+            {"epoch": 2.0, "test_loss": 0.5, "test_accuracy": 0.9},
+        ],
+        [{"epoch": 1.0, "test_loss": 0.4, "test_accuracy": 0.95}],
+    )
+    import matplotlib.image as mpimg
+
+    for png in (eps, curves):
+        assert png.startswith(PNG_MAGIC)
+        image = mpimg.imread(io.BytesIO(png), format="png")
+        assert image.shape[0] > 100 and image.shape[1] > 100 and float(np.std(image)) > 0  # not blank
+
+
+def test_html_is_self_contained_and_states_the_guarantee() -> None:
+    report = _report()
+    png = epsilon_png([(0, 0.0), (60, 2.97)], 3.0, 60, 1e-5)
+    page = render_html(report, {"ε spent": png})
+    assert page.lstrip().startswith("<!DOCTYPE html>")
+    assert "data:image/png;base64," in page
+    assert "http://" not in page and "https://" not in page and "<script" not in page and "<link" not in page
+    assert str(markupsafe.escape(guarantee_text(report))) in page
+    assert "(2.97, 1e-05)-differentially private" in guarantee_text(report)
+    assert "PASS" in page and "FAIL" in page and "per_sample_clipping" in page
+    assert "&lt;1e-3&gt; &amp; more" in page  # details are escaped
+    assert "--secure-rng" in page  # seeded runs carry the research-mode caveat
+    secure = render_html(_report(secure_rng=True), {})
+    assert "--secure-rng" not in secure and "OS CSPRNG" in secure
