@@ -1,0 +1,107 @@
+"""``veil pate [CONFIG.toml] [flags]``: private labels from a teacher ensemble, a student, a report.
+
+See :mod:`veil.pate.run` and ``docs/pate.md``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from veil.cli._output import emit
+
+
+def run_pate_command(config_file: str | None, flags: dict[str, Any]) -> dict[str, Any]:
+    """The work of ``veil pate``: resolve the config (defaults < file < flags), run, return the report."""
+    from veil.pate.run import resolve_pate_config, run_pate
+
+    cfg = resolve_pate_config(config_file, {k: v for k, v in flags.items() if v is not None})
+    return run_pate(cfg).to_dict()
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("pate")
+    def pate_command(
+        config: str = typer.Argument(
+            None, metavar="[CONFIG.toml]", help="TOML file of settings (flags override it)."
+        ),
+        dataset: str = typer.Option(
+            None,
+            "--dataset",
+            help="digits (default), breast-cancer, fashion-mnist, mnist, csv:PATH, npz:PATH.",
+        ),
+        data_dir: str = typer.Option(
+            None, "--data-dir", help="Folder of the IDX files (fashion-mnist, mnist)."
+        ),
+        target: str = typer.Option(None, "--target", help="Label column (csv) or label array (npz)."),
+        teachers: int = typer.Option(None, "--teachers", help="Number of teachers K (default 50)."),
+        aggregator: str = typer.Option(
+            None, "--aggregator", help="gnmax (default), confident-gnmax or lnmax."
+        ),
+        epsilon: float = typer.Option(None, "--epsilon", help="Target ε (default 2)."),
+        delta: float = typer.Option(None, "--delta", help="Target δ, well below 1/N (default 1e-5)."),
+        queries: int = typer.Option(None, "--queries", help="Most queries asked (default: the whole pool)."),
+        public_data: str = typer.Option(
+            None, "--public-data", help=".npz (x, optional y) or .npy of public examples for the student."
+        ),
+        sigma: float = typer.Option(None, "--sigma", help="GNMax σ (σ₂), or LNMax scale b, in votes."),
+        threshold: float = typer.Option(None, "--threshold", help="Confident-GNMax threshold T."),
+        sigma1: float = typer.Option(None, "--sigma1", help="Confident-GNMax threshold noise σ₁."),
+        budget: str = typer.Option(
+            None, "--budget", help="data-independent (default, a worst-case guarantee) or data-dependent."
+        ),
+        teacher_model: str = typer.Option(
+            None,
+            "--teacher-model",
+            help="sklearn-logreg (default), sklearn-mlp, torch-cnn, ... or pkg.mod:factory.",
+        ),
+        student_model: str = typer.Option(None, "--student-model", help="As --teacher-model."),
+        workers: int = typer.Option(None, "--workers", help="Processes training teachers (≤ CPU cores)."),
+        seed: int = typer.Option(None, "--seed", help="Seed of split, partition, models and (seeded) noise."),
+        secure_rng: bool = typer.Option(None, "--secure-rng", help="Noise from the OS CSPRNG."),
+        out: str = typer.Option(None, "--out", help="Run folder (default runs/pate-<dataset>-<time>)."),
+        json_output: bool = typer.Option(False, "--json", help="Print the report JSON on stdout."),
+    ) -> None:
+        """Label public data with a noisy vote of teachers trained on disjoint private partitions (PATE)."""
+        flags: dict[str, Any] = {
+            "dataset": dataset,
+            "data_dir": data_dir,
+            "target": target,
+            "teachers": teachers,
+            "aggregator": aggregator,
+            "epsilon": epsilon,
+            "delta": delta,
+            "queries": queries,
+            "public_data": public_data,
+            "sigma": sigma,
+            "threshold": threshold,
+            "sigma1": sigma1,
+            "budget": budget,
+            "teacher_model": teacher_model,
+            "student_model": student_model,
+            "workers": workers,
+            "seed": seed,
+            "secure_rng": secure_rng,
+            "out": out,
+            "progress": None if json_output else True,
+        }
+        report = run_pate_command(config, flags)
+        if json_output:
+            emit(report, True)
+            return
+        folder = Path(report["out_dir"])
+        dd = report["epsilon_data_dependent"]
+        lines = [
+            f"student test accuracy {report['student_test_accuracy']:.4f} from {report['queries_answered']} "
+            f"private labels ({report['queries_asked']} queries asked, {report['teachers']} teachers, "
+            f"{report['aggregator']})",
+            f"ε = {report['epsilon']:.4g} ({report['guarantee']} guarantee) at δ = {report['delta']:g}; "
+            f"data-independent {report['epsilon_data_independent']:.4g}, data-dependent "
+            + (f"{dd:.4g} (released)" if dd is not None else "not analysed"),
+            f"report: {folder / 'report.html'}",
+            f"        {folder / 'report.json'}",
+        ]
+        sys.stdout.write("\n".join(lines) + "\n")

@@ -1,0 +1,162 @@
+"""Disjoint teacher partitions, and the check that the public pool shares no row with the private data.
+
+Guarantee. Each private example (or each group, when group ids are given) is assigned to exactly
+one teacher by a keyed hash of its own content (or of its group id) — never of its position in
+the dataset. Adding or removing one example therefore changes the training set of exactly one
+teacher and leaves every other teacher's set untouched: the property the PATE analysis
+(:mod:`veil.pate.analysis`) assumes under the add/remove-one neighbouring relation. With group
+ids, the unit of privacy is the group (a patient, a hospital): all its examples land in one
+teacher, so adding or removing the whole group changes one teacher. Under replace-one, a
+replacement is a removal plus an addition and may touch two teachers (group privacy of size 2).
+
+A position-based split (shuffle, then cut into k blocks) would *not* have this property: removing
+one example shifts the blocks and can change every teacher.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from veil.errors import DataError, InvalidParameterError
+
+__all__ = ["Partition", "check_public_disjoint", "partition_teachers", "row_digests"]
+
+
+@dataclass(frozen=True)
+class Partition:
+    """``assignment[i]`` is the teacher of private example ``i``; ``unit`` is what one teacher protects."""
+
+    assignment: np.ndarray
+    num_teachers: int
+    unit: Literal["example", "group"]
+    num_units: int
+
+    def indices(self, teacher: int) -> np.ndarray:
+        """Row indices of the private examples of ``teacher``."""
+        return np.flatnonzero(self.assignment == teacher)
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return np.bincount(self.assignment, minlength=self.num_teachers)
+
+
+def _canonical_rows(x: np.ndarray) -> np.ndarray:
+    """Rows as contiguous float64 (−0.0 folded into 0.0), so equal values hash equally."""
+    a = np.asarray(x)
+    if a.ndim == 0 or a.shape[0] == 0:
+        return a.reshape(a.shape[0] if a.ndim else 0, -1).astype(np.float64)
+    flat = a.reshape(a.shape[0], -1)
+    if np.issubdtype(flat.dtype, np.number) or flat.dtype == np.bool_:
+        return np.ascontiguousarray(flat.astype(np.float64) + 0.0)
+    return np.ascontiguousarray(flat)
+
+
+def row_digests(x: np.ndarray, key: bytes = b"", extra: np.ndarray | None = None) -> list[bytes]:
+    """A 16-byte keyed BLAKE2b digest of each row of ``x`` (and of ``extra[i]``, e.g. the label)."""
+    rows = _canonical_rows(x)
+    out = []
+    for i in range(rows.shape[0]):
+        h = hashlib.blake2b(rows[i].tobytes(), digest_size=16, key=key[:64])
+        if extra is not None:
+            h.update(b"|" + repr(extra[i].item() if hasattr(extra[i], "item") else extra[i]).encode())
+        out.append(h.digest())
+    return out
+
+
+def _teacher_of(digest: bytes, num_teachers: int) -> int:
+    return int.from_bytes(digest[:8], "little") % num_teachers
+
+
+def partition_teachers(
+    x: np.ndarray,
+    y: np.ndarray,
+    num_teachers: int,
+    seed: int,
+    groups: Sequence[object] | np.ndarray | None = None,
+) -> Partition:
+    """Assign each private example (or group) to one of ``num_teachers`` teachers (see module docstring).
+
+    Refuses (:class:`~veil.errors.DataError`) a partition that leaves a teacher without data, and
+    more teachers than examples (or groups).
+    """
+    if isinstance(num_teachers, bool) or not isinstance(num_teachers, (int, np.integer)) or num_teachers < 1:
+        raise InvalidParameterError(
+            "teachers", num_teachers, "the ensemble needs at least one teacher", "pass an integer ≥ 1"
+        )
+    k = int(num_teachers)
+    n = int(np.asarray(x).shape[0])
+    if len(y) != n:
+        raise DataError(
+            "y", len(y), f"there are {n} examples but {len(y)} labels", "pass one label per example"
+        )
+    key = hashlib.sha256(f"veil-pate-partition:{int(seed)}".encode()).digest()
+    if groups is not None:
+        g = np.asarray(groups)
+        if g.shape[0] != n:
+            raise DataError(
+                "groups",
+                g.shape[0],
+                f"there are {n} examples but {g.shape[0]} group ids; an example without a group "
+                "could land in another teacher than its group",
+                "pass one group id per example",
+            )
+        ids = [repr(v.item() if hasattr(v, "item") else v).encode() for v in g]
+        uniq = {v: hashlib.blake2b(v, digest_size=16, key=key).digest() for v in set(ids)}
+        assignment = np.array([_teacher_of(uniq[v], k) for v in ids], dtype=np.int64)
+        unit: Literal["example", "group"] = "group"
+        units = len(uniq)
+    else:
+        digests = row_digests(x, key=key, extra=np.asarray(y))
+        assignment = np.array([_teacher_of(d, k) for d in digests], dtype=np.int64)
+        unit = "example"
+        units = n
+    if k > units:
+        raise DataError(
+            "teachers",
+            k,
+            f"there are only {units} {unit}s to split, so some teachers would train on nothing",
+            f"use far fewer teachers than {unit}s (each needs data to learn from), or provide more data",
+        )
+    sizes = np.bincount(assignment, minlength=k)
+    if np.any(sizes == 0):
+        raise DataError(
+            "teachers",
+            k,
+            f"{int(np.sum(sizes == 0))} of {k} teachers received no {unit} ({units} {unit}s, about "
+            f"{units / k:.1f} per teacher): a teacher without data only adds noise to the vote",
+            f"use fewer teachers (at most about {max(1, units // 5)}), or provide more private data",
+        )
+    return Partition(assignment=assignment, num_teachers=k, unit=unit, num_units=units)
+
+
+def check_public_disjoint(private_x: np.ndarray, public_x: np.ndarray, what: str = "public data") -> None:
+    """Refuse a public pool that shares an exact row (same feature values) with the private data.
+
+    A private example in the "public" pool would be queried, labelled and handed to the student
+    outside the privacy analysis. Exact duplicates are found by hashing rows; near-duplicates
+    (re-encoded, cropped) cannot be detected this way.
+    """
+    a, b = np.asarray(private_x), np.asarray(public_x)
+    if a.shape[1:] != b.shape[1:]:
+        raise DataError(
+            what,
+            f"shape {b.shape[1:]}",
+            f"its rows do not have the private data's shape {a.shape[1:]}, so it cannot be labelled "
+            "by teachers trained on that data",
+            "pass public examples with the same features as the private data",
+        )
+    private = set(row_digests(a))
+    hits = [i for i, d in enumerate(row_digests(b)) if d in private]
+    if hits:
+        raise DataError(
+            what,
+            f"{len(hits)} rows (first: row {hits[0]})",
+            "these rows are identical to private examples; labelling them would hand private data "
+            "to the student outside the privacy guarantee",
+            "remove them from the public pool (the public pool must not contain private examples)",
+        )

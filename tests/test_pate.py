@@ -1,0 +1,209 @@
+"""PATE end to end: partitions, teachers (parallel, resumable), the run, the report and the CLI.
+
+The privacy analysis itself is tested in ``test_pate_analysis.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from veil.cli.main import main
+from veil.errors import CheckpointError, ConfigError, DataError
+from veil.pate.partition import check_public_disjoint, partition_teachers
+from veil.pate.run import resolve_pate_config, run_pate
+from veil.pate.teachers import ModelRecipe, train_teachers
+
+
+def _data(n: int = 300, d: int = 5, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, d)).astype(np.float32)
+    y = (x[:, 0] + 0.3 * rng.normal(size=n) > 0).astype(np.int64)
+    return x, y
+
+
+# -- partition -------------------------------------------------------------------------------------
+def test_each_example_lands_in_one_teacher_and_a_removal_changes_one_teacher() -> None:
+    x, y = _data()
+    part = partition_teachers(x, y, 7, seed=3)
+    assert part.assignment.shape == (300,) and part.sizes.sum() == 300
+    assert set(np.unique(part.assignment)) == set(range(7))
+    for i in (0, 150, 299):  # remove one example: every other example keeps its teacher
+        keep = np.arange(300) != i
+        again = partition_teachers(x[keep], y[keep], 7, seed=3)
+        assert np.array_equal(again.assignment, part.assignment[keep])
+    # adding an example changes nothing for the others either
+    x2, y2 = np.vstack([x, x[:1] + 0.5]), np.append(y, 1)
+    assert np.array_equal(partition_teachers(x2, y2, 7, seed=3).assignment[:300], part.assignment)
+
+
+def test_groups_land_in_one_teacher_and_become_the_unit() -> None:
+    x, y = _data()
+    groups = np.repeat(np.arange(30), 10)
+    part = partition_teachers(x, y, 5, seed=1, groups=groups)
+    assert part.unit == "group" and part.num_units == 30
+    for g in range(30):
+        assert np.unique(part.assignment[groups == g]).size == 1
+    with pytest.raises(DataError, match="group"):
+        partition_teachers(x, y, 5, seed=1, groups=groups[:-1])
+
+
+def test_more_teachers_than_the_data_allows_is_refused() -> None:
+    x, y = _data(40)
+    with pytest.raises(DataError, match="only 40 examples"):
+        partition_teachers(x, y, 41, seed=0)
+    with pytest.raises(DataError, match="received no example"):
+        partition_teachers(x, y, 40, seed=0)  # hashing leaves some of 40 teachers empty
+
+
+def test_public_pool_overlapping_the_private_data_is_refused() -> None:
+    x, _ = _data()
+    public = np.vstack([np.random.default_rng(9).normal(size=(20, 5)).astype(np.float32), x[17:18]])
+    with pytest.raises(DataError, match="identical to private examples"):
+        check_public_disjoint(x, public)
+    check_public_disjoint(x, public[:20])
+    with pytest.raises(DataError, match="shape"):
+        check_public_disjoint(x, public[:, :3])
+
+
+# -- teachers --------------------------------------------------------------------------------------
+def _recipe() -> ModelRecipe:
+    return ModelRecipe("sklearn-logreg", (5,), 2, "table", None, seed=0)
+
+
+def test_teachers_resume_after_an_interruption(tmp_path: Path) -> None:
+    x, y = _data()
+    part = partition_teachers(x, y, 6, seed=0)
+    args = (x, y, part.assignment, 6, 2, x[:50], x[50:80], _recipe())
+    first = train_teachers(*args, run_dir=tmp_path, fingerprint="a")
+    assert first.resumed == 0 and first.public.shape == (6, 50)
+    (tmp_path / "teachers" / "teacher_00002.npz").unlink()  # as if interrupted before teacher 2 finished
+    again = train_teachers(*args, run_dir=tmp_path, fingerprint="a")
+    assert again.resumed == 5
+    assert np.array_equal(again.public, first.public) and np.array_equal(again.test, first.test)
+    with pytest.raises(CheckpointError, match="another configuration"):
+        train_teachers(*args, run_dir=tmp_path, fingerprint="b")
+
+
+def test_teachers_in_parallel_processes_match_serial_training(tmp_path: Path) -> None:
+    x, y = _data()
+    part = partition_teachers(x, y, 4, seed=0)
+    args = (x, y, part.assignment, 4, 2, x[:40], x[40:60], _recipe())
+    serial = train_teachers(*args)
+    parallel = train_teachers(*args, run_dir=tmp_path, fingerprint="p", workers=2)
+    assert np.array_equal(serial.public, parallel.public)
+    assert len(list((tmp_path / "teachers").glob("teacher_*.npz"))) == 4
+
+
+# -- end to end ------------------------------------------------------------------------------------
+def test_end_to_end_on_digits_through_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    argv = ["pate", "--dataset", "digits", "--teachers", "20", "--aggregator", "gnmax", "--sigma", "6"]
+    argv += [
+        "--epsilon",
+        "8",
+        "--delta",
+        "1e-5",
+        "--queries",
+        "150",
+        "--seed",
+        "1",
+        "--out",
+        str(out),
+        "--json",
+    ]
+    assert main(argv) == 0
+    r = json.loads(capsys.readouterr().out)
+    for key in (
+        "epsilon",
+        "epsilon_data_independent",
+        "epsilon_data_dependent",
+        "delta",
+        "aggregator",
+        "teachers",
+        "queries_asked",
+        "queries_answered",
+        "label_accuracy",
+        "teacher_accuracy",
+        "student_test_accuracy",
+    ):
+        assert key in r
+    assert r["guarantee"] == "data-independent" and r["epsilon"] == r["epsilon_data_independent"] <= 8.0
+    assert 0 < r["queries_answered"] <= 150 and r["teachers"] == 20
+    assert r["label_accuracy"] > 0.6 and r["student_test_accuracy"] > 0.6
+    assert "whatever the data" in r["guarantee_statement"] and "stratified" in r["dataset"]["split"]
+    for name in ("report.json", "report.html", "epsilon.png", "margins.png", "labels.npz", "student.model"):
+        assert (out / name).stat().st_size > 0
+    assert "data:image/png;base64," in (out / "report.html").read_text()
+    labels = np.load(out / "labels.npz")
+    assert labels["label"].size == r["queries_answered"]
+    # Relabelling in the same folder would spend the budget twice: refused with exit 2.
+    assert main(argv) == 2
+    assert "second time" in capsys.readouterr().err
+
+
+def test_confident_gnmax_with_groups_states_the_group_unit(tmp_path: Path) -> None:
+    from veil.data import load_dataset
+
+    n_private = load_dataset("digits", test_fraction=0.4, seed=0).n_train  # the run's private part
+    groups = np.arange(n_private) // 4  # e.g. 4 images per writer
+    r = run_pate(
+        {
+            "dataset": "digits",
+            "teachers": 10,
+            "aggregator": "confident-gnmax",
+            "sigma": 2.0,
+            "threshold": 7.0,
+            "sigma1": 3.0,
+            "epsilon": 10.0,
+            "queries": 60,
+            "out": str(tmp_path / "g"),
+        },
+        groups=groups,
+    )
+    assert r.privacy_unit == "group" and "group" in r.guarantee_statement
+    assert r.queries_answered <= r.queries_asked <= 60
+    assert r.epsilon_data_dependent is not None and r.data_dependent is not None
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--aggregator", "majority-vote"], "aggregator='majority-vote'"),
+        (["--teachers", "2000"], "teachers=2000"),
+        (["--epsilon", "0.01"], "even one query"),
+        (["--budget", "data-dependent", "--aggregator", "lnmax"], "budget"),
+    ],
+)
+def test_bad_input_exits_2_with_one_clear_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    argv = ["pate", "--dataset", "digits", "--teachers", "10", "--out", str(tmp_path / "bad"), *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "Fix:" in err and len(err.splitlines()) == 1
+
+
+def test_overlapping_public_data_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from veil.data import load_dataset
+
+    ds = load_dataset("digits", test_fraction=0.4, seed=0)
+    public = tmp_path / "public.npz"
+    np.savez(public, x=np.concatenate([ds.x_test[:30], ds.x_train[5:6]]))
+    argv = ["pate", "--dataset", "digits", "--public-data", str(public), "--epsilon", "8", "--sigma", "6"]
+    argv += ["--teachers", "20", "--out", str(tmp_path / "o")]
+    assert main(argv) == 2
+    assert "identical to private examples" in capsys.readouterr().err
+
+
+def test_config_file_precedence_and_unknown_keys(tmp_path: Path) -> None:
+    toml = tmp_path / "pate.toml"
+    toml.write_text('[pate]\ndataset = "digits"\nteachers = 25\naggregator = "lnmax"\n')
+    cfg = resolve_pate_config(toml, {"teachers": 30, "epsilon": None})
+    assert (cfg.teachers, cfg.aggregator, cfg.epsilon) == (30, "lnmax", 2.0)
+    toml.write_text("[pate]\nteacher = 25\n")
+    with pytest.raises(ConfigError, match="did you mean 'teachers'"):
+        resolve_pate_config(toml)
