@@ -1,0 +1,15 @@
+"""Privacy auditing: membership-inference attacks and canary audits giving empirical ε lower bounds.
+
+* :mod:`veil.audit.bounds` — the one-run ε lower bound (Steinke, Nasr & Jagielski 2023);
+* :mod:`veil.audit.mia` — the loss-threshold attack and LiRA (online and offline);
+* :mod:`veil.audit.canaries` — input-space (black-box) and gradient-space (white-box) canaries;
+* :mod:`veil.audit.run` — ``veil audit``: train with canaries, attack, report.
+
+Nothing here is imported by ``import veil``; submodules import torch/scipy only when needed.
+"""
+
+from __future__ import annotations
+
+from veil.audit.bounds import OneRunBound, bound_from_scores, epsilon_lower_bound, p_value
+
+__all__ = ["OneRunBound", "bound_from_scores", "epsilon_lower_bound", "p_value"]

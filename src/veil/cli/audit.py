@@ -1,0 +1,153 @@
+"""``veil audit [CONFIG.toml] [flags]``: measure a training run's leakage next to its promised ε.
+
+Trains with canaries and attacks the model (see :mod:`veil.audit.run`), or, with ``--run DIR``,
+attacks the released model of a finished ``veil train`` run. ``--epsilon inf`` or
+``--noise-multiplier 0`` audit a non-private (σ = 0) reference run.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import typer
+
+from veil.cli._output import emit
+
+
+def run_audit(
+    config_file: str | None,
+    flags: dict[str, Any],
+    audit_flags: dict[str, Any],
+    run: str | None = None,
+    out: str | None = None,
+) -> dict[str, Any]:
+    """The work of ``veil audit``: resolve settings (defaults < file < flags), audit, return report.json."""
+    from veil.audit.run import audit, audit_run, resolve_audit_config, settings_from
+    from veil.errors import InvalidParameterError
+
+    if run is not None:
+        given = [k for k, v in flags.items() if v is not None]
+        if config_file is not None or given:
+            extra = "a config file" if config_file else "--" + given[0].replace("_", "-")
+            raise InvalidParameterError(
+                "--run",
+                run,
+                f"a finished run is audited with its own saved settings; {extra} would contradict them",
+                "drop the data, model and privacy flags (or the config file) when using --run",
+            )
+        values = dict(audit_flags)
+        if values.get("attack") is None:
+            values["attack"] = "loss"
+        return audit_run(run, settings_from({}, **values), out=out).to_dict()
+    cfg, file_audit, non_private = resolve_audit_config(config_file, flags)
+    settings = settings_from(file_audit, **audit_flags, non_private=non_private or None)
+    return audit(cfg, settings, out=out).to_dict()
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("audit")
+    def audit_command(
+        config: str = typer.Argument(
+            None,
+            metavar="[CONFIG.toml]",
+            help="TOML file of training settings, optionally with an [audit] table.",
+        ),
+        dataset: str = typer.Option(None, "--dataset", help="As for veil train (default digits)."),
+        data_dir: str = typer.Option(
+            None, "--data-dir", help="Folder of the IDX files (fashion-mnist, mnist)."
+        ),
+        target: str = typer.Option(None, "--target", help="Label column (csv, parquet) or array (npz)."),
+        model: str = typer.Option(None, "--model", help="auto, logreg, mlp, cnn, or package.module:factory."),
+        epsilon: float = typer.Option(
+            None, "--epsilon", help="Target ε of the audited run (default 3); inf audits a σ = 0 run."
+        ),
+        delta: float = typer.Option(
+            None, "--delta", help="Target δ (< 1/N); also the δ of the ε lower bound."
+        ),
+        epochs: int = typer.Option(None, "--epochs", help="Epochs (default: tuned preset)."),
+        batch_size: int = typer.Option(None, "--batch-size", help="Expected logical batch size."),
+        max_grad_norm: float = typer.Option(None, "--max-grad-norm", help="Per-example clip norm C."),
+        lr: float = typer.Option(None, "--lr", help="Learning rate."),
+        optimizer: str = typer.Option(None, "--optimizer", help="sgd (with momentum) or adam."),
+        accountant: str = typer.Option(None, "--accountant", help="pld (default) or rdp."),
+        noise_multiplier: float = typer.Option(
+            None, "--noise-multiplier", help="σ instead of calibrating it; 0 audits a non-private run."
+        ),
+        seed: int = typer.Option(None, "--seed", help="Seed of split, initialisation, noise and canaries."),
+        secure_rng: bool = typer.Option(
+            None, "--secure-rng", help="Noise, sampling and canaries from the OS CSPRNG."
+        ),
+        canaries: int = typer.Option(
+            None,
+            "--canaries",
+            help="Canaries per kind (default 1000 gradient / 500 input, capped by the data).",
+        ),
+        canary_kind: str = typer.Option(
+            None, "--canary-kind", help="gradient (white box, default), input (black box) or both."
+        ),
+        canary_direction: str = typer.Option(
+            None, "--canary-direction", help="dirac (default: quiet coordinates) or random directions."
+        ),
+        attack: str = typer.Option(
+            None, "--attack", help="canary (default; with the loss attack), loss, lira or all."
+        ),
+        confidence: float = typer.Option(
+            None, "--confidence", help="Confidence of the ε lower bound (0.95)."
+        ),
+        shadow_models: int = typer.Option(None, "--shadow-models", help="LiRA shadow models (default 8)."),
+        lira_variant: str = typer.Option(None, "--lira-variant", help="auto (default), online or offline."),
+        run: str = typer.Option(
+            None, "--run", help="Audit the model of this finished veil train run instead."
+        ),
+        out: str = typer.Option(
+            None, "--out", help="Output folder (default runs/audit-<dataset>-<time>, or RUN/audit)."
+        ),
+        json_output: bool = typer.Option(False, "--json", help="Print report.json on stdout."),
+    ) -> None:
+        """Audit privacy: an empirical ε lower bound (canaries) and membership-inference attacks."""
+        flags: dict[str, Any] = {
+            "dataset": dataset,
+            "data_dir": data_dir,
+            "target": target,
+            "model": model,
+            "epsilon": epsilon,
+            "delta": delta,
+            "epochs": epochs,
+            "batch_size": batch_size,
+            "max_grad_norm": max_grad_norm,
+            "lr": lr,
+            "optimizer": optimizer,
+            "accountant": accountant,
+            "noise_multiplier": noise_multiplier,
+            "seed": seed,
+            "secure_rng": secure_rng,
+        }
+        audit_flags: dict[str, Any] = {
+            "canaries": canaries,
+            "canary_kind": canary_kind,
+            "canary_direction": canary_direction,
+            "attack": attack,
+            "confidence": confidence,
+            "shadow_models": shadow_models,
+            "lira_variant": lira_variant,
+        }
+        report = run_audit(config, flags, audit_flags, run=run, out=out)
+        if json_output:
+            emit(report, True)
+            return
+        lb, theo = report["epsilon_lower_bound"], report["epsilon_theoretical"]
+        lines = [
+            f"ε lower bound {'—' if lb is None else f'{lb:.4f}'} at {report['confidence']:.0%} confidence; "
+            f"promised ε {'∞ (σ = 0)' if theo is None else f'{theo:.4g}'} (δ = {report['delta']:g}): "
+            f"{report['verdict'].replace('_', ' ')}",
+        ]
+        mia = report.get("mia")
+        if mia:
+            lines.append(
+                f"{mia['attack']} attack: AUC {mia['auc']:.4f}, TPR {mia['tpr_at_1pct_fpr']:.4f} at 1% FPR, "
+                f"{mia['tpr_at_0.1pct_fpr']:.4f} at 0.1% FPR"
+            )
+        lines.append(report["reading"])
+        lines.append(f"report: {report['out_dir']}/report.html")
+        sys.stdout.write("\n".join(lines) + "\n")
