@@ -158,3 +158,20 @@ def test_resume_of_a_finished_run_adds_no_step(digits_run: tuple[Path, dict[str,
     assert again["steps"] == report["steps"] and again["epsilon_spent"] == report["epsilon_spent"]
     assert again["resumes"] == 1 and again["baseline_test_accuracy"] is None
     assert np.isclose(again["test_accuracy"], report["test_accuracy"])
+
+
+def test_train_with_one_run_audit(tmp_path: Path) -> None:
+    """`veil train --audit`: the report carries an empirical lower bound next to the promised ε."""
+    from veil.cli.main import main
+
+    out = tmp_path / "audited"
+    args = ["train", "--dataset", "digits", "--epochs", "2", "--no-baseline", "--audit", "--out", str(out)]
+    code = main([*args, "--json"])
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    audit = report["audit"]
+    assert audit["confidence"] == 0.95
+    assert audit["epsilon_theoretical"] == report["epsilon_spent"]
+    # A sound lower bound stays below the promise (false alarm ≤ 5% by construction; seeded run).
+    assert 0.0 <= audit["epsilon_lower_bound"] <= report["epsilon_spent"]
+    assert "Empirical audit" in (out / "report.html").read_text()

@@ -108,6 +108,12 @@ class TrainConfig(BaseModel):
     """Run folder (default ``runs/<dataset>-<timestamp>``)."""
     checkpoint_every: int = 25
     """Checkpoint every this many steps (and at the end)."""
+    audit: bool = False
+    """Add the one-run canary audit (white-box gradient canaries) and report its ε lower bound."""
+    audit_canaries: int | None = None
+    """Number of canaries for ``audit`` (default: chosen from the model size)."""
+    audit_confidence: float = 0.95
+    """Confidence of the audit's ε lower bound."""
     progress: bool | None = None
     """Show a progress bar (default: only when stdout is a terminal)."""
 

@@ -683,6 +683,23 @@ def _execute(plan: _Plan, run_dir: Path, ledger: Ledger, t0: float, progress: bo
             "report this as a bug",
         )
 
+    one_run = None
+    if cfg.audit:
+        from veil.audit.run import run_one_run_audit
+
+        # Canaries on random coordinates: placing them needs no private data (an empty sample).
+        one_run = run_one_run_audit(
+            model,
+            dp_optimizer,
+            engine,
+            (data.x_train[:0], data.y_train[:0]),
+            canaries=cfg.audit_canaries,
+            confidence=cfg.audit_confidence,
+            seed=None if cfg.secure_rng else _child_seed(cfg.seed, 11),
+            secure_rng=cfg.secure_rng,
+            delta=cfg.delta,
+        )
+
     history: list[dict[str, float]] = []
     applied = 0
     state = _load_checkpoint(run_dir, ledger)
@@ -699,11 +716,15 @@ def _execute(plan: _Plan, run_dir: Path, ledger: Ledger, t0: float, progress: bo
     }
     eval_model = _assemble(plan, _build_net(cfg, data)[0]).to(device)
 
+    averaged = {name for name, _ in model.named_parameters()}
+
     def update_ema() -> None:
         d = min(cfg.ema_decay or 0.0, (1 + applied) / (10 + applied))
         with torch.no_grad():
             for k, v in model.state_dict().items():
-                if v.is_floating_point():
+                # Only parameters are averaged; buffers (e.g. ±inf clipping bounds) are copied, and
+                # so is everything when averaging is off (0·inf would be NaN).
+                if d > 0 and k in averaged and v.is_floating_point():
                     ema[k].mul_(d).add_(v.detach(), alpha=1 - d)
                 else:
                     ema[k].copy_(v)
@@ -803,6 +824,7 @@ def _execute(plan: _Plan, run_dir: Path, ledger: Ledger, t0: float, progress: bo
         raise BudgetExhaustedError(
             "epsilon_spent", eps, "the ledger's ε passed the target", "report this as a bug"
         )
+    audit = None if one_run is None else one_run.finish(delta=cfg.delta, epsilon_theoretical=eps)
     test_loss, test_acc = evaluate()
     if ledger.last("end") is None or ledger.last("end")["charged"] != ledger.steps:  # type: ignore[index]
         ledger.append("end", charged=ledger.steps, applied=applied, epsilon=eps)
@@ -825,6 +847,7 @@ def _execute(plan: _Plan, run_dir: Path, ledger: Ledger, t0: float, progress: bo
         curve=curve,
         stop_reason=stop_reason,
         duration=time.monotonic() - t0,
+        audit=audit,
     )
 
 
@@ -859,6 +882,7 @@ def _write_outputs(
     curve: list[tuple[int, float]],
     stop_reason: str | None,
     duration: float,
+    audit: dict[str, Any] | None = None,
 ) -> Report:
     import torch
 
@@ -917,6 +941,7 @@ def _write_outputs(
         duration_s=duration,
         resumes=sum(1 for _ in ledger.of_kind("resume")),
         checks=checks,
+        audit=audit,
         history=history,
         files=files,
         out_dir=str(run_dir),
@@ -1013,6 +1038,14 @@ def _resume(run_dir: Path, overrides: Mapping[str, Any], progress: bool | None, 
                     f"resume without changing {key}, or start a new run with another --out",
                 )
         cfg = saved.model_copy(update={**update, "out": str(run_dir)})
+        if cfg.audit:
+            raise ConfigError(
+                "audit",
+                True,
+                "the canaries injected before the interruption were lost with the process, so the "
+                "audit's guesses could not be scored against them",
+                "run the audit in an uninterrupted run, or audit the finished run with veil audit --run",
+            )
         _verify_files(run_dir, Ledger.open(run_dir / LEDGER, repair=False) if _intact(run_dir) else None)
         ledger = Ledger.open(run_dir / LEDGER, repair=True)
         try:

@@ -73,6 +73,9 @@ def register(app: typer.Typer) -> None:
         no_baseline: bool = typer.Option(None, "--no-baseline", help="Skip the non-private baseline."),
         out: str = typer.Option(None, "--out", help="Run folder (default runs/<dataset>-<time>)."),
         resume: str = typer.Option(None, "--resume", help="Continue the interrupted run in this folder."),
+        audit: bool = typer.Option(
+            None, "--audit", help="Add the one-run canary audit: an empirical ε lower bound in the report."
+        ),
         json_output: bool = typer.Option(
             False, "--json", help="Print the report JSON on stdout (no progress bar)."
         ),
@@ -96,6 +99,7 @@ def register(app: typer.Typer) -> None:
             "secure_rng": secure_rng,
             "baseline": False if no_baseline else None,
             "out": out,
+            "audit": audit,
         }
         report = run_train(config, flags, resume=resume, json_output=json_output)
         if json_output:

@@ -73,6 +73,7 @@ class Report(BaseModel):
     duration_s: float
     resumes: int = 0
     checks: list[Check]
+    audit: dict[str, Any] | None = None
     history: dict[str, list[dict[str, float]]]
     files: dict[str, str]
     out_dir: str
