@@ -12,6 +12,7 @@ from typing import Any
 
 import typer
 
+from veil.cli import _training_options as opts
 from veil.cli._output import emit
 
 
@@ -53,24 +54,22 @@ def register(app: typer.Typer) -> None:
             metavar="[CONFIG.toml]",
             help="TOML file of training settings, optionally with an [audit] table.",
         ),
-        dataset: str = typer.Option(None, "--dataset", help="As for veil train (default digits)."),
-        data_dir: str = typer.Option(
-            None, "--data-dir", help="Folder of the IDX files (fashion-mnist, mnist)."
-        ),
-        target: str = typer.Option(None, "--target", help="Label column (csv, parquet) or array (npz)."),
-        model: str = typer.Option(None, "--model", help="auto, logreg, mlp, cnn, or package.module:factory."),
+        dataset: str = opts.DATASET,
+        data_dir: str = opts.DATA_DIR,
+        target: str = opts.TARGET,
+        model: str = opts.MODEL,
         epsilon: float = typer.Option(
             None, "--epsilon", help="Target ε of the audited run (default 3); inf audits a σ = 0 run."
         ),
         delta: float = typer.Option(
             None, "--delta", help="Target δ (< 1/N); also the δ of the ε lower bound."
         ),
-        epochs: int = typer.Option(None, "--epochs", help="Epochs (default: tuned preset)."),
-        batch_size: int = typer.Option(None, "--batch-size", help="Expected logical batch size."),
-        max_grad_norm: float = typer.Option(None, "--max-grad-norm", help="Per-example clip norm C."),
-        lr: float = typer.Option(None, "--lr", help="Learning rate."),
-        optimizer: str = typer.Option(None, "--optimizer", help="sgd (with momentum) or adam."),
-        accountant: str = typer.Option(None, "--accountant", help="pld (default) or rdp."),
+        epochs: int = opts.EPOCHS,
+        batch_size: int = opts.BATCH_SIZE,
+        max_grad_norm: float = opts.MAX_GRAD_NORM,
+        lr: float = opts.LR,
+        optimizer: str = opts.OPTIMIZER,
+        accountant: str = opts.ACCOUNTANT,
         noise_multiplier: float = typer.Option(
             None, "--noise-multiplier", help="σ instead of calibrating it; 0 audits a non-private run."
         ),

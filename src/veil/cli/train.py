@@ -8,6 +8,7 @@ from typing import Any
 
 import typer
 
+from veil.cli import _training_options as opts
 from veil.cli._output import emit
 
 
@@ -39,28 +40,18 @@ def register(app: typer.Typer) -> None:
         config: str = typer.Argument(
             None, metavar="[CONFIG.toml]", help="TOML file of settings (flags override it)."
         ),
-        dataset: str = typer.Option(
-            None,
-            "--dataset",
-            help="digits (default), breast-cancer, fashion-mnist, mnist, csv:PATH, parquet:PATH, npz:PATH.",
-        ),
-        data_dir: str = typer.Option(
-            None, "--data-dir", help="Folder of the IDX files (fashion-mnist, mnist)."
-        ),
-        target: str = typer.Option(
-            None, "--target", help="Label column (csv, parquet) or label array (npz)."
-        ),
-        model: str = typer.Option(
-            None, "--model", help="auto (default), logreg, mlp, cnn, or package.module:factory."
-        ),
+        dataset: str = opts.DATASET,
+        data_dir: str = opts.DATA_DIR,
+        target: str = opts.TARGET,
+        model: str = opts.MODEL,
         epsilon: float = typer.Option(None, "--epsilon", help="Target ε for the whole run (default 3)."),
         delta: float = typer.Option(None, "--delta", help="Target δ, must be < 1/N (default 1e-5)."),
-        epochs: int = typer.Option(None, "--epochs", help="Planned epochs (default: tuned preset)."),
-        batch_size: int = typer.Option(None, "--batch-size", help="Expected logical batch size; q = B/N."),
-        max_grad_norm: float = typer.Option(None, "--max-grad-norm", help="Per-example clip norm C."),
-        lr: float = typer.Option(None, "--lr", help="Learning rate."),
-        optimizer: str = typer.Option(None, "--optimizer", help="sgd (with momentum) or adam."),
-        accountant: str = typer.Option(None, "--accountant", help="pld (default, tightest) or rdp."),
+        epochs: int = opts.EPOCHS,
+        batch_size: int = opts.BATCH_SIZE,
+        max_grad_norm: float = opts.MAX_GRAD_NORM,
+        lr: float = opts.LR,
+        optimizer: str = opts.OPTIMIZER,
+        accountant: str = opts.ACCOUNTANT,
         noise_multiplier: float = typer.Option(
             None,
             "--noise-multiplier",

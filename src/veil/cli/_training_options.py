@@ -1,0 +1,20 @@
+"""Option declarations shared by the subcommands that train (`veil train`, `veil audit`)."""
+
+from __future__ import annotations
+
+import typer
+
+DATASET = typer.Option(
+    None,
+    "--dataset",
+    help="digits (default), breast-cancer, fashion-mnist, mnist, csv:PATH, parquet:PATH, npz:PATH.",
+)
+DATA_DIR = typer.Option(None, "--data-dir", help="Folder of the IDX files (fashion-mnist, mnist).")
+TARGET = typer.Option(None, "--target", help="Label column (csv, parquet) or label array (npz).")
+MODEL = typer.Option(None, "--model", help="auto (default), logreg, mlp, cnn, or package.module:factory.")
+EPOCHS = typer.Option(None, "--epochs", help="Planned epochs (default: tuned preset).")
+BATCH_SIZE = typer.Option(None, "--batch-size", help="Expected logical batch size; q = B/N.")
+MAX_GRAD_NORM = typer.Option(None, "--max-grad-norm", help="Per-example clip norm C.")
+LR = typer.Option(None, "--lr", help="Learning rate.")
+OPTIMIZER = typer.Option(None, "--optimizer", help="sgd (with momentum) or adam.")
+ACCOUNTANT = typer.Option(None, "--accountant", help="pld (default, tightest) or rdp.")
