@@ -159,10 +159,8 @@ class LabelResult:
 
     @property
     def epsilon(self) -> float:
-        """The ε of the configured guarantee."""
-        if self.guarantee == "data-dependent":
-            assert self.epsilon_data_dependent is not None
-            return self.epsilon_data_dependent
+        """The ε of the guarantee: always the data-independent one, the only bound that holds for
+        every dataset (a data-dependent budget decides when to stop, it does not replace it)."""
         return self.epsilon_data_independent
 
 

@@ -99,7 +99,7 @@ def guarantee_text(r: PateReport) -> str:
         f"other, plus {r.delta:g} (Papernot et al. 2018, Rényi order {dd.get('order')}, released through "
         "smooth sensitivity, the release itself paid for). It is not a guarantee for every dataset."
     )
-    if r.guarantee == "data-dependent":
+    if r.budget == "data-dependent":
         return (
             f"The budget of this run was the data-dependent ε. {ddtext.strip()} The guarantee that holds "
             f"for every dataset is the data-independent ε = {r.epsilon_data_independent:.4g}: " + di

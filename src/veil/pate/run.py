@@ -444,7 +444,7 @@ def run_pate(
     }
     rep = PateReport(
         epsilon=result.epsilon,
-        guarantee=result.guarantee,
+        guarantee="data-independent",
         guarantee_statement="",
         epsilon_data_independent=result.epsilon_data_independent,
         epsilon_data_dependent=result.epsilon_data_dependent,
