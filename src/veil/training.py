@@ -605,16 +605,8 @@ def _ensure_preprocessing(plan: _Plan, run_dir: Path, ledger: Ledger) -> None:
     if plan.prep.public:
         return
     assert plan.prep.event is not None
-    done = ledger.last("preprocessing")
-    if done is not None:
-        path = run_dir / done["file"]
-        if not path.is_file() or file_sha256(path) != done["sha256"]:
-            raise CheckpointError(
-                "preprocessing",
-                str(path),
-                "the released preprocessing statistic is missing or does not match its checksum",
-                "restore it from a backup, or start a new run with another --out",
-            )
+    path = _verified_preprocessing_file(run_dir, ledger)
+    if path is not None:
         restore_preprocessing(plan.prep, json.loads(path.read_text()))
         return
     cfg = plan.cfg
@@ -1000,16 +992,23 @@ def _verify_files(run_dir: Path, ledger: Ledger | None) -> None:
     if ledger is None:
         return
     _load_checkpoint(run_dir, ledger)
+    _verified_preprocessing_file(run_dir, ledger)
+
+
+def _verified_preprocessing_file(run_dir: Path, ledger: Ledger) -> Path | None:
+    """The recorded preprocessing release of this run (checksum verified), or None if none was made."""
     done = ledger.last("preprocessing")
-    if done is not None:
-        path = run_dir / done["file"]
-        if not path.is_file() or file_sha256(path) != done["sha256"]:
-            raise CheckpointError(
-                "preprocessing",
-                str(path),
-                "the released preprocessing statistic is missing or does not match its checksum",
-                "restore it from a backup, or start a new run with another --out",
-            )
+    if done is None:
+        return None
+    path = run_dir / done["file"]
+    if not path.is_file() or file_sha256(path) != done["sha256"]:
+        raise CheckpointError(
+            "preprocessing",
+            str(path),
+            "the released preprocessing statistic is missing or does not match its checksum",
+            "restore it from a backup, or start a new run with another --out",
+        )
+    return path
 
 
 def _resume(run_dir: Path, overrides: Mapping[str, Any], progress: bool | None, t0: float) -> Report:
