@@ -73,11 +73,25 @@ class LogicalBatchSampler(Protocol):
 
 
 class _TokenMixin:
-    """Shared resume logic: an RNG state plus a position within the epoch."""
+    """Shared batch iteration and resume logic: an RNG state plus a position within the epoch."""
 
     rng: RandomSource
     steps_per_epoch: int
     _start: int
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for indices, _ in self.logical_batches():
+            yield indices
+
+    def logical_batches(self) -> Iterator[tuple[list[int], Token]]:
+        """(indices, resume token) for each remaining logical batch of the epoch."""
+        return self._generate(self._take_start())
+
+    def _generate(self, start: int) -> Iterator[tuple[list[int], Token]]:
+        raise NotImplementedError
 
     def _rng_state(self) -> Any:
         return None if self.rng.secure else self.rng.state_dict()
@@ -138,17 +152,6 @@ class PoissonBatchSampler(_TokenMixin, Sampler[list[int]]):
         self.rng = rng
         self._start = 0
 
-    def __len__(self) -> int:
-        return self.steps_per_epoch
-
-    def __iter__(self) -> Iterator[list[int]]:
-        for indices, _ in self.logical_batches():
-            yield indices
-
-    def logical_batches(self) -> Iterator[tuple[list[int], Token]]:
-        start = self._take_start()
-        return self._generate(start)
-
     def _generate(self, start: int) -> Iterator[tuple[list[int], Token]]:
         for k in range(start, self.steps_per_epoch):
             mask = np.asarray(self.rng.bernoulli(self.dataset_size, self.sampling_rate), dtype=bool)
@@ -173,17 +176,6 @@ class ShuffledBatchSampler(_TokenMixin, Sampler[list[int]]):
         )
         self.rng = rng
         self._start = 0
-
-    def __len__(self) -> int:
-        return self.steps_per_epoch
-
-    def __iter__(self) -> Iterator[list[int]]:
-        for indices, _ in self.logical_batches():
-            yield indices
-
-    def logical_batches(self) -> Iterator[tuple[list[int], Token]]:
-        start = self._take_start()
-        return self._generate(start)
 
     def _generate(self, start: int) -> Iterator[tuple[list[int], Token]]:
         epoch_state = self._rng_state()
