@@ -34,6 +34,7 @@ __all__ = [
     "config_to_toml",
     "load_config_file",
     "make_config",
+    "preset_for",
     "resolve_config",
     "write_config",
 ]
@@ -251,6 +252,17 @@ PRESETS: dict[str, dict[str, Any]] = {
         "momentum": 0.9,
         "ema_decay": 0.0,
     },
+    # 28×28 images with the scattering front end (Tramèr & Boneh 2021, ScatterNet + linear):
+    # large batches, C = 0.1; only the GroupNorm + linear head is trained.
+    "image-scatternet": {
+        "epochs": 40,
+        "batch_size": 8192,
+        "max_grad_norm": 0.1,
+        "optimizer": "sgd",
+        "lr": {"sgd": 8.0, "adam": 1e-3},
+        "momentum": 0.9,
+        "ema_decay": 0.0,
+    },
     # Tables (breast-cancer at ε = 1): two Poisson batches per epoch (batch_size None: ⌈N/2⌉), Adam.
     "table": {
         "epochs": 50,
@@ -372,6 +384,13 @@ def resolve_config(
     if overrides:
         merged.update(_normalise_keys({k: v for k, v in overrides.items() if v is not None}, "flag"))
     return make_config(merged)
+
+
+def preset_for(data_preset: str, model_name: str) -> str:
+    """The preset of a data kind, refined by the (resolved) model where the model changes the optimum."""
+    if data_preset == "image" and model_name == "scatternet":
+        return "image-scatternet"
+    return data_preset
 
 
 def apply_presets(config: TrainConfig, preset: str, n_train: int) -> TrainConfig:

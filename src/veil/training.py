@@ -45,7 +45,15 @@ from veil.accounting.events import (
     event_from_dict,
 )
 from veil.accounting.ledger import Ledger, RunLock, atomic_write_bytes, atomic_write_text, file_sha256
-from veil.config import PRIVACY_KEYS, TrainConfig, apply_presets, load_config_file, make_config, write_config
+from veil.config import (
+    PRIVACY_KEYS,
+    TrainConfig,
+    apply_presets,
+    load_config_file,
+    make_config,
+    preset_for,
+    write_config,
+)
 from veil.errors import (
     BudgetExhaustedError,
     CheckpointError,
@@ -178,6 +186,7 @@ class _Plan:
     allowed: int
     out: Path
     notes: list[str] = field(default_factory=list)
+    feature_cache: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def _load_data(cfg: TrainConfig) -> Dataset:
@@ -262,11 +271,14 @@ def _check_out(out: Path) -> None:
 
 def _prepare(cfg: TrainConfig, out: Path | None, check_out: bool = True) -> _Plan:
     from veil.data.preprocess import plan_preprocessing
+    from veil.models import resolve_name
     from veil.sampling import steps_per_epoch
 
     data = _load_data(cfg)
     _check_delta(cfg, data.n_train)
-    cfg = apply_presets(cfg, data.preset, data.n_train)
+    cfg = apply_presets(
+        cfg, preset_for(data.preset, resolve_name(cfg.model, data.kind, data.input_shape)), data.n_train
+    )
     assert cfg.batch_size is not None and cfg.epochs is not None
     if cfg.batch_size > data.n_train:
         raise SamplingError(
@@ -460,12 +472,48 @@ def _checks(
 # ----------------------------------------------------------------------------------------------
 # Training pieces
 # ----------------------------------------------------------------------------------------------
-def _assemble(plan: _Plan, net: nn.Module) -> nn.Module:
+def _assemble(plan: _Plan, net: nn.Module) -> nn.Sequential:
     from torch import nn
 
     from veil.data.preprocess import build_transform
 
     return nn.Sequential(OrderedDict(preprocess=build_transform(plan.prep, plan.data.input_shape), net=net))
+
+
+@dataclass
+class _Trainable:
+    """What DP-SGD trains, and on which inputs.
+
+    For a model with a fixed front (:class:`veil.models.FixedFeaturesThenHead`) the front and the
+    public preprocessing are applied once to every example (a fixed per-example map: no privacy
+    cost, see its docstring) and only the head is trained, on the features; ``full`` (the released
+    model) shares the head's parameters and maps raw inputs. Otherwise ``model`` is ``full``.
+    """
+
+    full: nn.Module
+    model: nn.Module
+    x_train: np.ndarray
+    x_test: np.ndarray
+
+
+def _trainable(plan: _Plan, net: nn.Module, device: str) -> _Trainable:
+    import torch
+
+    from veil.models import FixedFeaturesThenHead
+
+    full = _assemble(plan, net).to(device)
+    data = plan.data
+    if not isinstance(net, FixedFeaturesThenHead):
+        return _Trainable(full, full, data.x_train, data.x_test)
+    if not plan.feature_cache:
+        front = torch.nn.Sequential(full[0], net.features).eval()
+        for split, x in (("train", data.x_train), ("test", data.x_test)):
+            chunks = []
+            with torch.no_grad():
+                for i in range(0, len(x), 1024):
+                    chunks.append(front(torch.as_tensor(x[i : i + 1024], device=device)).cpu().numpy())
+            plan.feature_cache[split] = np.concatenate(chunks).astype(np.float32, copy=False)
+    return _Trainable(full, net.head, plan.feature_cache["train"], plan.feature_cache["test"])
 
 
 def _make_optimizer(cfg: TrainConfig, params: Any, private: bool = True) -> torch.optim.Optimizer:
@@ -508,11 +556,12 @@ def _baseline(plan: _Plan, device: str) -> tuple[float, list[dict[str, float]]]:
     cfg, data = plan.cfg, plan.data
     assert cfg.epochs is not None
     net, _ = _build_net(cfg, data)
-    model = _assemble(plan, net).to(device)
+    view = _trainable(plan, net, device)
+    model = view.model
     opt = torch.optim.Adam(model.parameters(), lr=1e-3 if plan.model_name == "cnn" else 1e-2)
     gen = torch.Generator().manual_seed(_child_seed(cfg.seed, 3))
     loader = DataLoader(
-        TensorDataset(torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)),
+        TensorDataset(torch.from_numpy(view.x_train), torch.from_numpy(data.y_train)),
         batch_size=32 if data.n_train < 10_000 else 128,
         shuffle=True,
         generator=gen,
@@ -524,7 +573,7 @@ def _baseline(plan: _Plan, device: str) -> tuple[float, list[dict[str, float]]]:
             opt.zero_grad()
             torch.nn.functional.cross_entropy(model(xb.to(device)), yb.to(device)).backward()
             opt.step()
-        loss, acc = _evaluate(model, data.x_test, data.y_test, device)
+        loss, acc = _evaluate(model, view.x_test, data.y_test, device)
         history.append({"epoch": float(epoch), "test_loss": loss, "test_accuracy": acc})
     return acc, history
 
@@ -644,9 +693,10 @@ def _execute(plan: _Plan, run_dir: Path, ledger: Ledger, t0: float, progress: bo
     device = cfg.device
     _ensure_preprocessing(plan, run_dir, ledger)
     net, _ = _build_net(cfg, data)
-    model = _assemble(plan, net).to(device)
+    view = _trainable(plan, net, device)
+    model = view.model
     criterion = nn.CrossEntropyLoss()
-    clip_check = _clipping_check(model, plan, criterion)
+    clip_check = _clipping_check(view.full, plan, criterion)
     optimizer = _make_optimizer(cfg, model.parameters())
     engine = PrivacyEngine(
         accountant=cfg.accountant,
@@ -654,7 +704,7 @@ def _execute(plan: _Plan, run_dir: Path, ledger: Ledger, t0: float, progress: bo
         seed=None if cfg.secure_rng else _child_seed(cfg.seed, 2),
     )
     loader = DataLoader(
-        TensorDataset(torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)),
+        TensorDataset(torch.from_numpy(view.x_train), torch.from_numpy(data.y_train)),
         batch_size=cfg.batch_size,
     )
     model, dp_optimizer, dp_loader = engine.make_private(
@@ -684,7 +734,7 @@ def _execute(plan: _Plan, run_dir: Path, ledger: Ledger, t0: float, progress: bo
             model,
             dp_optimizer,
             engine,
-            (data.x_train[:0], data.y_train[:0]),
+            (view.x_train[:0], data.y_train[:0]),
             canaries=cfg.audit_canaries,
             confidence=cfg.audit_confidence,
             seed=None if cfg.secure_rng else _child_seed(cfg.seed, 11),
@@ -706,7 +756,8 @@ def _execute(plan: _Plan, run_dir: Path, ledger: Ledger, t0: float, progress: bo
     ema = {
         k: v.detach().clone() for k, v in (state["ema"] if state is not None else model.state_dict()).items()
     }
-    eval_model = _assemble(plan, _build_net(cfg, data)[0]).to(device)
+    released = _trainable(plan, _build_net(cfg, data)[0], device)
+    eval_model = released.model
 
     averaged = {name for name, _ in model.named_parameters()}
 
@@ -723,7 +774,7 @@ def _execute(plan: _Plan, run_dir: Path, ledger: Ledger, t0: float, progress: bo
 
     def evaluate() -> tuple[float, float]:
         eval_model.load_state_dict(ema)
-        return _evaluate(eval_model, data.x_test, data.y_test, device)
+        return _evaluate(eval_model, view.x_test, data.y_test, device)
 
     step_dict = plan.step_event.to_dict()
     limit = ledger.steps + _allowed_steps(
@@ -830,7 +881,7 @@ def _execute(plan: _Plan, run_dir: Path, ledger: Ledger, t0: float, progress: bo
         plan,
         run_dir,
         ledger,
-        eval_model,
+        released.full,
         eps=eps,
         test_acc=test_acc,
         baseline_acc=baseline_acc,

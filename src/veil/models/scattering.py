@@ -1,0 +1,179 @@
+"""A fixed wavelet scattering front end (Mallat 2012; Bruna & Mallat 2013) for DP image models.
+
+Tramèr & Boneh (2021, "Differentially private learning needs better features") showed that a
+linear model on second-order scattering coefficients beats end-to-end CNNs under DP-SGD on small
+image datasets: the features are good, and nothing in them is learned, so DP-SGD only has to train
+a small head. The transform here is that map, written from its definition:
+
+* Morlet wavelets ``ψ_{j,θ}`` at scales ``2^j`` (``j < J``) and ``L`` angles ``θ = πl/L``: a Gabor
+  function (Gaussian envelope of width ``0.8·2^j``, elongated along the wave fronts with slant
+  ``4/L``, carrier frequency ``3π/4 / 2^j``) minus a multiple of its envelope so it has zero mean;
+* a Gaussian low-pass ``φ_J`` of width ``0.8·2^J``;
+* order 0: ``x ⋆ φ_J``; order 1: ``|x ⋆ ψ_{j,θ}| ⋆ φ_J``; order 2 (``j₁ < j₂``):
+  ``||x ⋆ ψ_{j₁,θ₁}| ⋆ ψ_{j₂,θ₂}| ⋆ φ_J``; each sampled every ``2^J`` pixels.
+
+Convolutions are circular on the image padded by reflection (``2^J`` pixels a side), computed by
+FFT; the low-pass and sub-sampling are done in the Fourier domain (periodisation). Each image gives
+``C·K`` channels of ``⌈H/2^J⌉ × ⌈W/2^J⌉`` with ``K = 1 + J·L + L²·J(J−1)/2`` (81 for J = 2, L = 8).
+
+Privacy: the map has no trainable parameters, uses no data to build its filters, and transforms
+each example on its own (no batch statistics, no randomness). Neighbouring datasets (one example
+added or removed) therefore stay neighbouring after the map, and any DP guarantee of training on
+the features holds for the images: precomputing the features once costs no privacy.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+__all__ = ["Scattering2d", "scattering_channels", "scattering_features"]
+
+
+def scattering_channels(J: int, L: int) -> int:
+    """Output channels per input channel: ``1 + J·L + L²·J(J−1)/2``."""
+    return 1 + J * L + L * L * J * (J - 1) // 2
+
+
+def _gabor(size: tuple[int, int], sigma: float, theta: float, xi: float, slant: float) -> np.ndarray:
+    """A Gabor filter on a periodic ``size`` grid (origin at index 0), summed over nearby periods."""
+    rows, cols = size
+    c, s = math.cos(theta), math.sin(theta)
+    rot = np.array([[c, -s], [s, c]])
+    # Quadratic form of the envelope: narrow along θ (the wave), wide across it (the fronts).
+    curvature = rot @ np.diag([1.0, slant * slant]) @ rot.T / (2 * sigma * sigma)
+    out = np.zeros(size, dtype=np.complex128)
+    for dr in (-2, -1, 0, 1, 2):
+        for dc in (-2, -1, 0, 1, 2):
+            r, q = np.mgrid[dr * rows : (dr + 1) * rows, dc * cols : (dc + 1) * cols].astype(np.float64)
+            quad = curvature[0, 0] * r * r + 2 * curvature[0, 1] * r * q + curvature[1, 1] * q * q
+            out += np.exp(-quad + 1j * xi * (r * c + q * s))
+    return out / (2 * math.pi * sigma * sigma / slant)
+
+
+def _morlet(size: tuple[int, int], sigma: float, theta: float, xi: float, slant: float) -> np.ndarray:
+    wave = _gabor(size, sigma, theta, xi, slant)
+    envelope = _gabor(size, sigma, theta, 0.0, slant)
+    return wave - envelope * (wave.sum() / envelope.sum())
+
+
+class Scattering2d(nn.Module):
+    """Second-order 2D scattering transform: ``(N, C, H, W) → (N, C·K, ⌈H/2^J⌉, ⌈W/2^J⌉)``.
+
+    Holds its filters as non-persistent buffers (rebuilt from ``J``, ``L`` and the image size, so
+    they are not part of the state dict); no parameters. ``J ≥ 1`` is the number of scales (the
+    output is sub-sampled by ``2^J``), ``L`` the number of angles.
+    """
+
+    psi: torch.Tensor
+
+    def __init__(self, input_shape: tuple[int, int, int], J: int = 2, L: int = 8) -> None:
+        super().__init__()
+        if J < 1 or L < 1:
+            raise ValueError(f"J and L must be ≥ 1, got J={J}, L={L}")
+        channels, height, width = (int(v) for v in input_shape)
+        self.J, self.L = int(J), int(L)
+        self.input_shape = (channels, height, width)
+        step = 2**J
+        self._pads = []
+        padded = []
+        for n in (height, width):
+            total = math.ceil((n + 2 * step) / step) * step
+            self._pads.append((step, total - n - step))
+            padded.append(total)
+        self._padded = (padded[0], padded[1])
+        self.out_hw = (math.ceil(height / step), math.ceil(width / step))
+        slant = 4.0 / L
+        psi = [
+            _morlet(self._padded, 0.8 * 2**j, math.pi * k / L, 3 * math.pi / 4 / 2**j, slant)
+            for j in range(J)
+            for k in range(L)
+        ]
+        self.register_buffer("psi", torch.from_numpy(np.fft.fft2(np.stack(psi))).to(torch.complex64), False)
+        # The isotropic Gaussian low-pass is separable, so "convolve with φ_J, keep every 2^J-th
+        # pixel, crop the padding" is one small matrix per axis: out = Φ_h · u · Φ_wᵀ. One pair per
+        # resolution 2^j at which a modulus is computed (order 2 runs at the resolution of j₂).
+        lowpass_matrices = [
+            (
+                self._lowpass_matrix(self._padded[0], self.out_hw[0], j),
+                self._lowpass_matrix(self._padded[1], self.out_hw[1], j),
+            )
+            for j in range(J)
+        ]
+        for j, (rows, cols) in enumerate(lowpass_matrices):
+            self.register_buffer(f"phi_h{j}", rows, False)
+            self.register_buffer(f"phi_w{j}", cols, False)
+
+    def _lowpass_matrix(self, padded: int, out: int, j: int) -> torch.Tensor:
+        """Rows of ``φ_J`` at the grid sub-sampled by ``2^j``, centred on the kept output pixels."""
+        sub = 2**j
+        size, step, sigma = padded // sub, 2**self.J // sub, 0.8 * 2**self.J / sub
+        offsets = np.arange(size, dtype=np.float64)
+        g = sum(np.exp(-((offsets + k * size) ** 2) / (2 * sigma * sigma)) for k in range(-2, 3))
+        g = g / g.sum()  # periodic Gaussian, g[d] = weight of a pixel d positions away (mod size)
+        centres = step * np.arange(1, out + 1)  # sampled positions after dropping the padded border
+        rows = g[(centres[:, None] - np.arange(size)[None, :]) % size]
+        return torch.from_numpy(rows).to(torch.float32)
+
+    @property
+    def channels(self) -> int:
+        return self.input_shape[0] * scattering_channels(self.J, self.L)
+
+    def _lowpass(self, u: torch.Tensor, j: int = 0) -> torch.Tensor:
+        """``(u ⋆ φ_J)`` sampled every ``2^J`` pixels, padding cropped; ``u`` real, at resolution ``2^j``."""
+        rows: torch.Tensor = getattr(self, f"phi_h{j}")
+        cols: torch.Tensor = getattr(self, f"phi_w{j}")
+        return rows.to(u.dtype) @ u @ cols.to(u.dtype).T
+
+    def _subsample(self, spectrum: torch.Tensor, j: int) -> torch.Tensor:
+        """The spectrum of the signal kept every ``2^j`` pixels (periodisation of the spectrum)."""
+        if j == 0:
+            return spectrum
+        k = 2**j
+        rows, cols = self._padded[0] // k, self._padded[1] // k
+        folded = sum(spectrum[..., i * rows : (i + 1) * rows, :] for i in range(k))
+        assert isinstance(folded, torch.Tensor)
+        folded = sum(folded[..., i * cols : (i + 1) * cols] for i in range(k))
+        assert isinstance(folded, torch.Tensor)
+        return folded / (k * k)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        c, h, w = self.input_shape
+        # float64 in, float64 throughout (the clipping check runs in float64); else float32.
+        real = torch.float64 if x.dtype == torch.float64 else torch.float32
+        psi = self.psi.to(torch.complex128 if real == torch.float64 else torch.complex64)
+        work = x.reshape(n * c, 1, h, w).to(real)
+        (top, bottom), (left, right) = self._pads
+        work = nn.functional.pad(work, (left, right, top, bottom), mode="reflect")
+        u1 = torch.fft.ifft2(torch.fft.fft2(work) * psi).abs()  # (n·c, J·L, ph, pw)
+        parts = [self._lowpass(work), self._lowpass(u1)]
+        L = self.L
+        for j1 in range(self.J - 1):
+            first = torch.fft.fft2(u1[:, j1 * L : (j1 + 1) * L]).unsqueeze(2)  # (n·c, L, 1, ph, pw)
+            for j2 in range(j1 + 1, self.J):
+                later = psi[j2 * L : (j2 + 1) * L]
+                # |u1 ⋆ ψ_j2| varies on the scale 2^j2: computed on that coarser grid.
+                u2 = torch.fft.ifft2(self._subsample(first * later, j2)).abs()  # (n·c, L, L, ·, ·)
+                parts.append(self._lowpass(u2.flatten(1, 2), j2))
+        out = torch.cat(parts, dim=1)
+        return out.reshape(n, c * out.shape[1], *self.out_hw).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"J={self.J}, L={self.L}, input_shape={self.input_shape}"
+
+
+def scattering_features(x: np.ndarray, J: int = 2, L: int = 8, batch_size: int = 512) -> np.ndarray:
+    """The scattering coefficients of float images ``x`` (``N×C×H×W``) as a float32 array."""
+    arr = np.asarray(x, dtype=np.float32)
+    if arr.ndim != 4:
+        raise ValueError(f"expected images of shape N×C×H×W, got {arr.shape}")
+    transform = Scattering2d(tuple(arr.shape[1:]), J=J, L=L)
+    out = np.empty((len(arr), transform.channels, *transform.out_hw), dtype=np.float32)
+    with torch.no_grad():
+        for i in range(0, len(arr), batch_size):
+            out[i : i + batch_size] = transform(torch.from_numpy(arr[i : i + batch_size])).numpy()
+    return out

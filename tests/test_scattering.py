@@ -1,0 +1,133 @@
+"""The fixed scattering front end and training a model whose fixed features are precomputed."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from veil.models import FixedFeaturesThenHead, build_model
+from veil.models.scattering import Scattering2d, scattering_channels, scattering_features
+
+
+def _circular_lowpass_reference(u: np.ndarray, J: int, out_hw: tuple[int, int]) -> np.ndarray:
+    """u ⋆ φ_J by a direct circular sum over all pixel pairs, kept every 2^J pixels from pixel 2^J."""
+    rows, cols = u.shape
+    sigma, step = 0.8 * 2**J, 2**J
+    out = np.zeros(out_hw)
+    weights = np.zeros((rows, cols))
+    for r in range(rows):
+        for c in range(cols):
+            dr = min(r, rows - r)
+            dc = min(c, cols - c)
+            weights[r, c] = sum(
+                math.exp(-((dr + a * rows) ** 2 + (dc + b * cols) ** 2) / (2 * sigma**2))
+                for a in (-2, -1, 0, 1, 2)
+                for b in (-2, -1, 0, 1, 2)
+            )
+    weights /= weights.sum()
+    for i in range(out_hw[0]):
+        for k in range(out_hw[1]):
+            ci, ck = step * (i + 1), step * (k + 1)
+            for r in range(rows):
+                for c in range(cols):
+                    out[i, k] += u[r, c] * weights[(ci - r) % rows, (ck - c) % cols]
+    return out
+
+
+def test_shapes_channels_and_no_parameters() -> None:
+    assert (
+        scattering_channels(2, 8) == 81 and scattering_channels(1, 8) == 9 and scattering_channels(3, 4) == 61
+    )
+    for shape, J, hw in (((1, 28, 28), 2, (7, 7)), ((3, 8, 8), 1, (4, 4)), ((1, 20, 30), 2, (5, 8))):
+        m = Scattering2d(shape, J=J)
+        out = m(torch.rand(5, *shape))
+        assert out.shape == (5, shape[0] * scattering_channels(J, 8), *hw)
+        assert not list(m.parameters()) and not m.state_dict()  # filters are rebuilt, not saved
+        assert torch.isfinite(out).all()
+
+
+def test_each_example_is_mapped_on_its_own() -> None:
+    """The privacy precondition: an example's features do not depend on the rest of the batch."""
+    m = Scattering2d((1, 28, 28))
+    x = torch.rand(6, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    together = m(x)
+    alone = torch.cat([m(x[i : i + 1]) for i in range(6)])
+    assert torch.allclose(together, alone, atol=1e-6)
+    changed = x.clone()
+    changed[3] = torch.rand(1, 28, 28)
+    assert torch.allclose(m(changed)[[0, 1, 2, 4, 5]], together[[0, 1, 2, 4, 5]], atol=1e-6)
+
+
+def test_wavelets_have_zero_mean_and_constant_image_gives_only_order_zero() -> None:
+    m = Scattering2d((1, 16, 16), J=2)
+    assert float(m.psi[:, 0, 0].abs().max()) < 1e-6  # ψ̂(0) = 0: a wavelet sees no constant
+    out = m(torch.full((1, 1, 16, 16), 0.7, dtype=torch.float64))
+    assert torch.allclose(out[0, 0], torch.full((4, 4), 0.7, dtype=torch.float64), atol=1e-9)
+    assert float(out[0, 1:].abs().max()) < 1e-6
+
+
+def test_orders_zero_and_one_match_a_direct_circular_convolution() -> None:
+    """The FFT and matrix low-pass against direct sums on the padded image (float64)."""
+    rng = np.random.default_rng(1)
+    img = rng.random((8, 8))
+    m = Scattering2d((1, 8, 8), J=1, L=4)
+    padded = np.pad(img, 2, mode="reflect")  # 12 × 12
+    out = m(torch.from_numpy(img).reshape(1, 1, 8, 8)).numpy()[0]
+    assert np.allclose(out[0], _circular_lowpass_reference(padded, 1, (4, 4)), atol=1e-10)
+    psi = np.fft.ifft2(m.psi.to(torch.complex128).numpy())  # spatial filters
+    for k in range(4):
+        conv = np.zeros((12, 12), dtype=np.complex128)
+        for r in range(12):
+            for c in range(12):
+                conv[r, c] = sum(
+                    padded[a, b] * psi[k, (r - a) % 12, (c - b) % 12] for a in range(12) for b in range(12)
+                )
+        ref = _circular_lowpass_reference(np.abs(conv), 1, (4, 4))
+        assert np.allclose(out[1 + k], ref, atol=1e-6)
+
+
+def test_scattering_features_batches_like_the_module() -> None:
+    x = np.random.default_rng(2).random((7, 1, 28, 28)).astype(np.float32)
+    got = scattering_features(x, batch_size=3)
+    want = Scattering2d((1, 28, 28))(torch.from_numpy(x)).numpy()
+    assert got.dtype == np.float32 and np.allclose(got, want, atol=1e-6)
+
+
+def test_scatternet_model_is_a_fixed_front_and_a_head() -> None:
+    net = build_model("scatternet", (1, 28, 28), 10, "image")
+    assert isinstance(net, FixedFeaturesThenHead)
+    assert not list(net.features.parameters()) and list(net.head.parameters())
+    assert net(torch.rand(2, 1, 28, 28)).shape == (2, 10)
+    assert build_model("auto", (1, 28, 28), 10, "image").__class__ is FixedFeaturesThenHead
+    with pytest.raises(ValueError):
+        FixedFeaturesThenHead(torch.nn.Linear(2, 2), torch.nn.Identity())
+
+
+def test_train_scatternet_releases_a_full_model_that_reproduces_the_accuracy(tmp_path: Path) -> None:
+    """Training runs on precomputed features; the released weights map raw images to the same result."""
+    import veil
+    from veil.config import make_config
+    from veil.data import load_dataset
+    from veil.data.preprocess import build_transform, plan_preprocessing
+
+    report = veil.train(
+        {"dataset": "digits", "model": "scatternet", "epochs": 2, "out": str(tmp_path / "run"), "seed": 3},
+        progress=False,
+    )
+    assert report.model == "scatternet" and all(c.passed for c in report.checks)
+    assert report.epsilon_spent <= 3.0 and report.baseline_test_accuracy is not None
+    data = load_dataset("digits", seed=3)
+    model = torch.nn.Sequential()
+    model.add_module(
+        "preprocess", build_transform(plan_preprocessing(make_config({}), data), data.input_shape)
+    )
+    model.add_module("net", build_model("scatternet", data.input_shape, data.num_classes, data.kind))
+    model.load_state_dict(torch.load(tmp_path / "run" / "model.pt", weights_only=True))
+    model.eval()
+    with torch.no_grad():
+        pred = model(torch.from_numpy(data.x_test)).argmax(1).numpy()
+    assert math.isclose(float((pred == data.y_test).mean()), report.test_accuracy, abs_tol=1e-9)
