@@ -51,7 +51,15 @@ def register(app: typer.Typer) -> None:
         threshold: float = typer.Option(None, "--threshold", help="Confident-GNMax threshold T."),
         sigma1: float = typer.Option(None, "--sigma1", help="Confident-GNMax threshold noise σ₁."),
         budget: str = typer.Option(
-            None, "--budget", help="data-independent (default, a worst-case guarantee) or data-dependent."
+            None,
+            "--budget",
+            help="data-independent (default), data-dependent, or ptr (Propose-Test-Release: the "
+            "data-dependent analysis made a worst-case guarantee).",
+        ),
+        semi_supervised: bool = typer.Option(
+            None,
+            "--semi-supervised/--no-semi-supervised",
+            help="Self-train the student on the unlabelled public pool (default on; no privacy cost).",
         ),
         teacher_model: str = typer.Option(
             None,
@@ -80,6 +88,7 @@ def register(app: typer.Typer) -> None:
             "threshold": threshold,
             "sigma1": sigma1,
             "budget": budget,
+            "semi_supervised": semi_supervised,
             "teacher_model": teacher_model,
             "student_model": student_model,
             "workers": workers,
@@ -94,8 +103,10 @@ def register(app: typer.Typer) -> None:
             return
         folder = Path(report["out_dir"])
         dd = report["epsilon_data_dependent"]
+        acc = report["student_test_accuracy"]
         lines = [
-            f"student test accuracy {report['student_test_accuracy']:.4f} from {report['queries_answered']} "
+            (f"student test accuracy {acc:.4f}" if acc is not None else "no student (no label released)")
+            + f" from {report['queries_answered']} "
             f"private labels ({report['queries_asked']} queries asked, {report['teachers']} teachers, "
             f"{report['aggregator']})",
             f"ε = {report['epsilon']:.4g} ({report['guarantee']} guarantee) at δ = {report['delta']:g}; "

@@ -4,7 +4,9 @@ Modules: :mod:`~veil.pate.partition` (disjoint teacher sets), :mod:`~veil.pate.t
 (training, parallel and resumable), :mod:`~veil.pate.aggregators` (LNMax, GNMax,
 Confident-GNMax), :mod:`~veil.pate.analysis` (data-independent and data-dependent RDP),
 :mod:`~veil.pate.smooth_sensitivity` (private release of the data-dependent ε),
-:mod:`~veil.pate.labelling` (the budgeted labelling loop), :mod:`~veil.pate.student`,
+:mod:`~veil.pate.labelling` (the budgeted labelling loop), :mod:`~veil.pate.ptr`
+(Propose-Test-Release: the data-dependent analysis as a guarantee), :mod:`~veil.pate.student`
+(optionally semi-supervised),
 :mod:`~veil.pate.run` (end to end, ``veil pate``). Guarantees and their exact meaning:
 ``docs/pate.md``. Importing this package does not import torch or scipy.
 """
@@ -24,6 +26,8 @@ _LAZY = {
     "LabelSettings": "veil.pate.labelling",
     "label_queries": "veil.pate.labelling",
     "ReleaseParams": "veil.pate.smooth_sensitivity",
+    "PtrPlan": "veil.pate.ptr",
+    "plan_ptr": "veil.pate.ptr",
     "train_student": "veil.pate.student",
     "PateConfig": "veil.pate.run",
     "run_pate": "veil.pate.run",

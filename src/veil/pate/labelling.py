@@ -47,8 +47,10 @@ from veil.accounting.base import make_accountant
 from veil.accounting.events import Gaussian, Laplace, PrivacyEvent
 from veil.accounting.rdp import DEFAULT_ORDERS, rdp_to_epsilon
 from veil.errors import ConfigError, InvalidParameterError, UnreachableTargetError
+from veil.mechanisms import gaussian_mechanism
 from veil.mechanisms.rng import RandomSource
 from veil.pate.aggregators import Aggregator, answer_query
+from veil.pate.ptr import PtrPlan, plan_ptr, ptr_distance, ptr_test, sorted_gaps
 from veil.pate.smooth_sensitivity import DataDependentAccount, ReleaseParams
 
 __all__ = [
@@ -61,7 +63,7 @@ __all__ = [
     "plan_budget",
 ]
 
-BudgetName = Literal["data-independent", "data-dependent"]
+BudgetName = Literal["data-independent", "data-dependent", "ptr"]
 _ORDERS = np.asarray(DEFAULT_ORDERS, dtype=np.float64)
 
 
@@ -88,6 +90,14 @@ class LabelSettings:
     data_dependent: bool = True
     release: ReleaseParams | None = None
     check_every: int = 50
+    ptr_test_share: float = 0.1
+    """PTR: share of ε spent on the test (``ε_t``)."""
+    ptr_select_share: float = 0.3
+    """PTR with Confident-GNMax: the most of ε the (data-independent) threshold checks may use."""
+    ptr_order: float | None = None
+    """PTR: the Rényi order λ of the proposed bound (default from ε and δ, see :mod:`veil.pate.ptr`)."""
+    ptr_max_answers: int | None = None
+    """PTR: answer at most this many of the selected queries (in order; default all)."""
 
     def __post_init__(self) -> None:
         if not (isinstance(self.epsilon, (int, float)) and math.isfinite(self.epsilon) and self.epsilon > 0):
@@ -106,9 +116,25 @@ class LabelSettings:
             raise InvalidParameterError(
                 "queries", self.max_queries, "the student needs at least one query", "pass an integer ≥ 1"
             )
-        if self.budget not in ("data-independent", "data-dependent"):
+        if self.budget not in ("data-independent", "data-dependent", "ptr"):
             raise ConfigError(
-                "budget", self.budget, "unknown budget", "use 'data-independent' or 'data-dependent'"
+                "budget", self.budget, "unknown budget", "use 'data-independent', 'data-dependent' or 'ptr'"
+            )
+        if self.budget == "ptr" and self.aggregator.name == "lnmax":
+            raise ConfigError(
+                "budget",
+                self.budget,
+                "Propose-Test-Release tests the data-dependent analysis, which exists for GNMax and "
+                "Confident-GNMax only",
+                "use gnmax or confident-gnmax, or budget='data-independent'",
+            )
+        if self.ptr_max_answers is not None and (
+            isinstance(self.ptr_max_answers, bool)
+            or not isinstance(self.ptr_max_answers, int)
+            or self.ptr_max_answers < 1
+        ):
+            raise InvalidParameterError(
+                "ptr_max_answers", self.ptr_max_answers, "a number of answers", "pass an integer ≥ 1"
             )
         if self.budget == "data-dependent" and (self.aggregator.name == "lnmax" or not self.data_dependent):
             raise ConfigError(
@@ -132,7 +158,9 @@ class LabelSettings:
 
     @property
     def uses_release(self) -> bool:
-        return self.data_dependent and self.aggregator.name != "lnmax"
+        """Whether the data-dependent ε is released by smooth sensitivity (never with PTR, whose test
+        replaces it)."""
+        return self.data_dependent and self.aggregator.name != "lnmax" and self.budget != "ptr"
 
 
 @dataclass
@@ -156,12 +184,17 @@ class LabelResult:
     """(queries answered, queries asked, data-independent ε of the path so far — not a guarantee)."""
     released_curve: list[tuple[int, int, float]] = field(default_factory=list)
     """(answered, asked, released data-dependent ε) at each release."""
+    epsilon_ptr: float | None = None
+    """PTR budget: the ε of the Propose-Test-Release guarantee (see :mod:`veil.pate.ptr`)."""
+    ptr: dict[str, Any] | None = None
+    """PTR budget: the public plan, the selection size and whether the test passed."""
 
     @property
     def epsilon(self) -> float:
-        """The ε of the guarantee: always the data-independent one, the only bound that holds for
-        every dataset (a data-dependent budget decides when to stop, it does not replace it)."""
-        return self.epsilon_data_independent
+        """The ε of the guarantee. PTR budget: the PTR ε (a worst-case (ε, δ)-DP guarantee). Otherwise
+        the data-independent ε, the only other bound that holds for every dataset (a data-dependent
+        budget decides when to stop, it does not replace it)."""
+        return self.epsilon_ptr if self.epsilon_ptr is not None else self.epsilon_data_independent
 
 
 def _rdp_of(event: PrivacyEvent) -> np.ndarray:
@@ -284,6 +317,8 @@ def plan_budget(settings: LabelSettings, secure: bool, available_queries: int | 
                     f"one Confident-GNMax query (σ₁={agg.sigma1:g}, σ₂={agg.scale:g}) plus the ε release "
                     "exceeds it",
                 )
+    elif s.budget == "ptr":
+        _ptr_plan(s, secure, q_max)
     else:
         assert release is not None
         per_query = release.order * (rho1 + rho2)  # worst case of one query at λ (Gaussian events)
@@ -307,6 +342,92 @@ def plan_budget(settings: LabelSettings, secure: bool, available_queries: int | 
     )
 
 
+def _ptr_plan(s: LabelSettings, secure: bool, available: int) -> PtrPlan:
+    thr = s.aggregator.threshold_event(secure) if s.aggregator.name == "confident-gnmax" else None
+    return plan_ptr(
+        s.epsilon,
+        s.delta,
+        threshold_rho=1.0 / (2.0 * thr.noise_multiplier**2) if thr is not None else None,
+        available_queries=available,
+        test_share=s.ptr_test_share,
+        select_share=s.ptr_select_share,
+        order=s.ptr_order,
+    )
+
+
+def _label_ptr(hist: np.ndarray, s: LabelSettings, rng: RandomSource) -> LabelResult:
+    """Propose-Test-Release (:mod:`veil.pate.ptr`): select, test privately, release all or nothing."""
+    agg = s.aggregator
+    secure = rng.secure
+    q_max = min(s.max_queries, hist.shape[0])
+    plan = _ptr_plan(s, secure, q_max)
+    ans_event = agg.answer_event(secure)
+    assert isinstance(ans_event, Gaussian)
+    thr_event = agg.threshold_event(secure) if agg.name == "confident-gnmax" else None
+    # 1. Selection: fixed queries (GNMax) or data-independently accounted threshold checks.
+    if thr_event is not None:
+        assert agg.sigma1 is not None and agg.threshold is not None
+        asked = plan.checks
+        selected = [
+            i
+            for i in range(asked)
+            if float(gaussian_mechanism(float(hist[i].max()), sensitivity=1.0, std=agg.sigma1, rng=rng).value)
+            >= agg.threshold
+        ]
+    else:  # the fixed query set: the first queries, at most ptr_max_answers of them
+        asked = min(q_max, s.ptr_max_answers or q_max)
+        selected = list(range(asked))
+    if s.ptr_max_answers is not None:
+        selected = selected[: s.ptr_max_answers]
+    sel = np.asarray(selected, dtype=np.int64)
+    # 2. Test (only the bit is published) and 3. release.
+    lattice = agg.answer_lattice(secure)
+    distance = ptr_distance(
+        sorted_gaps(hist[sel]),
+        plan.bound,
+        s.num_teachers,
+        agg.scale,
+        ans_event.noise_multiplier,
+        plan.order,
+        lattice,
+    )
+    passed = ptr_test(distance, plan, rng)
+    labels = np.full(asked, -1, dtype=np.int64)
+    if passed:
+        for i in sel:
+            labels[i] = int(answer_query(Aggregator("gnmax", agg.scale), hist[i], rng).label)  # type: ignore[arg-type]
+    answered = int(sel.size) if passed else 0
+    # The data-independent bound of the same output: the checks and the answers (RDP), plus the
+    # pure ε_t of the test by basic composition (the discrete Laplace is ε_t-DP, not the continuous
+    # Laplace the RDP accountant models).
+    acc = make_accountant("rdp")
+    if thr_event is not None:
+        acc.compose(thr_event, asked)
+    if sel.size:
+        acc.compose(ans_event, int(sel.size))
+    eps_di = acc.epsilon(s.delta) + plan.eps_test
+    stop = (
+        f"PTR test passed: {answered} labels released"
+        if passed
+        else "PTR test failed: no label released (the ε is spent all the same)"
+    )
+    info = plan.to_dict() | {"selected": int(sel.size), "passed": bool(passed)}
+    return LabelResult(
+        labels=labels,
+        queries_asked=asked,
+        queries_answered=answered,
+        epsilon_data_independent=eps_di,
+        epsilon_data_dependent=None,
+        guarantee="ptr",
+        stop_reason=stop,
+        answer_event=ans_event.to_dict(),
+        threshold_event=thr_event.to_dict() if thr_event is not None else None,
+        epsilon_curve=[(answered, asked, plan.epsilon)],
+        epsilon_ptr=plan.epsilon,
+        ptr=info,
+    )
+
+
 def label_queries(histograms: np.ndarray, settings: LabelSettings, rng: RandomSource) -> LabelResult:
     """Answer queries ``0, 1, …`` (rows of ``histograms``) until the budget or the queries run out."""
     s = settings
@@ -325,6 +446,8 @@ def label_queries(histograms: np.ndarray, settings: LabelSettings, rng: RandomSo
             "every teacher votes once per query; the analysis assumes histograms summing to K",
             "pass the teachers' vote counts",
         )
+    if s.budget == "ptr":
+        return _label_ptr(hist, s, rng)
     agg = s.aggregator
     secure = rng.secure
     plan = plan_budget(s, secure, hist.shape[0])

@@ -50,8 +50,14 @@ class PateReport(BaseModel):
     # Utility (diagnostics computed without privacy).
     label_accuracy: float | None
     teacher_accuracy: float
-    student_test_accuracy: float
+    student_test_accuracy: float | None
+    """None when no student was trained (a failed PTR test releases no label)."""
     student_train_size: int
+    student_semi_supervised: bool = False
+    """Whether the student was also self-trained on the unlabelled public pool (no privacy cost)."""
+    student_pseudo_labels: int = 0
+    ptr: dict[str, Any] | None = None
+    """PTR budget: the public plan (ε/δ split, λ, B, τ), the selection size and the test outcome."""
     # Data and models.
     dataset: dict[str, Any]
     teacher_model: str
@@ -75,10 +81,31 @@ class PateReport(BaseModel):
         return json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
 
 
+def _ptr_text(r: PateReport, unit: str, released: str) -> str:
+    p = r.ptr or {}
+    outcome = (
+        f"the test passed and {r.queries_answered} labels were released"
+        if p.get("passed")
+        else "the test failed and no label was released (the ε is spent all the same)"
+    )
+    return (
+        f"Guarantee (Propose-Test-Release): {released} and the pass/fail outcome of the test are "
+        f"({r.epsilon:.4g}, {r.delta:g})-differentially private with respect to each {unit}, whatever the "
+        f"data: ε = {p.get('eps_select', 0.0):.3g} (selection, data-independent) + "
+        f"{p.get('eps_test', 0.0):.3g} (private test that the data is far from any dataset whose "
+        f"data-dependent Rényi cost at order {p.get('order')} exceeds {p.get('bound', 0.0):.4g}) + "
+        f"{p.get('eps_release', 0.0):.3g} (the labels, bounded by that cost). In this run {outcome}. "
+        f"For comparison, the data-independent analysis of the same release gives "
+        f"ε = {r.epsilon_data_independent:.4g}."
+    )
+
+
 def guarantee_text(r: PateReport) -> str:
     """The guarantee in plain words (also stored as ``guarantee_statement``)."""
     unit = "group (as given by the group ids)" if r.privacy_unit == "group" else "private training example"
     released = "the labels released for the student (hence the student model, by post-processing)"
+    if r.guarantee == "ptr":
+        return _ptr_text(r, unit, released)
     if r.epsilon_data_dependent is not None:
         released += " and the released data-dependent privacy cost"
     di = (
@@ -215,8 +242,10 @@ aggregator <code>{{ r.aggregator }}</code> · {{ "%.1f"|format(r.duration_s) }} 
 </td></tr>
 <tr><th>Queries asked / answered</th><td>{{ r.queries_asked }} / {{ r.queries_answered }}
  (planned {{ r.queries_planned }}; stopped: {{ r.stop_reason }})</td></tr>
-<tr><th>Student test accuracy</th><td>{{ "%.4f"|format(r.student_test_accuracy) }}
- ({{ r.student_train_size }} labelled examples)</td></tr>
+<tr><th>Student test accuracy</th><td>{% if r.student_test_accuracy is not none %}
+{{ "%.4f"|format(r.student_test_accuracy) }} ({{ r.student_train_size }} labelled examples{% if
+ r.student_semi_supervised %}, self-trained on {{ r.student_pseudo_labels }} unlabelled public
+ examples{% endif %}){% else %}no student (no label released){% endif %}</td></tr>
 <tr><th>Label accuracy (answered vs truth)</th><td>{% if r.label_accuracy is not none %}
 {{ "%.4f"|format(r.label_accuracy) }}{% else %}unknown (public pool unlabelled){% endif %}</td></tr>
 <tr><th>Teacher accuracy (mean)</th><td>{{ "%.4f"|format(r.teacher_accuracy) }}</td></tr>

@@ -70,7 +70,8 @@ class PateConfig(BaseModel):
     """Confident-GNMax threshold T (default 0.8·K)."""
     sigma1: float | None = None
     """Confident-GNMax threshold noise σ₁ (default 0.6·K)."""
-    budget: Literal["data-independent", "data-dependent"] = "data-independent"
+    budget: Literal["data-independent", "data-dependent", "ptr"] = "data-independent"
+    """Which ε stops the run; ``ptr``: Propose-Test-Release makes the data-dependent bound a guarantee."""
     accountant: Literal["pld", "rdp"] = "pld"
     """Accountant of LNMax; the Gaussian aggregators are accounted in RDP."""
     data_dependent: bool = True
@@ -80,6 +81,12 @@ class PateConfig(BaseModel):
     smooth_sigma: float | None = None
     dd_confidence: float = 0.95
     dd_check_every: int = 50
+    ptr_test_share: float = 0.1
+    ptr_select_share: float = 0.3
+    ptr_order: float | None = None
+    ptr_max_answers: int | None = None
+    semi_supervised: bool = True
+    """Self-train the student on the unlabelled public pool (post-processing: no privacy cost)."""
     # -- run --------------------------------------------------------------------------------------
     seed: int = 0
     secure_rng: bool = False
@@ -93,7 +100,7 @@ class PateConfig(BaseModel):
             raise ValueError(f"{info.field_name} must be ≥ 1")
         return v
 
-    @field_validator("queries")
+    @field_validator("queries", "ptr_max_answers")
     @classmethod
     def _queries(cls, v: int | None) -> int | None:
         if v is not None and v < 1:
@@ -140,12 +147,12 @@ def make_pate_config(values: Mapping[str, Any] | None = None, source: str = "con
             "only LNMax, GNMax and Confident-GNMax have a privacy analysis here",
             f"use one of {', '.join(AGGREGATORS)}",
         )
-    if "budget" in clean and clean["budget"] not in ("data-independent", "data-dependent"):
+    if "budget" in clean and clean["budget"] not in ("data-independent", "data-dependent", "ptr"):
         raise ConfigError(
             "budget",
             clean["budget"],
             "the budget says which ε stops the run",
-            "use data-independent (a worst-case guarantee) or data-dependent",
+            "use data-independent (a worst-case guarantee), data-dependent, or ptr (Propose-Test-Release)",
         )
     try:
         return PateConfig(**clean)
@@ -301,7 +308,11 @@ def run_pate(
         )
     # Settings errors before any work (the budget plan depends on public parameters only).
     agg_probe = _aggregator(cfg, cfg.teachers)
-    release = _release_params(cfg) if cfg.data_dependent and cfg.aggregator != "lnmax" else None
+    release = (
+        _release_params(cfg)
+        if cfg.data_dependent and cfg.aggregator != "lnmax" and cfg.budget != "ptr"
+        else None
+    )
 
     def settings_for(max_queries: int, num_classes: int) -> LabelSettings:
         return LabelSettings(
@@ -316,6 +327,10 @@ def run_pate(
             data_dependent=cfg.data_dependent,
             release=release,
             check_every=cfg.dd_check_every,
+            ptr_test_share=cfg.ptr_test_share,
+            ptr_select_share=cfg.ptr_select_share,
+            ptr_order=cfg.ptr_order,
+            ptr_max_answers=cfg.ptr_max_answers,
         )
 
     plan_budget(settings_for(cfg.queries or 1, 2), cfg.secure_rng)
@@ -407,9 +422,22 @@ def run_pate(
     np.savez(out / "labels.npz", public_index=order[idx], label=result.labels[idx])
 
     # -- student -----------------------------------------------------------------------------------
-    student = train_student(x_q[idx], result.labels[idx], x_test, y_test, s_factory)
-    with open(out / "student.model", "wb") as fh:
-        pickle.dump(student.model, fh, protocol=pickle.HIGHEST_PROTOCOL)
+    # Public inputs and released labels only (the pool's true labels y_pub are never passed).
+    unlabelled = np.ones(len(x_pub), dtype=bool)
+    unlabelled[order[idx]] = False
+    student = None
+    if idx.size or cfg.budget != "ptr":  # a failed PTR test releases nothing: no student
+        student = train_student(
+            x_q[idx],
+            result.labels[idx],
+            x_test,
+            y_test,
+            s_factory,
+            x_unlabelled=x_pub[unlabelled],
+            semi_supervised=cfg.semi_supervised,
+        )
+        with open(out / "student.model", "wb") as fh:
+            pickle.dump(student.model, fh, protocol=pickle.HIGHEST_PROTOCOL)
 
     # -- report ------------------------------------------------------------------------------------
     label_acc = float(np.mean(result.labels[idx] == y_q[idx])) if (y_q is not None and idx.size) else None
@@ -442,9 +470,11 @@ def run_pate(
         "epsilon_plot": "epsilon.png",
         "margins_plot": "margins.png",
     }
+    if student is None:
+        files.pop("student")
     rep = PateReport(
         epsilon=result.epsilon,
-        guarantee="data-independent",
+        guarantee="ptr" if cfg.budget == "ptr" else "data-independent",
         guarantee_statement="",
         epsilon_data_independent=result.epsilon_data_independent,
         epsilon_data_dependent=result.epsilon_data_dependent,
@@ -465,8 +495,11 @@ def run_pate(
         stop_reason=result.stop_reason,
         label_accuracy=label_acc,
         teacher_accuracy=float(mean_accuracy(votes.test, y_test)),
-        student_test_accuracy=student.test_accuracy,
-        student_train_size=student.train_size,
+        student_test_accuracy=student.test_accuracy if student is not None else None,
+        student_train_size=student.train_size if student is not None else 0,
+        student_semi_supervised=bool(student is not None and student.semi_supervised),
+        student_pseudo_labels=student.pseudo_labelled if student is not None else 0,
+        ptr=result.ptr,
         dataset={
             "name": ds.name,
             "sha256": ds.sha256,

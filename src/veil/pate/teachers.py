@@ -7,9 +7,11 @@ teacher (:mod:`veil.pate.partition`). Anything a teacher computes from its own p
 
 Models come from a *factory* ``factory(teacher_index) -> estimator`` whose result has
 ``fit(x, y)`` and ``predict(x) -> labels`` (scikit-learn style). :class:`ModelRecipe` builds the
-built-in ones: ``sklearn-logreg``, ``sklearn-mlp``, ``torch-logreg``, ``torch-mlp``, ``torch-cnn``
-(the :mod:`veil.models` zoo trained by a plain torch loop), or ``package.module:factory`` with
-``factory(input_shape, num_classes) -> nn.Module`` (the same convention as ``veil train``).
+built-in ones: ``sklearn-logreg``, ``sklearn-mlp``, ``sklearn-scatter-logreg`` (logistic regression
+on fixed wavelet scattering features, :mod:`veil.models.scattering`; images only), ``torch-logreg``,
+``torch-mlp``, ``torch-cnn`` (the :mod:`veil.models` zoo trained by a plain torch loop), or
+``package.module:factory`` with ``factory(input_shape, num_classes) -> nn.Module`` (the same
+convention as ``veil train``).
 
 Resuming: each finished teacher's votes (and its pickled model) are written atomically under
 ``<run>/teachers/``; a rerun with the same fingerprint skips them. A folder written for another
@@ -40,7 +42,14 @@ __all__ = [
     "train_teachers",
 ]
 
-BUILTIN_MODELS = ("sklearn-logreg", "sklearn-mlp", "torch-logreg", "torch-mlp", "torch-cnn")
+BUILTIN_MODELS = (
+    "sklearn-logreg",
+    "sklearn-mlp",
+    "sklearn-scatter-logreg",
+    "torch-logreg",
+    "torch-mlp",
+    "torch-cnn",
+)
 
 
 class Estimator(Protocol):
@@ -50,6 +59,9 @@ class Estimator(Protocol):
 
 
 Factory = Callable[[int], Estimator]
+
+SCATTER_C = 1.0
+"""Inverse L2 penalty of ``sklearn-scatter-logreg`` (on standardised scattering features)."""
 
 
 def _scale(x: np.ndarray, pixel_max: float | None) -> np.ndarray:
@@ -68,12 +80,68 @@ class _Constant:
         return np.full(len(x), self.label, dtype=np.int64)
 
 
+def _full_proba(proba: np.ndarray, classes: np.ndarray, num_classes: int) -> np.ndarray:
+    """Probabilities over the classes seen in training spread into one column per class 0..C−1."""
+    out = np.zeros((len(proba), max(num_classes, int(np.max(classes)) + 1)))
+    out[:, np.asarray(classes, dtype=np.int64)] = proba
+    return out
+
+
+# Scattering features of the arrays a process sees repeatedly (the public pool and the test set are
+# predicted by every teacher): a fixed, public per-example map, cached by content.
+_FEATURES: dict[tuple[str, int, int], np.ndarray] = {}
+
+
+def scatter(x: np.ndarray, input_shape: tuple[int, ...], pixel_max: float | None, J: int = 2) -> np.ndarray:
+    """Flattened scattering features (:func:`veil.models.scattering.scattering_features`, ``J``,
+    8 angles) of images scaled to [0, 1] by their public pixel range; cached for arrays of ≥ 500
+    rows. A fixed per-example map with no data-dependent part: it costs no privacy."""
+    import hashlib
+
+    from veil.models.scattering import scattering_features
+
+    a = np.asarray(x, dtype=np.float32)
+    if len(input_shape) != 3:
+        raise ConfigError(
+            "model",
+            "sklearn-scatter-logreg",
+            f"scattering features need images (C×H×W), and this data has shape {input_shape}",
+            "use sklearn-logreg or sklearn-mlp for tables",
+        )
+    key = ("", 0, 0)
+    if len(a) >= 500:
+        key = (hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest(), len(a), J)
+        if key in _FEATURES:
+            return _FEATURES[key]
+    imgs = a.reshape((len(a), *input_shape)) / (pixel_max or 1.0)
+    feats = scattering_features(imgs, J=J).reshape(len(a), -1)
+    if key[1]:
+        if len(_FEATURES) >= 4:
+            _FEATURES.pop(next(iter(_FEATURES)))
+        _FEATURES[key] = feats
+    return feats
+
+
 class SklearnEstimator:
     """A scikit-learn classifier on flattened, publicly rescaled inputs (standardised on its own data)."""
 
-    def __init__(self, name: str, pixel_max: float | None, seed: int, max_iter: int = 300) -> None:
+    def __init__(
+        self,
+        name: str,
+        pixel_max: float | None,
+        seed: int,
+        max_iter: int = 300,
+        input_shape: tuple[int, ...] = (),
+        num_classes: int = 2,
+    ) -> None:
         self.name, self.pixel_max, self.seed, self.max_iter = name, pixel_max, seed, max_iter
+        self.input_shape, self.num_classes = tuple(input_shape), int(num_classes)
         self.model: Any = None
+
+    def _x(self, x: np.ndarray) -> np.ndarray:
+        if self.name == "sklearn-scatter-logreg":
+            return scatter(x, self.input_shape, self.pixel_max)
+        return _scale(x, self.pixel_max)
 
     def fit(self, x: np.ndarray, y: np.ndarray) -> SklearnEstimator:
         import warnings
@@ -92,19 +160,33 @@ class SklearnEstimator:
             clf: Any = MLPClassifier(
                 hidden_layer_sizes=(128,), max_iter=self.max_iter, random_state=self.seed
             )
+        elif self.name == "sklearn-scatter-logreg":
+            # Standardised with this model's own training data only (a teacher: its partition).
+            clf = LogisticRegression(max_iter=self.max_iter, C=SCATTER_C)
         else:
             clf = LogisticRegression(max_iter=self.max_iter, C=1.0)
-        steps = [clf] if self.pixel_max else [StandardScaler(), clf]
+        steps = (
+            [clf] if (self.pixel_max and self.name != "sklearn-scatter-logreg") else [StandardScaler(), clf]
+        )
         self.model = make_pipeline(*steps)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
-            self.model.fit(_scale(x, self.pixel_max), y)
+            self.model.fit(self._x(x), y)
         return self
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         if isinstance(self.model, _Constant):
             return self.model.predict(x)
-        return np.asarray(self.model.predict(_scale(x, self.pixel_max)), dtype=np.int64)
+        return np.asarray(self.model.predict(self._x(x)), dtype=np.int64)
+
+    def predict_proba(self, x: np.ndarray) -> np.ndarray:
+        """One probability column per class ``0..C−1``."""
+        if isinstance(self.model, _Constant):
+            out = np.zeros((len(x), max(self.num_classes, self.model.label + 1)))
+            out[:, self.model.label] = 1.0
+            return out
+        proba = np.asarray(self.model.predict_proba(self._x(x)))
+        return _full_proba(proba, self.model.classes_, self.num_classes)
 
 
 class TorchEstimator:
@@ -168,13 +250,17 @@ class TorchEstimator:
         return self
 
     def predict(self, x: np.ndarray) -> np.ndarray:
+        return self.predict_proba(x).argmax(axis=1).astype(np.int64)
+
+    def predict_proba(self, x: np.ndarray) -> np.ndarray:
+        """Softmax outputs, one column per class ``0..C−1``."""
         import torch
 
         out = []
         with torch.no_grad():
             for start in range(0, len(x), 1024):
-                out.append(self.net(self._inputs(x[start : start + 1024])).argmax(dim=1).numpy())
-        return np.concatenate(out).astype(np.int64) if out else np.zeros(0, dtype=np.int64)
+                out.append(torch.softmax(self.net(self._inputs(x[start : start + 1024])), dim=1).numpy())
+        return np.concatenate(out).astype(np.float64) if out else np.zeros((0, self.num_classes))
 
 
 @dataclass(frozen=True)
@@ -201,18 +287,20 @@ class ModelRecipe:
                 "unknown teacher/student model",
                 f"{hint}use one of {', '.join(BUILTIN_MODELS)} or package.module:factory",
             )
-        if self.spec == "torch-cnn" and len(self.input_shape) != 3:
+        if self.spec in ("torch-cnn", "sklearn-scatter-logreg") and len(self.input_shape) != 3:
             raise ConfigError(
                 "model",
                 self.spec,
-                f"a convolutional network needs images (C×H×W), and this data has shape {self.input_shape}",
+                f"{self.spec} needs images (C×H×W), and this data has shape {self.input_shape}",
                 "use sklearn-logreg, sklearn-mlp or torch-mlp for tables",
             )
 
     def __call__(self, index: int) -> Estimator:
         seed = (self.seed * 1_000_003 + int(index)) % (2**31)
         if self.spec.startswith("sklearn-"):
-            return SklearnEstimator(self.spec, self.pixel_max, seed)
+            return SklearnEstimator(
+                self.spec, self.pixel_max, seed, input_shape=self.input_shape, num_classes=self.num_classes
+            )
         return TorchEstimator(
             self.spec, self.input_shape, self.num_classes, self.kind, self.pixel_max, seed, self.epochs
         )
