@@ -11,9 +11,19 @@ Metrics per configuration:
   batch (after warm-up);
 * epoch ex/s — examples per second over a whole (short) epoch *including data loading*, with each
   library's Poisson loader for the private modes and a shuffled loader for plain PyTorch;
-* peak MiB — CPU: the process's resident-set high-water mark during training minus its size right
-  before training (``/proc/self/status`` VmHWM after a reset; model, data and libraries excluded);
-  CUDA: ``torch.cuda.max_memory_allocated`` minus the allocation before training.
+* step peak MiB — peak memory over the fixed-batch steps; epoch peak MiB — over the epoch, whose
+  Poisson batches vary in size (the largest is shown: activations grow with it, so a DP mode's
+  epoch peak reflects the sampling as well as the library). Both come from a separate, shorter
+  run of the same configuration (warm-up, two steps, the epoch), so the throughput run is not
+  instrumented. CPU: the process's resident-set high-water mark (``/proc/self/status`` VmHWM,
+  reset before each phase) minus its size right before training (model, data and libraries
+  excluded), with glibc's mmap threshold fixed at 128 KiB (``MALLOC_MMAP_THRESHOLD_``) so that a
+  freed tensor's pages go back to the system at once. With glibc's default *dynamic* threshold,
+  freed multi-MiB blocks stay in the heap and whether a later allocation reuses them depends on
+  the order of frees: the same configuration then reads anywhere within about ±20 MiB from run
+  to run (the CNN's activations are 21 MiB blocks), which measures the allocator's caching rather
+  than what training needs. CUDA: ``torch.cuda.max_memory_allocated`` minus the allocation before
+  training (live tensors: the same notion).
 
 Usage::
 
@@ -58,6 +68,7 @@ DESCRIPTIONS = {
     "transformer": "2-layer transformer encoder (d_model 64, 4 heads, FF 256), seq 128, batch 32",
 }
 BATCH = {"cnn": 256, "mlp": 256, "transformer": 32}
+MMAP_THRESHOLD = 128 * 1024  # bytes; fixed, so glibc returns freed tensors to the system at once
 
 
 # ---------------------------------------------------------------------------------------------
@@ -166,7 +177,11 @@ def make_mode(mode: str, model: Any, dataset: Any, loss: Any, batch: int) -> tup
 
 
 def worker(args: argparse.Namespace) -> dict[str, Any]:
-    """One configuration in this (fresh) process; returns its measurements."""
+    """One configuration in this (fresh) process; returns its measurements.
+
+    ``args.memory``: the memory run (warm-up, two steps, the epoch; peak memory only);
+    otherwise the throughput run (no memory readings).
+    """
     warnings.filterwarnings("ignore")
     torch.manual_seed(0)
     device = torch.device(args.device)
@@ -184,40 +199,60 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         loss(model(xb), yb).backward()
         optimizer.step()
 
-    if cuda:
-        torch.cuda.synchronize()
-        base_mem = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-    else:
-        base_mem = current_rss_bytes()
-        resettable = reset_peak_rss()
-    base_total = peak_rss_since_reset_bytes() if not cuda else base_mem
+    largest = 0
+
+    def epoch() -> tuple[int, float]:
+        nonlocal largest
+        seen = 0
+        with Stopwatch(cuda) as timer:
+            for xb, yb in loader:
+                xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+                step(xb, yb)
+                seen += len(xb)
+                largest = max(largest, len(xb))
+        return seen, timer.seconds
+
+    if args.memory:
+        base = torch.cuda.memory_allocated() if cuda else current_rss_bytes()
+
+        def reset() -> bool:
+            if cuda:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                return True
+            return reset_peak_rss()
+
+        def peak() -> int:
+            if cuda:
+                torch.cuda.synchronize()
+                return torch.cuda.max_memory_allocated()
+            return peak_rss_since_reset_bytes()
+
+        resettable = reset()
+        for _ in range(args.warmup + 2):
+            step(x, y)
+        step_peak = peak()
+        if resettable:
+            reset()
+        seen, _ = epoch()
+        epoch_peak = peak()
+        return {
+            "step_extra_bytes": max(step_peak - base, 0),
+            "epoch_extra_bytes": max(epoch_peak - base, 0),
+            "peak_bytes": max(step_peak, epoch_peak),
+            "epoch_examples": seen,
+            "max_batch": largest,
+        }
+
     for _ in range(args.warmup):
         step(x, y)
     with Stopwatch(cuda) as timer:
         for _ in range(args.steps):
             step(x, y)
-    step_rate = batch * args.steps / timer.seconds
-
-    seen = 0
-    with Stopwatch(cuda) as epoch_timer:
-        for xb, yb in loader:
-            xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
-            step(xb, yb)
-            seen += len(xb)
-    epoch_rate = seen / epoch_timer.seconds if epoch_timer.seconds > 0 else float("nan")
-
-    if cuda:
-        peak = torch.cuda.max_memory_allocated()
-        extra = peak - base_mem
-    else:
-        peak = peak_rss_since_reset_bytes()
-        extra = peak - base_mem if resettable else peak - base_total
+    seen, seconds = epoch()
     return {
-        "step_rate": step_rate,
-        "epoch_rate": epoch_rate,
-        "peak_bytes": peak,
-        "extra_bytes": max(extra, 0),
+        "step_rate": batch * args.steps / timer.seconds,
+        "epoch_rate": seen / seconds if seconds > 0 else float("nan"),
         "epoch_examples": seen,
     }
 
@@ -227,29 +262,36 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_one(config: str, mode: str, args: argparse.Namespace) -> dict[str, Any] | None:
-    cmd = [
-        sys.executable,
-        __file__,
-        "--worker",
-        "--config",
-        config,
-        "--mode",
-        mode,
-        "--device",
-        args.device,
-        "--steps",
-        str(args.steps),
-        "--warmup",
-        str(args.warmup),
-        "--epoch-steps",
-        str(args.epoch_steps),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
-    if proc.returncode != 0:
-        tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
-        print(f"  {config}/{mode} failed: {tail[0]}", file=sys.stderr)
-        return None
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    """The throughput run and then the memory run of one configuration, each in a fresh process."""
+    result: dict[str, Any] = {}
+    for memory in (False, True):
+        cmd = [
+            sys.executable,
+            __file__,
+            "--worker",
+            "--config",
+            config,
+            "--mode",
+            mode,
+            "--device",
+            args.device,
+            "--steps",
+            str(args.steps),
+            "--warmup",
+            str(args.warmup),
+            "--epoch-steps",
+            str(args.epoch_steps),
+            *(["--memory"] if memory else []),
+        ]
+        env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+        if memory:
+            env["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLD)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
+            print(f"  {config}/{mode} failed: {tail[0]}", file=sys.stderr)
+            return None
+        result.update(json.loads(proc.stdout.strip().splitlines()[-1]))
     return result
 
 
@@ -272,6 +314,7 @@ def main() -> None:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
     parser.add_argument("--mode", help=argparse.SUPPRESS)
+    parser.add_argument("--memory", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(args)))
@@ -295,23 +338,17 @@ def main() -> None:
                 if r is not None:
                     results.setdefault((config, mode), []).append(r)
 
+    keys = ("step_rate", "epoch_rate", "step_extra_bytes", "epoch_extra_bytes", "peak_bytes", "max_batch")
     rows = []
     for config in configs:
         plain = results.get((config, "plain"))
-        base = (
-            {k: statistics.median(r[k] for r in plain) for k in ("step_rate", "epoch_rate", "extra_bytes")}
-            if plain
-            else None
-        )
+        base = {k: statistics.median(r[k] for r in plain) for k in keys} if plain else None
         for mode in modes:
             runs = results.get((config, mode))
             if not runs:
-                rows.append([config, mode, "failed", "", "", "", "", "", ""])
+                rows.append([config, mode, "failed", *[""] * 10])
                 continue
-            med = {
-                k: statistics.median(r[k] for r in runs)
-                for k in ("step_rate", "epoch_rate", "extra_bytes", "peak_bytes")
-            }
+            med = {k: statistics.median(r[k] for r in runs) for k in keys}
             rows.append(
                 [
                     config,
@@ -320,8 +357,11 @@ def main() -> None:
                     _ratio(med, base, "step_rate"),
                     med["epoch_rate"],
                     _ratio(med, base, "epoch_rate"),
-                    med["extra_bytes"] / 2**20,
-                    _ratio(med, base, "extra_bytes"),
+                    med["step_extra_bytes"] / 2**20,
+                    _ratio(med, base, "step_extra_bytes"),
+                    med["epoch_extra_bytes"] / 2**20,
+                    _ratio(med, base, "epoch_extra_bytes"),
+                    int(med["max_batch"]),
                     med["peak_bytes"] / 2**20,
                 ]
             )
@@ -332,8 +372,11 @@ def main() -> None:
         "vs plain",
         "epoch ex/s",
         "vs plain",
-        "training peak MiB",
+        "step peak MiB",
         "vs plain",
+        "epoch peak MiB",
+        "vs plain",
+        "largest epoch batch",
         "process peak MiB",
     ]
     print(f"# veil engine benchmark ({args.device}{', quick' if args.quick else ''})\n")
@@ -341,7 +384,10 @@ def main() -> None:
         print(f"- {c}: {DESCRIPTIONS[c]}")
     print(
         f"\nMedians over {args.reps} interleaved repetition(s); {args.steps} timed steps after {args.warmup} "
-        f"warm-up; epoch = {args.epoch_steps} expected steps incl. Poisson loading; σ = 1, C = 1, SGD.\n"
+        f"warm-up; epoch = {args.epoch_steps} expected steps incl. Poisson loading; σ = 1, C = 1, SGD. "
+        f"Peak memory from a separate run ({args.warmup + 2} steps + the epoch)"
+        + (f", glibc mmap threshold fixed at {MMAP_THRESHOLD // 1024} KiB" if args.device == "cpu" else "")
+        + ".\n"
     )
     print(markdown_table(header, rows))
     print("\nMachine:\n")

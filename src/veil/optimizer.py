@@ -124,17 +124,40 @@ class DPOptimizer(Optimizer):
 
     @torch.no_grad()
     def _write_private_grads(self) -> None:
+        """``p.grad = (Σ clip(g_i) + N(0, σ²Δ²I)) / B`` for every clipped parameter.
+
+        Noise is drawn once per logical step and per (dtype, device): one draw of
+        ``N(0, (σΔ/B)²)`` for all the group's coordinates (at float32 for bfloat16/float16
+        parameters, else at the parameter's dtype), whose slices become the gradients after the
+        clipped sum, scaled by ``1/B``, is added to them; each coordinate therefore carries noise
+        of std ``σΔ/B``, independent across coordinates and steps.
+        """
         std = self.noise_std
-        for p, summed in zip(self.clipper.parameters, self.clipper.clipped_sum(), strict=True):
-            # Low-precision parameters (bf16/fp16) get noise drawn and added at ≥ float32, cast once.
-            work = torch.promote_types(p.dtype, torch.float32)
-            # In place on the clipper's accumulator when dtypes agree: reset() (after the step)
-            # starts a new one, so nothing else reads this tensor; no extra parameter-sized copies.
-            g = summed if summed.dtype == work else summed.to(work)
-            if std > 0:
-                g.add_(self._noise.normal(tuple(p.shape), std, dtype=work, device=p.device))
-            g.div_(self._denominator)
-            p.grad = g if g.dtype == p.dtype else g.to(p.dtype)
+        sums = self.clipper.clipped_sum()
+        if std == 0:
+            for p, summed in zip(self.clipper.parameters, sums, strict=True):
+                # In place on the clipper's accumulator when dtypes agree (reset() after the step
+                # starts a new one); low-precision parameters are divided at float32, cast once.
+                work = torch.promote_types(p.dtype, torch.float32)
+                g = (summed if summed.dtype == work else summed.to(work)).div_(self._denominator)
+                p.grad = g if g.dtype == p.dtype else g.to(p.dtype)
+            return
+        inverse = 1.0 / self._denominator
+        for (work, device), members in self._noise_groups().items():
+            numels = [self.clipper.parameters[i].numel() for i in members]
+            flat = self._noise.normal((sum(numels),), std * inverse, dtype=work, device=device)
+            for i, piece in zip(members, flat.split(numels), strict=True):
+                p = self.clipper.parameters[i]
+                g = piece.view(p.shape).add_(sums[i], alpha=inverse)
+                p.grad = g if g.dtype == p.dtype else g.to(p.dtype)
+
+    def _noise_groups(self) -> dict[tuple[torch.dtype, torch.device], list[int]]:
+        """Indices of the clipped parameters per (noise dtype, device): ≥ float32, the parameter's own."""
+        groups: dict[tuple[torch.dtype, torch.device], list[int]] = {}
+        for i, p in enumerate(self.clipper.parameters):
+            key = (torch.promote_types(p.dtype, torch.float32), p.device)
+            groups.setdefault(key, []).append(i)
+        return groups
 
     def __repr__(self) -> str:
         inner = type(self.original_optimizer).__name__

@@ -242,8 +242,9 @@ class SeededSource(RandomSource):
         out_dtype = torch.float32 if dtype is None else dtype
         gen_dtype = torch.float64 if out_dtype == torch.float64 else torch.float32
         gen = self._torch_generator(device)
-        z = torch.randn(_check_size(shape), generator=gen, dtype=gen_dtype, device=gen.device)
-        return (z * std).to(out_dtype)
+        z = torch.empty(_check_size(shape), dtype=gen_dtype, device=gen.device)
+        z.normal_(0.0, std, generator=gen)  # scaled inside the sampler: no second pass
+        return z if gen_dtype == out_dtype else z.to(out_dtype)
 
     def state_dict(self) -> dict[str, Any]:
         torch_states = {}
