@@ -112,6 +112,18 @@ def _groups(channels: int) -> int:
     return 1
 
 
+def _image_shape(model: str, input_shape: tuple[int, ...]) -> tuple[int, int, int]:
+    if len(input_shape) != 3:
+        raise ConfigError(
+            "model",
+            model,
+            f"this model needs images (C×H×W), and this data has shape {input_shape}",
+            "use --model logreg or mlp for tables",
+        )
+    c, h, w = input_shape
+    return c, h, w
+
+
 def logreg(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(_flat(input_shape), num_classes))
 
@@ -123,14 +135,7 @@ def mlp(input_shape: tuple[int, ...], num_classes: int, hidden: int = 64) -> nn.
 
 
 def cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    if len(input_shape) != 3:
-        raise ConfigError(
-            "model",
-            "cnn",
-            f"a convolutional network needs images (C×H×W), and this data has shape {input_shape}",
-            "use --model logreg or mlp for tables",
-        )
-    c, h, w = input_shape
+    c, h, w = _image_shape("cnn", input_shape)
     if min(h, w) >= 20:
         # Tramèr & Boneh (2021) end-to-end CNN, with GroupNorm after each convolution.
         body = nn.Sequential(
@@ -166,14 +171,7 @@ def cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
 def scatternet(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     from veil.models.scattering import Scattering2d
 
-    if len(input_shape) != 3:
-        raise ConfigError(
-            "model",
-            "scatternet",
-            f"a scattering network needs images (C×H×W), and this data has shape {input_shape}",
-            "use --model logreg or mlp for tables",
-        )
-    c, h, w = input_shape
+    c, h, w = _image_shape("scatternet", input_shape)
     features = Scattering2d((c, h, w), J=2 if min(h, w) >= 16 else 1)
     channels = features.channels
     # Per-example normalisation of groups of 3 scattering channels (Tramèr & Boneh 2021 use 27
