@@ -13,6 +13,7 @@ from veil.config import (
     config_to_toml,
     load_config_file,
     make_config,
+    preset_for,
     resolve_config,
     write_config,
 )
@@ -122,3 +123,17 @@ def test_presets_fill_only_unset_values() -> None:
     assert c.epochs == PRESETS["table"]["epochs"] and c.batch_size is not None and 1 <= c.batch_size <= 455
     small = apply_presets(make_config({}), "image-small", n_train=100)
     assert small.batch_size == 100  # a preset never exceeds N (q ≤ 1)
+
+
+def test_the_preset_follows_the_resolved_model() -> None:
+    from veil.models import resolve_name
+
+    def preset(model: str, shape: tuple[int, ...], kind: str, data_preset: str) -> str:
+        return preset_for(data_preset, resolve_name(model, kind, shape))
+
+    assert preset("auto", (1, 28, 28), "image", "image") == "image-scatternet"
+    assert preset("cnn", (1, 28, 28), "image", "image") == "image"  # the CNN keeps its own settings
+    assert preset("auto", (1, 8, 8), "image", "image-small") == "image-small"
+    assert preset("auto", (30,), "table", "table") == "table"
+    c = apply_presets(make_config({}), "image-scatternet", n_train=60_000)
+    assert (c.batch_size, c.max_grad_norm, c.lr) == (8192, 0.1, 8.0)
