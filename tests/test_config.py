@@ -126,12 +126,14 @@ def test_presets_fill_only_unset_values() -> None:
 
 
 def test_the_preset_follows_the_resolved_model() -> None:
-    from veil.models import resolve_name
+    from types import SimpleNamespace
 
     def preset(model: str, shape: tuple[int, ...], kind: str, data_preset: str) -> str:
-        return preset_for(data_preset, resolve_name(model, kind, shape))
+        data = SimpleNamespace(preset=data_preset, kind=kind, input_shape=shape)
+        return preset_for(model, data)  # type: ignore[arg-type]
 
     assert preset("auto", (1, 28, 28), "image", "image") == "image-scatternet"
+    assert preset("scatternet", (1, 28, 28), "image", "image") == "image-scatternet"
     assert preset("cnn", (1, 28, 28), "image", "image") == "image"  # the CNN keeps its own settings
     assert preset("auto", (1, 8, 8), "image", "image-small") == "image-small"
     assert preset("auto", (30,), "table", "table") == "table"

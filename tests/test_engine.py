@@ -218,11 +218,12 @@ def test_chunk_steps_do_not_update_until_the_logical_batch_closes() -> None:
 # noise
 
 
-def _noise_statistic(dtype: torch.dtype, doctor: bool = False) -> tuple[float, float, int]:
-    """One logical step on a zero loss: p.grad is pure noise. Returns (Σg², expected var, n)."""
-    torch.manual_seed(0)
-    model = nn.Linear(100, 50).to(dtype)
-    sigma, clip, batch = 1.3, 0.7, 16
+_SIGMA, _CLIP, _BATCH = 1.3, 0.7, 16
+
+
+def _pure_noise_grads(model: nn.Module, dtype: torch.dtype, doctor: bool = False) -> list[torch.Tensor]:
+    """One logical step on a zero loss, so that every p.grad is pure noise."""
+    sigma, clip, batch = _SIGMA, _CLIP, _BATCH
     data = TensorDataset(torch.randn(64, 100, dtype=dtype))
     engine = PrivacyEngine(seed=123)
     m, optimizer, loader = engine.make_private(
@@ -242,8 +243,15 @@ def _noise_statistic(dtype: torch.dtype, doctor: bool = False) -> tuple[float, f
         optimizer.step()
         if loader.signal.last_chunk:
             break
-    g = torch.cat([p.grad.double().flatten() for p in m.parameters()])
-    return float((g**2).sum()), (sigma * clip / batch) ** 2, g.numel()
+    return [p.grad for p in m.parameters() if p.grad is not None]
+
+
+def _noise_statistic(dtype: torch.dtype, doctor: bool = False) -> tuple[float, float, int]:
+    """Returns (Σg², expected variance per coordinate, number of coordinates) of one step's noise."""
+    torch.manual_seed(0)
+    grads = _pure_noise_grads(nn.Linear(100, 50).to(dtype), dtype, doctor)
+    g = torch.cat([t.double().flatten() for t in grads])
+    return float((g**2).sum()), (_SIGMA * _CLIP / _BATCH) ** 2, g.numel()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
@@ -253,6 +261,31 @@ def test_noise_std_is_sigma_c_over_expected_batch(dtype: torch.dtype) -> None:
     # bfloat16 rounding shifts the statistic by ~1e-5 relative, far inside the ±10% window).
     lo, hi = stats.chi2.ppf(5e-7, n), stats.chi2.ppf(1 - 5e-7, n)
     assert lo < ss / var < hi
+
+
+def test_noise_scale_per_parameter_when_dtypes_are_mixed() -> None:
+    """One draw per dtype: each parameter keeps its dtype and gets noise of std σC/B."""
+
+    class Mixed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.low = nn.Linear(100, 50)
+            self.high = nn.Linear(100, 50).double()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.low(x.float()).double() + self.high(x.double())
+
+    torch.manual_seed(0)
+    model = Mixed()
+    grads = _pure_noise_grads(model, torch.float64)
+    assert [g.dtype for g in grads] == [p.dtype for p in model.parameters()]
+    var = (_SIGMA * _CLIP / _BATCH) ** 2
+    for g in (
+        torch.cat([t.double().flatten() for t in grads[:2]]),
+        torch.cat([t.flatten() for t in grads[2:]]),
+    ):
+        n = g.numel()  # χ²_n acceptance in the central 1 − 1e-6 for each dtype group (false failure 2e-6)
+        assert stats.chi2.ppf(5e-7, n) < float((g.double() ** 2).sum()) / var < stats.chi2.ppf(1 - 5e-7, n)
 
 
 def test_noise_test_rejects_a_wrong_scale() -> None:

@@ -131,3 +131,42 @@ def test_train_scatternet_releases_a_full_model_that_reproduces_the_accuracy(tmp
     with torch.no_grad():
         pred = model(torch.from_numpy(data.x_test)).argmax(1).numpy()
     assert math.isclose(float((pred == data.y_test).mean()), report.test_accuracy, abs_tol=1e-9)
+
+
+class _BatchCentred(torch.nn.Module):
+    """A parameter-free 'feature map' that subtracts the batch mean: it mixes examples."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x - x.mean(0, keepdim=True)
+
+
+def mixing_front(input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module:
+    flat = math.prod(input_shape)
+    head = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(flat, num_classes))
+    return FixedFeaturesThenHead(_BatchCentred(), head)
+
+
+def mixing_plain(input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module:
+    flat = math.prod(input_shape)
+    return torch.nn.Sequential(_BatchCentred(), torch.nn.Flatten(), torch.nn.Linear(flat, num_classes))
+
+
+@pytest.mark.parametrize("factory", ["mixing_front", "mixing_plain"])
+def test_train_refuses_a_model_that_mixes_examples(
+    factory: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A forward that mixes examples is refused before anything is written, also inside a fixed
+    front (whose precomputed features the engine never sees)."""
+    import veil
+    from veil.errors import ModelNotSupportedError
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    config = {
+        "dataset": "digits",
+        "model": f"test_scattering:{factory}",
+        "epochs": 1,
+        "out": str(tmp_path / "r"),
+    }
+    with pytest.raises(ModelNotSupportedError, match="mixes examples"):
+        veil.train(config, progress=False)
+    assert not (tmp_path / "r").exists()

@@ -20,11 +20,14 @@ import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from veil.errors import ConfigError, InvalidParameterError, VeilError
+
+if TYPE_CHECKING:
+    from veil.data import Dataset
 
 __all__ = [
     "PRESETS",
@@ -386,11 +389,14 @@ def resolve_config(
     return make_config(merged)
 
 
-def preset_for(data_preset: str, model_name: str) -> str:
-    """The preset of a data kind, refined by the (resolved) model where the model changes the optimum."""
-    if data_preset == "image" and model_name == "scatternet":
+def preset_for(model: str, data: Dataset) -> str:
+    """The preset of the data's kind, refined by the model (``auto`` resolved) where that changes
+    the optimum; decided from the configuration and the data's kind and shape only."""
+    from veil.models import resolve_name
+
+    if data.preset == "image" and resolve_name(model, data.kind, data.input_shape) == "scatternet":
         return "image-scatternet"
-    return data_preset
+    return data.preset
 
 
 def apply_presets(config: TrainConfig, preset: str, n_train: int) -> TrainConfig:

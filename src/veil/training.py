@@ -61,6 +61,7 @@ from veil.errors import (
     InvalidParameterError,
     LedgerError,
     ModelNotSupportedError,
+    Problem,
     SamplingError,
     UnreachableTargetError,
 )
@@ -271,14 +272,11 @@ def _check_out(out: Path) -> None:
 
 def _prepare(cfg: TrainConfig, out: Path | None, check_out: bool = True) -> _Plan:
     from veil.data.preprocess import plan_preprocessing
-    from veil.models import resolve_name
     from veil.sampling import steps_per_epoch
 
     data = _load_data(cfg)
     _check_delta(cfg, data.n_train)
-    cfg = apply_presets(
-        cfg, preset_for(data.preset, resolve_name(cfg.model, data.kind, data.input_shape)), data.n_train
-    )
+    cfg = apply_presets(cfg, preset_for(cfg.model, data), data.n_train)
     assert cfg.batch_size is not None and cfg.epochs is not None
     if cfg.batch_size > data.n_train:
         raise SamplingError(
@@ -310,9 +308,13 @@ def _prepare(cfg: TrainConfig, out: Path | None, check_out: bool = True) -> _Pla
     if check_out:
         _check_out(out_dir)
     cfg = cfg.model_copy(update={"out": str(out_dir)})
-    return _Plan(
+    plan = _Plan(
         cfg, data, prep, net, model_name, q, spe, planned, sigma, step_event, pre_events, allowed, out_dir
     )
+    # Before anything is written: the whole model (a fixed feature front included, which the
+    # engine never sees) must compute each example's output from that example alone.
+    _refuse_mixing(_assemble(plan, net), data)
+    return plan
 
 
 def _header(plan: _Plan) -> dict[str, Any]:
@@ -505,7 +507,7 @@ def _trainable(plan: _Plan, net: nn.Module, device: str) -> _Trainable:
     data = plan.data
     if not isinstance(net, FixedFeaturesThenHead):
         return _Trainable(full, full, data.x_train, data.x_test)
-    if not plan.feature_cache:
+    if not plan.feature_cache:  # the front was probed with the whole model by _prepare
         front = torch.nn.Sequential(full[0], net.features).eval()
         for split, x in (("train", data.x_train), ("test", data.x_test)):
             chunks = []
@@ -514,6 +516,19 @@ def _trainable(plan: _Plan, net: nn.Module, device: str) -> _Trainable:
                     chunks.append(front(torch.as_tensor(x[i : i + 1024], device=device)).cpu().numpy())
             plan.feature_cache[split] = np.concatenate(chunks).astype(np.float32, copy=False)
     return _Trainable(full, net.head, plan.feature_cache["train"], plan.feature_cache["test"])
+
+
+def _refuse_mixing(model: nn.Module, data: Dataset) -> None:
+    """Refuse a model whose forward mixes examples or updates float buffers (the engine's probe)."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from veil.engine import _probe_forward
+
+    sample = TensorDataset(torch.from_numpy(data.x_train[:4]), torch.from_numpy(data.y_train[:4]))
+    probe = _probe_forward(model, DataLoader(sample))
+    if isinstance(probe, Problem):
+        raise ModelNotSupportedError([probe])
 
 
 def _make_optimizer(cfg: TrainConfig, params: Any, private: bool = True) -> torch.optim.Optimizer:

@@ -250,7 +250,7 @@ def _prepare(cfg: TrainConfig, private: bool, *, run_preprocessing: bool = True)
             f"δ ≥ 1/N (N = {n} training examples) allows a mechanism that publishes a whole record outright",
             f"pass a δ well below 1/N, e.g. --delta {10 ** math.floor(math.log10(1.0 / n) - 1):g}",
         )
-    cfg = apply_presets(cfg, preset_for(data.preset, resolve_name(cfg.model, data.kind, data.input_shape)), n)
+    cfg = apply_presets(cfg, preset_for(cfg.model, data), n)
     assert cfg.batch_size is not None
     if cfg.batch_size > n:
         raise SamplingError(

@@ -96,16 +96,9 @@ class Scattering2d(nn.Module):
         # The isotropic Gaussian low-pass is separable, so "convolve with φ_J, keep every 2^J-th
         # pixel, crop the padding" is one small matrix per axis: out = Φ_h · u · Φ_wᵀ. One pair per
         # resolution 2^j at which a modulus is computed (order 2 runs at the resolution of j₂).
-        lowpass_matrices = [
-            (
-                self._lowpass_matrix(self._padded[0], self.out_hw[0], j),
-                self._lowpass_matrix(self._padded[1], self.out_hw[1], j),
-            )
-            for j in range(J)
-        ]
-        for j, (rows, cols) in enumerate(lowpass_matrices):
-            self.register_buffer(f"phi_h{j}", rows, False)
-            self.register_buffer(f"phi_w{j}", cols, False)
+        for j in range(J):
+            self.register_buffer(f"phi_h{j}", self._lowpass_matrix(self._padded[0], self.out_hw[0], j), False)
+            self.register_buffer(f"phi_w{j}", self._lowpass_matrix(self._padded[1], self.out_hw[1], j), False)
 
     def _lowpass_matrix(self, padded: int, out: int, j: int) -> torch.Tensor:
         """Rows of ``φ_J`` at the grid sub-sampled by ``2^j``, centred on the kept output pixels."""
@@ -133,12 +126,12 @@ class Scattering2d(nn.Module):
         if j == 0:
             return spectrum
         k = 2**j
-        rows, cols = self._padded[0] // k, self._padded[1] // k
-        folded = sum(spectrum[..., i * rows : (i + 1) * rows, :] for i in range(k))
-        assert isinstance(folded, torch.Tensor)
-        folded = sum(folded[..., i * cols : (i + 1) * cols] for i in range(k))
-        assert isinstance(folded, torch.Tensor)
-        return folded / (k * k)
+        for dim in (-2, -1):  # sum the k shifted copies along each axis (slices: cheap, contiguous adds)
+            size = spectrum.shape[dim] // k
+            spectrum = sum(
+                (spectrum.narrow(dim, i * size, size) for i in range(1, k)), spectrum.narrow(dim, 0, size)
+            )
+        return spectrum / (k * k)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n = x.shape[0]
