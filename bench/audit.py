@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--dataset", default="digits")
-    parser.add_argument("--model", default="auto")
+    parser.add_argument("--model", default="logreg", help="default logreg: the model docs/audit.md measured")
     parser.add_argument("--epochs", type=int, default=None, help="default: the tuned preset")
     parser.add_argument("--epsilons", default="inf,8,3,1", help="comma-separated; inf = σ = 0")
     parser.add_argument("--seeds", default="0")

@@ -3,6 +3,7 @@
     python bench/utility.py                          # digits (ε=3), breast-cancer (ε=1), seeds 0-4
     python bench/utility.py --datasets fashion-mnist --seeds 0  # ε=3, ~15-20 minutes on 2 cores
     python bench/utility.py --datasets digits,breast-cancer,fashion-mnist --seeds 0
+    python bench/utility.py --datasets digits --seeds 10,11,12 --set lr=0.5 --set epochs=12  # a variant
 
 Prints a markdown table (for docs/benchmarks.md). Each run uses veil's defaults (the tuned presets)
 and writes its run folder under ``bench/results/`` (git-ignored). The goals are those of issue 4.
@@ -37,7 +38,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds (split, init, noise)")
     parser.add_argument("--out", default="bench/results", help="folder for the run folders")
     parser.add_argument("--no-baseline", action="store_true", help="skip the non-private baselines")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override (TOML value: lr=0.5, model='logreg'), repeatable; for tuning the presets",
+    )
     args = parser.parse_args(argv)
+    overrides = _parse_overrides(parser, args.set)
 
     from veil.training import train
 
@@ -62,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                     "seed": seed,
                     "out": str(out),
                     "baseline": not args.no_baseline,
+                    **overrides,
                 },
                 progress=False,
             )
@@ -106,12 +116,34 @@ def main(argv: list[str] | None = None) -> int:
         "steps",
         "wall s",
     ]
-    print(f"\nveil utility benchmark · {platform.machine()} · {os.cpu_count()} CPUs · seeds {args.seeds}\n")
+    settings = " · " + ", ".join(args.set) if args.set else ""
+    machine = f"{platform.machine()} · {os.cpu_count()} CPUs"
+    print(f"\nveil utility benchmark · {machine} · seeds {args.seeds}{settings}\n")
     print("| " + " | ".join(header) + " |")
     print("|" + "|".join("---" for _ in header) + "|")
     for row in rows:
         print("| " + " | ".join(row) + " |")
     return 0
+
+
+def _parse_overrides(parser: argparse.ArgumentParser, items: list[str]) -> dict[str, object]:
+    """``KEY=VALUE`` pairs, each value read as TOML (bare words as strings)."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: the backport veil itself depends on there
+        import tomli as tomllib
+
+    overrides: dict[str, object] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            parser.error(f"--set {item!r}: expected KEY=VALUE")
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        overrides[key.strip()] = value
+    return overrides
 
 
 def _fmt(values: list[float]) -> str:

@@ -135,7 +135,8 @@ def test_the_preset_follows_the_resolved_model() -> None:
     assert preset("auto", (1, 28, 28), "image", "image") == "image-scatternet"
     assert preset("scatternet", (1, 28, 28), "image", "image") == "image-scatternet"
     assert preset("cnn", (1, 28, 28), "image", "image") == "image"  # the CNN keeps its own settings
-    assert preset("auto", (1, 8, 8), "image", "image-small") == "image-small"
+    assert preset("auto", (1, 8, 8), "image", "image-small") == "image-rff"
+    assert preset("logreg", (1, 8, 8), "image", "image-small") == "image-small"
     assert preset("auto", (30,), "table", "table") == "table"
     c = apply_presets(make_config({}), "image-scatternet", n_train=60_000)
     assert (c.batch_size, c.max_grad_norm, c.lr) == (8192, 0.1, 8.0)

@@ -107,7 +107,8 @@ def test_scatternet_model_is_a_fixed_front_and_a_head() -> None:
         FixedFeaturesThenHead(torch.nn.Linear(2, 2), torch.nn.Identity())
 
 
-def test_train_scatternet_releases_a_full_model_that_reproduces_the_accuracy(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["scatternet", "rff"])
+def test_train_fixed_front_releases_a_full_model_reproducing_the_accuracy(name: str, tmp_path: Path) -> None:
     """Training runs on precomputed features; the released weights map raw images to the same result."""
     import veil
     from veil.config import make_config
@@ -115,17 +116,19 @@ def test_train_scatternet_releases_a_full_model_that_reproduces_the_accuracy(tmp
     from veil.data.preprocess import build_transform, plan_preprocessing
 
     report = veil.train(
-        {"dataset": "digits", "model": "scatternet", "epochs": 2, "out": str(tmp_path / "run"), "seed": 3},
+        {"dataset": "digits", "model": name, "epochs": 2, "out": str(tmp_path / "run"), "seed": 3},
         progress=False,
     )
-    assert report.model == "scatternet" and all(c.passed for c in report.checks)
+    assert report.model == name and all(c.passed for c in report.checks)
     assert report.epsilon_spent <= 3.0 and report.baseline_test_accuracy is not None
     data = load_dataset("digits", seed=3)
     model = torch.nn.Sequential()
     model.add_module(
         "preprocess", build_transform(plan_preprocessing(make_config({}), data), data.input_shape)
     )
-    model.add_module("net", build_model("scatternet", data.input_shape, data.num_classes, data.kind))
+    # A different torch seed: the random features must come from model.pt, not from a rebuild.
+    torch.manual_seed(12345)
+    model.add_module("net", build_model(name, data.input_shape, data.num_classes, data.kind))
     model.load_state_dict(torch.load(tmp_path / "run" / "model.pt", weights_only=True))
     model.eval()
     with torch.no_grad():

@@ -73,7 +73,7 @@ class TrainConfig(BaseModel):
 
     # -- model -------------------------------------------------------------------------------
     model: str = "auto"
-    """``auto`` | ``logreg`` | ``mlp`` | ``cnn`` | ``package.module:factory``."""
+    """``auto`` | ``logreg`` | ``mlp`` | ``cnn`` | ``scatternet`` | ``rff`` | ``package.module:factory``."""
 
     # -- privacy -----------------------------------------------------------------------------
     epsilon: float = 3.0
@@ -235,13 +235,23 @@ PRIVACY_KEYS = frozenset(
 # Tuned on veil's benchmarks (bench/utility.py; docs/train.md), per data kind; batch_size None
 # below means "a share of N" (see apply_presets).
 PRESETS: dict[str, dict[str, Any]] = {
-    # 8×8 digits at ε = 3: logistic regression, few large-ish Poisson batches.
+    # Small images (8×8 digits at ε = 3) with logistic regression or another end-to-end model.
     "image-small": {
         "epochs": 8,
         "batch_size": 256,
         "max_grad_norm": 1.0,
         "optimizer": "sgd",
         "lr": {"sgd": 1.5, "adam": 0.1},
+        "momentum": 0.9,
+        "ema_decay": 0.0,
+    },
+    # Small images with the random-feature model (`rff`, the `auto` choice): digits at ε = 3.
+    "image-rff": {
+        "epochs": 10,
+        "batch_size": 256,
+        "max_grad_norm": 1.0,
+        "optimizer": "sgd",
+        "lr": {"sgd": 0.8, "adam": 0.05},
         "momentum": 0.9,
         "ema_decay": 0.0,
     },
@@ -394,8 +404,11 @@ def preset_for(model: str, data: Dataset) -> str:
     the optimum; decided from the configuration and the data's kind and shape only."""
     from veil.models import resolve_name
 
-    if data.preset == "image" and resolve_name(model, data.kind, data.input_shape) == "scatternet":
+    name = resolve_name(model, data.kind, data.input_shape)
+    if data.preset == "image" and name == "scatternet":
         return "image-scatternet"
+    if data.preset == "image-small" and name == "rff":
+        return "image-rff"
     return data.preset
 
 

@@ -11,7 +11,9 @@ DATASET = typer.Option(
 )
 DATA_DIR = typer.Option(None, "--data-dir", help="Folder of the IDX files (fashion-mnist, mnist).")
 TARGET = typer.Option(None, "--target", help="Label column (csv, parquet) or label array (npz).")
-MODEL = typer.Option(None, "--model", help="auto (default), logreg, mlp, cnn, or package.module:factory.")
+MODEL = typer.Option(
+    None, "--model", help="auto (default), logreg, mlp, cnn, scatternet, rff, or package.module:factory."
+)
 EPOCHS = typer.Option(None, "--epochs", help="Planned epochs (default: tuned preset).")
 BATCH_SIZE = typer.Option(None, "--batch-size", help="Expected logical batch size; q = B/N.")
 MAX_GRAD_NORM = typer.Option(None, "--max-grad-norm", help="Per-example clip norm C.")

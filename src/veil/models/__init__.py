@@ -4,10 +4,11 @@ DP-SGD favours small models with bounded activations (tanh: Papernot et al. 2021
 activations for deep learning with differential privacy") and per-example normalisation (GroupNorm,
 never BatchNorm, whose batch statistics mix examples). Names:
 
-* ``auto`` — ``scatternet`` for images of at least 16×16 pixels, ``logreg`` for tables and small
-  images such as the 8×8 digits (chosen by data kind and shape only, never by looking at the private
-  data, so the choice costs no privacy; on veil's benchmarks the scattering network beats the
-  end-to-end CNN on Fashion-MNIST at ε = 3, and logistic regression on pixels beats both on digits);
+* ``auto`` — ``scatternet`` for images of at least 16×16 pixels, ``rff`` for smaller images such as
+  the 8×8 digits, ``logreg`` for tables (chosen by data kind and shape only, never by looking at the
+  private data, so the choice costs no privacy; on veil's benchmarks at ε = 3 the scattering network
+  beats the end-to-end CNN on Fashion-MNIST, and random features beat logistic regression on pixels
+  on digits);
 * ``logreg`` — one linear layer;
 * ``mlp`` — linear → tanh → linear;
 * ``cnn`` — conv → GroupNorm → tanh blocks (two for small images, the Tramèr–Boneh 2021 layout for
@@ -17,6 +18,10 @@ never BatchNorm, whose batch statistics mix examples). Names:
   GroupNorm and a linear layer (Tramèr & Boneh 2021, "ScatterNet + linear"). Built as
   :class:`FixedFeaturesThenHead`, so training computes the fixed features once and DP-SGD trains
   only the head;
+* ``rff`` — fixed random Fourier features (:mod:`veil.models.random_features`: 2,000 features of a
+  Gaussian kernel with ``γ = 9.6 / d`` on the ``d`` inputs scaled to ``[0, 1]``, norm ≈ 3) and a
+  linear layer: a kernel machine that DP-SGD trains as a linear head (also a
+  :class:`FixedFeaturesThenHead`);
 * ``package.module:factory`` — ``factory(input_shape, num_classes) -> nn.Module``.
 """
 
@@ -34,13 +39,16 @@ from veil.errors import ConfigError
 
 __all__ = [
     "MODELS",
+    "RFF_FEATURES",
+    "RFF_GAMMA_TIMES_INPUTS",
+    "RFF_SCALE",
     "FixedFeaturesThenHead",
     "InputTransform",
     "build_model",
     "resolve_name",
 ]
 
-MODELS = ("auto", "logreg", "mlp", "cnn", "scatternet")
+MODELS = ("auto", "logreg", "mlp", "cnn", "scatternet", "rff")
 
 
 class FixedFeaturesThenHead(nn.Sequential):
@@ -185,19 +193,37 @@ def scatternet(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return FixedFeaturesThenHead(features, head)
 
 
+# Random-feature settings, chosen on digits at ε = 3 (bench/utility.py seeds 10–29, never the
+# user's data): a kernel length scale proportional to √d keeps γ·‖x − y‖² comparable across input
+# sizes; norm 3 matches the pixel vectors' typical norm, which the presets' clipping norm assumes.
+RFF_FEATURES = 2000
+RFF_GAMMA_TIMES_INPUTS = 9.6
+RFF_SCALE = 3.0
+
+
+def rff(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    from veil.models.random_features import RandomFourierFeatures
+
+    d = _flat(input_shape)
+    features = RandomFourierFeatures(d, RFF_FEATURES, RFF_GAMMA_TIMES_INPUTS / d, scale=RFF_SCALE)
+    return FixedFeaturesThenHead(features, nn.Linear(RFF_FEATURES, num_classes))
+
+
 _ZOO: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
     "logreg": logreg,
     "mlp": mlp,
     "cnn": cnn,
     "scatternet": scatternet,
+    "rff": rff,
 }
 
 
 def resolve_name(name: str, kind: str, input_shape: tuple[int, ...] = ()) -> str:
     """The concrete zoo name (``auto`` → by data kind and size), or the factory path unchanged."""
     if name == "auto":
-        large_image = kind == "image" and len(input_shape) == 3 and min(input_shape[1:]) >= 16
-        return "scatternet" if large_image else "logreg"
+        if kind != "image" or len(input_shape) != 3:
+            return "logreg"
+        return "scatternet" if min(input_shape[1:]) >= 16 else "rff"
     return name
 
 
