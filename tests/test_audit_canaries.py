@@ -1,8 +1,9 @@
 """Canaries: the injected gradient is exactly what the audit claims, and the one-run audit detects
 leakage (σ = 0, a broken engine) without ever exceeding a correct engine's ε.
 
-The pipeline tests run veil's real training (digits, logistic regression, the tuned preset: 48
-steps) with 150 white-box Dirac canaries; each takes a second or two.
+The pipeline tests run veil's real training (digits with the default model — random Fourier
+features computed once and a linear head — and its tuned preset: 60 steps) with 150 white-box
+Dirac canaries on the head; each takes a second or two.
 """
 
 from __future__ import annotations

@@ -179,6 +179,20 @@ def _model_input(batch: Any, device: torch.device, dtype: torch.dtype | None) ->
     return x.to(device=device)
 
 
+def refuse_example_mixing(module: nn.Module, x: np.ndarray, y: np.ndarray) -> None:
+    """Raise :class:`~veil.errors.ModelNotSupportedError` if ``module``'s forward lets one example
+    move another's output, or updates float buffers, probed on the first few ``(x, y)``.
+
+    For a whole model before any of its parts is used on its own (e.g. a fixed front whose features
+    are precomputed, which ``make_private`` on the head alone would never see)."""
+    from torch.utils.data import TensorDataset
+
+    sample = TensorDataset(torch.from_numpy(np.asarray(x[:4])), torch.from_numpy(np.asarray(y[:4])))
+    probe = _probe_forward(module, DataLoader(sample))
+    if isinstance(probe, Problem):
+        raise ModelNotSupportedError([probe])
+
+
 def _probe_forward(module: nn.Module, loader: DataLoader) -> Problem | str:
     """Does one example influence the other examples' outputs? Does a forward update float buffers?
 

@@ -61,7 +61,6 @@ from veil.errors import (
     InvalidParameterError,
     LedgerError,
     ModelNotSupportedError,
-    Problem,
     SamplingError,
     UnreachableTargetError,
 )
@@ -272,6 +271,7 @@ def _check_out(out: Path) -> None:
 
 def _prepare(cfg: TrainConfig, out: Path | None, check_out: bool = True) -> _Plan:
     from veil.data.preprocess import plan_preprocessing
+    from veil.engine import refuse_example_mixing
     from veil.sampling import steps_per_epoch
 
     data = _load_data(cfg)
@@ -313,7 +313,7 @@ def _prepare(cfg: TrainConfig, out: Path | None, check_out: bool = True) -> _Pla
     )
     # Before anything is written: the whole model (a fixed feature front included, which the
     # engine never sees) must compute each example's output from that example alone.
-    _refuse_mixing(_assemble(plan, net), data)
+    refuse_example_mixing(_assemble(plan, net), data.x_train, data.y_train)
     return plan
 
 
@@ -499,36 +499,17 @@ class _Trainable:
 
 
 def _trainable(plan: _Plan, net: nn.Module, device: str) -> _Trainable:
-    import torch
-
-    from veil.models import FixedFeaturesThenHead
+    from veil.models import fixed_features, split_fixed_front
 
     full = _assemble(plan, net).to(device)
     data = plan.data
-    if not isinstance(net, FixedFeaturesThenHead):
+    front, head = split_fixed_front(full)
+    if front is None:
         return _Trainable(full, full, data.x_train, data.x_test)
     if not plan.feature_cache:  # the front was probed with the whole model by _prepare
-        front = torch.nn.Sequential(full[0], net.features).eval()
         for split, x in (("train", data.x_train), ("test", data.x_test)):
-            chunks = []
-            with torch.no_grad():
-                for i in range(0, len(x), 1024):
-                    chunks.append(front(torch.as_tensor(x[i : i + 1024], device=device)).cpu().numpy())
-            plan.feature_cache[split] = np.concatenate(chunks).astype(np.float32, copy=False)
-    return _Trainable(full, net.head, plan.feature_cache["train"], plan.feature_cache["test"])
-
-
-def _refuse_mixing(model: nn.Module, data: Dataset) -> None:
-    """Refuse a model whose forward mixes examples or updates float buffers (the engine's probe)."""
-    import torch
-    from torch.utils.data import DataLoader, TensorDataset
-
-    from veil.engine import _probe_forward
-
-    sample = TensorDataset(torch.from_numpy(data.x_train[:4]), torch.from_numpy(data.y_train[:4]))
-    probe = _probe_forward(model, DataLoader(sample))
-    if isinstance(probe, Problem):
-        raise ModelNotSupportedError([probe])
+            plan.feature_cache[split] = fixed_features(front, x, device)
+    return _Trainable(full, head, plan.feature_cache["train"], plan.feature_cache["test"])
 
 
 def _make_optimizer(cfg: TrainConfig, params: Any, private: bool = True) -> torch.optim.Optimizer:

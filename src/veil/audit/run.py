@@ -347,36 +347,47 @@ def _fit(
     *,
     sigma: float,
     seed: int,
-    before: Callable[[nn.Module, DPOptimizer, PrivacyEngine], None] | None = None,
+    before: Callable[[nn.Module, DPOptimizer, PrivacyEngine, np.ndarray], None] | None = None,
 ) -> _Fit:
-    """DP-SGD on ``(x, y)`` with per-record weights ``w`` (0 = a present but inert record)."""
+    """DP-SGD on ``(x, y)`` with per-record weights ``w`` (0 = a present but inert record).
+
+    A model with a fixed front (:class:`veil.models.FixedFeaturesThenHead`) is trained as ``veil
+    train`` trains it: the front maps every record once (a fixed per-example map, no privacy cost)
+    and DP-SGD trains the head on the features. ``before(trained, optimizer, engine, inputs)`` runs
+    after ``make_private``, with ``inputs`` the records as ``trained`` takes them. The returned
+    model is the whole model (raw inputs in)."""
     import torch
     import torch.nn.functional as F
     from torch.utils.data import DataLoader, TensorDataset
 
-    from veil.engine import PrivacyEngine
+    from veil.engine import PrivacyEngine, refuse_example_mixing
+    from veil.models import fixed_features, split_fixed_front
 
     cfg = setup.cfg
     assert cfg.batch_size is not None and cfg.epochs is not None and cfg.max_grad_norm is not None
     assert cfg.lr is not None
     device = cfg.device
     model = _make_model(setup, seed)
+    t0 = time.perf_counter()  # the fixed features count as training time
+    front, trained = split_fixed_front(model)
+    if front is not None:  # make_private sees only the head: probe the whole model first
+        refuse_example_mixing(model, x, y)
+    inputs = x if front is None else fixed_features(front, x, device)
     if cfg.optimizer == "adam":
-        optimizer: torch.optim.Optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+        optimizer: torch.optim.Optimizer = torch.optim.Adam(trained.parameters(), lr=cfg.lr)
     else:
-        optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum or 0.0)
+        optimizer = torch.optim.SGD(trained.parameters(), lr=cfg.lr, momentum=cfg.momentum or 0.0)
     engine = PrivacyEngine(
         accountant=cfg.accountant,
         secure_rng=cfg.secure_rng,
         seed=None if cfg.secure_rng else _child_seed(seed, 2),
     )
     dataset = TensorDataset(
-        torch.as_tensor(x), torch.as_tensor(y, dtype=torch.long), torch.as_tensor(w, dtype=torch.float32)
+        torch.as_tensor(inputs), torch.as_tensor(y, dtype=torch.long), torch.as_tensor(w, dtype=torch.float32)
     )
     loader = DataLoader(dataset, batch_size=min(cfg.batch_size, len(dataset)))
-    t0 = time.perf_counter()
-    model, dp_optimizer, dp_loader = engine.make_private(
-        module=model,
+    trained, dp_optimizer, dp_loader = engine.make_private(
+        module=trained,
         optimizer=optimizer,
         data_loader=loader,
         noise_multiplier=sigma,
@@ -385,11 +396,11 @@ def _fit(
         physical_batch_size=cfg.physical_batch_size,
     )
     if before is not None:
-        before(model, dp_optimizer, engine)
+        before(trained, dp_optimizer, engine, inputs)
     for _ in range(cfg.epochs):
         for xb, yb, wb in dp_loader:
             dp_optimizer.zero_grad()
-            out = model(xb.to(device))
+            out = trained(xb.to(device))
             loss = (F.cross_entropy(out, yb.to(device), reduction="none") * wb.to(device)).sum()
             loss.backward()
             dp_optimizer.step()
@@ -659,7 +670,7 @@ def audit(
     sigma = _sigma(setup, len(y))
     grads: list[GradientCanaries] = []
 
-    def attach(model: nn.Module, optimizer: DPOptimizer, engine: PrivacyEngine) -> None:
+    def attach(model: nn.Module, optimizer: DPOptimizer, engine: PrivacyEngine, inputs: np.ndarray) -> None:
         assert cfg.max_grad_norm is not None and engine.sampling_rate is not None
         canaries = GradientCanaries.design(
             model,
@@ -667,7 +678,7 @@ def audit(
             rng=rng,
             max_grad_norm=cfg.max_grad_norm,
             direction=settings.canary_direction,
-            sample=(data.x_train, data.y_train),
+            sample=(inputs[: data.n_train], data.y_train),  # the training records come first
             expected_batch_size=optimizer.expected_batch_size,
             noise_multiplier=optimizer.noise_multiplier,
             cap=_delta_cap(cfg.delta),

@@ -31,11 +31,15 @@ import importlib
 import math
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from veil.errors import ConfigError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "MODELS",
@@ -45,7 +49,9 @@ __all__ = [
     "FixedFeaturesThenHead",
     "InputTransform",
     "build_model",
+    "fixed_features",
     "resolve_name",
+    "split_fixed_front",
 ]
 
 MODELS = ("auto", "logreg", "mlp", "cnn", "scatternet", "rff")
@@ -67,6 +73,33 @@ class FixedFeaturesThenHead(nn.Sequential):
         if any(True for _ in features.parameters()):
             raise ValueError("the fixed feature map must have no parameters")
         super().__init__(OrderedDict(features=features, head=head))
+
+
+def split_fixed_front(model: nn.Module) -> tuple[nn.Module | None, nn.Module]:
+    """``(front, head)`` of ``Sequential(preprocess, net)`` when ``net`` is a
+    :class:`FixedFeaturesThenHead` (``front`` = preprocessing then the fixed features, ``head`` shares
+    the model's parameters), else ``(None, model)``: what DP-SGD needs to train, and on what."""
+    if not (isinstance(model, nn.Sequential) and len(model) == 2):
+        return None, model
+    preprocess, net = model[0], model[1]
+    if not isinstance(net, FixedFeaturesThenHead):
+        return None, model
+    return nn.Sequential(preprocess, net.features).eval(), net.head
+
+
+def fixed_features(front: nn.Module, x: np.ndarray, device: str = "cpu", chunk: int = 1024) -> np.ndarray:
+    """``front`` applied to every example of ``x`` (in chunks, no gradients) as a float32 array."""
+    import numpy as np
+
+    with torch.no_grad():
+        if len(x) == 0:  # the features' shape, from a blank example (an FFT refuses empty input)
+            blank = torch.zeros((1, *x.shape[1:]), dtype=torch.as_tensor(x).dtype, device=device)
+            return front(blank)[:0].cpu().numpy().astype(np.float32)
+        out = [
+            front(torch.as_tensor(x[i : i + chunk], device=device)).cpu().numpy()
+            for i in range(0, len(x), chunk)
+        ]
+    return np.concatenate(out).astype(np.float32, copy=False)
 
 
 class InputTransform(nn.Module):
