@@ -67,6 +67,8 @@ def test_the_map_is_fixed_state_not_parameters() -> None:
     again.load_state_dict(rff.state_dict())
     x = torch.rand(2, 4)
     assert torch.equal(again(x), rff(x))
+    double = rff(x.double())  # float64 in, float64 out (the clipping checks run in float64)
+    assert double.dtype == torch.float64 and torch.allclose(double.float(), rff(x), atol=1e-6)
     with pytest.raises(ValueError):
         RandomFourierFeatures(4, 8, 0.0)
 
