@@ -155,3 +155,21 @@ def test_resume_with_a_changed_privacy_setting(
     before = _snapshot(run)
     _refused(["train", "--resume", str(run), *flag], capsys, "changed privacy setting")
     assert _snapshot(run) == before
+
+
+def test_resume_with_a_different_fixed_front_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The random features are rebuilt from the seed on resume, not saved: if they come out different
+    (here: another feature scale; in the field: another torch version), the checkpointed head no
+    longer fits them, and the resume is refused before anything is written."""
+    import veil.models
+
+    run = tmp_path / "run"
+    args = ["train", "--epochs", "1", "--model", "rff", "--no-baseline", "--out", str(run), "--json"]
+    assert main(args) == 0
+    capsys.readouterr()
+    before = _snapshot(run)
+    monkeypatch.setattr(veil.models, "RFF_SCALE", veil.models.RFF_SCALE * 1.01)
+    _refused(["train", "--resume", str(run)], capsys, "fixed feature front")
+    assert _snapshot(run) == before

@@ -639,6 +639,44 @@ def _load_checkpoint(run_dir: Path, ledger: Ledger) -> dict[str, Any] | None:
     return state
 
 
+def _front_fingerprint(net: nn.Module, input_shape: tuple[int, ...]) -> torch.Tensor | None:
+    """A fixed feature map's output on a public probe (uniform noise in [0, 1) from a constant seed:
+    no private data), or None for a model without one. The map is rebuilt, not saved, when a run
+    resumes, and a checkpointed head only fits the features it was trained on."""
+    import torch
+
+    from veil.models import FixedFeaturesThenHead
+
+    if not isinstance(net, FixedFeaturesThenHead):
+        return None
+    probe = torch.rand((2, *input_shape), generator=torch.Generator().manual_seed(0))
+    device = next(iter(net.features.buffers()), probe).device
+    with torch.no_grad():
+        return net.features(probe.to(device)).double().cpu()
+
+
+def _check_front_fingerprint(state: dict[str, Any], now: torch.Tensor | None, run_dir: Path) -> None:
+    import torch
+
+    if "front_fingerprint" not in state:  # a checkpoint written before veil recorded one
+        return
+    before = state["front_fingerprint"]
+    same = (before is None and now is None) or (
+        before is not None
+        and now is not None
+        and before.shape == now.shape
+        and bool(torch.allclose(before, now, rtol=1e-4, atol=1e-6))
+    )
+    if not same:
+        raise CheckpointError(
+            "checkpoint",
+            str(run_dir),
+            "the model's fixed feature front, rebuilt now, differs from the one the checkpointed head "
+            "was trained on (another model setting, or another torch version drawing its random features)",
+            "resume with the run's own config.toml and the torch version that started it, or start a new run",
+        )
+
+
 def _ensure_preprocessing(plan: _Plan, run_dir: Path, ledger: Ledger) -> None:
     """Release the DP preprocessing statistic once per run (charged first), or reuse the released one."""
     import hashlib
@@ -741,6 +779,7 @@ def _execute(plan: _Plan, run_dir: Path, ledger: Ledger, t0: float, progress: bo
     history: list[dict[str, float]] = []
     applied = 0
     state = _load_checkpoint(run_dir, ledger)
+    fingerprint = _front_fingerprint(net, data.input_shape)
     if state is not None:
         model.load_state_dict(state["model"])
         dp_optimizer.load_state_dict(state["optimizer"])
@@ -802,6 +841,7 @@ def _execute(plan: _Plan, run_dir: Path, ledger: Ledger, t0: float, progress: bo
                 "optimizer": dp_optimizer.state_dict(),
                 "engine": engine.state_dict(),
                 "history": history,
+                "front_fingerprint": fingerprint,
             },
         )
 
@@ -1107,6 +1147,9 @@ def _resume(run_dir: Path, overrides: Mapping[str, Any], progress: bool | None, 
                         f"{header[key]!r} (changed data, settings or veil version)",
                         "restore the original data and settings, or start a new run with another --out",
                     )
+            state = _load_checkpoint(run_dir, ledger)
+            if state is not None:
+                _check_front_fingerprint(state, _front_fingerprint(plan.net, plan.data.input_shape), run_dir)
             ledger.append("resume", charged=ledger.steps)
             return _execute(plan, run_dir, ledger, t0, progress)
         finally:
