@@ -34,13 +34,13 @@ def _audited_run(setup, w, sigma: float, seed: int, canaries: int | None) -> int
     data, cfg = setup.data, setup.cfg
     holder: list[GradientCanaries] = []
 
-    def attach(model, optimizer, engine) -> None:  # type: ignore[no-untyped-def]
+    def attach(model, optimizer, engine, inputs) -> None:  # type: ignore[no-untyped-def]
         c = GradientCanaries.design(
             model,
             canaries,  # None: the automatic count, as `veil audit` does
             rng=SeededSource(seed),
             max_grad_norm=cfg.max_grad_norm,
-            sample=(data.x_train, data.y_train),
+            sample=(inputs, data.y_train),  # the records as the trained part takes them
             expected_batch_size=optimizer.expected_batch_size,
             noise_multiplier=optimizer.noise_multiplier,
         )

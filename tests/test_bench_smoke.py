@@ -1,0 +1,48 @@
+"""The benchmark scripts still run against the library (tiny settings; what they measure is not checked
+here: performance and utility numbers live in docs/benchmarks.md, measured by hand)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def _load(name: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(BENCH))  # the scripts import their shared helpers as `common`
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_audit_bench_runs_with_a_fixed_front_model(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    bench = _load("audit", monkeypatch)
+    args = ["--model", "rff", "--epsilons", "3", "--shadow-models", "2", "--repeats", "1", "--canaries", "20"]
+    args += ["--threads", str(torch.get_num_threads())]  # the script sets it process-wide
+    assert bench.main(args) == 0
+    out = capsys.readouterr().out
+    assert "| 3 | 0 | 3.000 |" in out  # target ε, seed, accountant ε
+
+
+def test_utility_bench_takes_config_overrides(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    bench = _load("utility", monkeypatch)
+    args = ["--datasets", "digits", "--seeds", "0", "--no-baseline", "--out", str(tmp_path)]
+    assert bench.main([*args, "--set", "model='logreg'", "--set", "epochs=1"]) == 0
+    row = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "| logreg |" in row and "6 × q=" in row  # one epoch of logistic regression, as set
+    with pytest.raises(SystemExit):
+        bench.main([*args, "--set", "no-equals-sign"])
