@@ -58,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in datasets:
         epsilon, goal, time_goal = GOALS[name]
+        # The goal is stated at its own ε; another ε (--set epsilon=...) is measured without one.
+        asked = overrides.get("epsilon", epsilon)
+        judged = isinstance(asked, (int, float)) and float(asked) == epsilon
+        epsilon = float(asked) if isinstance(asked, (int, float)) else epsilon
         accs, bases, spent, walls = [], [], [], []
         report = None
         for seed in seeds:
@@ -96,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
                 _fmt(accs),
                 _fmt(bases) if bases else "–",
                 f"{statistics.mean(bases) - mean_acc:.4f}" if bases else "–",
-                f"≥ {goal}" + (f" in {time_goal // 60} min" if time_goal else ""),
-                "yes" if met else "NO",
+                (f"≥ {goal}" + (f" in {time_goal // 60} min" if time_goal else "")) if judged else "–",
+                ("yes" if met else "NO") if judged else "–",
                 report.model,
                 f"{report.steps} × q={report.sampling_rate:.3f}, σ={report.noise_multiplier:.3f}",
                 f"{statistics.mean(walls):.0f}",
