@@ -81,3 +81,25 @@ def test_rff_model_and_the_auto_choice() -> None:
     assert resolve_name("auto", "image", (1, 8, 8)) == "rff"
     assert resolve_name("auto", "image", (1, 28, 28)) == "scatternet"
     assert resolve_name("auto", "table", (30,)) == "logreg"
+
+
+def test_split_fixed_front_and_fixed_features() -> None:
+    """The trainer's view of a fixed-front model: the head shares the model's parameters, and the
+    front's features (empty input included) are what the whole model's front computes."""
+    import numpy as np
+
+    from veil.models import fixed_features, split_fixed_front
+
+    net = build_model("rff", (1, 8, 8), 10, "image")
+    model = torch.nn.Sequential(torch.nn.Identity(), net)
+    front, head = split_fixed_front(model)
+    assert front is not None and head is net.head
+    assert {id(p) for p in head.parameters()} == {id(p) for p in model.parameters()}
+    x = np.random.default_rng(0).random((5, 1, 8, 8)).astype(np.float32)
+    feats = fixed_features(front, x, chunk=2)
+    assert feats.dtype == np.float32 and np.allclose(
+        feats, net.features(torch.from_numpy(x)).numpy(), atol=1e-6
+    )
+    assert fixed_features(front, x[:0]).shape == (0, 2000)
+    plain = torch.nn.Sequential(torch.nn.Identity(), build_model("logreg", (1, 8, 8), 10, "image"))
+    assert split_fixed_front(plain) == (None, plain)
