@@ -19,6 +19,7 @@ a subclass of ``nn.Linear`` uses the Linear rule, unless the subclass overrides 
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar, Union
@@ -164,6 +165,10 @@ class LayerRule:
 
 _R = TypeVar("_R", bound=type[LayerRule])
 _REGISTRY: dict[type[nn.Module], LayerRule] = {}
+#: Rules for an optional library's layers, keyed by the layer's qualified class name: the rule's
+#: module (which imports that library) is imported the first time such a layer is seen, so the
+#: library is loaded only for models that already use it.
+_DEFERRED: dict[str, str] = {"peft.tuners.lora.layer.Linear": "veil.clipping.rules.lora"}
 
 
 def register_rule(module_type: type[nn.Module]) -> Callable[[_R], _R]:
@@ -195,12 +200,21 @@ def find_rule(module: nn.Module) -> LayerRule | None:
 
     An ancestor's rule applies only while the module still uses that ancestor's ``forward``.
     """
+    if _DEFERRED:
+        _load_deferred(type(module))
     forward = type(module).forward
     for cls in type(module).__mro__:
         rule = _REGISTRY.get(cls)
         if rule is not None:
             return rule if getattr(cls, "forward", None) is forward else None
     return None
+
+
+def _load_deferred(module_type: type[nn.Module]) -> None:
+    for cls in module_type.__mro__:
+        path = _DEFERRED.pop(f"{cls.__module__}.{cls.__qualname__}", None)
+        if path is not None:
+            importlib.import_module(path)
 
 
 def rule_for(module: nn.Module) -> LayerRule:

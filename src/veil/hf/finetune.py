@@ -1,0 +1,194 @@
+"""Text classifiers from a pretrained Hugging Face model, in three fine-tuning modes.
+
+* ``head``: the pretrained encoder is frozen and used as a fixed feature map
+  (:class:`~veil.hf.features.FrozenTextEncoder`, mean-pooled, unit norm); only a linear head is
+  trained. The model is ``Sequential(Identity(), FixedFeaturesThenHead(encoder, head))``, the
+  fixed-front layout, so a trainer computes the features once (:func:`veil.models.fixed_features`)
+  and DP-SGD runs on the head alone: the cheapest mode by far, and the one that needs the least
+  noise-free signal.
+* ``lora``: peft's LoRA adapters (rank, alpha, target modules, dropout configurable) plus the
+  classification head are trained; every pretrained weight stays frozen and costs nothing in
+  clipping (see :mod:`veil.clipping.rules.lora`).
+* ``full``: every parameter is trained (per-sample clipping over the whole model).
+
+Models take one tensor ``[B, 2, L]`` (token ids and attention mask, from
+:func:`veil.hf.text.tokenize`) and return logits ``[B, K]``, like every other veil model, so the
+engine's probes and samplers apply unchanged. The Hugging Face model stays reachable as
+``.model`` with its own methods (``save_pretrained``, ``generate``, ...).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from veil.errors import ConfigError
+from veil.hf.features import FrozenTextEncoder, trim_padding
+from veil.hf.load import FineTune, ModelFolder, check_fits, require_transformers
+
+__all__ = [
+    "FINE_TUNE_MODES",
+    "LoraSettings",
+    "SequenceClassifier",
+    "apply_lora",
+    "autocast",
+    "build_text_classifier",
+]
+
+FINE_TUNE_MODES: tuple[FineTune, ...] = ("head", "lora", "full")
+Precision = Literal["fp32", "bf16"]
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """LoRA hyper-parameters: ``rank`` r, ``alpha`` (scaling ``alpha / r``), the names of the modules
+    to adapt (``None``: peft's default for the architecture), and the adapter's input ``dropout``."""
+
+    rank: int = 8
+    alpha: float = 16.0
+    targets: tuple[str, ...] | None = None
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
+            raise ConfigError("lora_rank", self.rank, "the adapter rank must be a positive int", "pass e.g. 8")
+        if not (isinstance(self.alpha, (int, float)) and self.alpha > 0):
+            raise ConfigError("lora_alpha", self.alpha, "the LoRA scaling alpha/r must be > 0", "pass e.g. 16")
+        if not (isinstance(self.dropout, (int, float)) and 0 <= self.dropout < 1):
+            raise ConfigError("lora_dropout", self.dropout, "a dropout rate is in [0, 1)", "pass e.g. 0.1")
+        if self.targets is not None and (not self.targets or not all(isinstance(t, str) and t for t in self.targets)):
+            raise ConfigError(
+                "lora_targets", self.targets, "target modules are named by non-empty strings", "e.g. query,value"
+            )
+
+
+class SequenceClassifier(nn.Module):
+    """``[B, 2, L]`` tokens → logits of a Hugging Face sequence-classification model (``.model``).
+
+    Trailing columns that are padding in the whole batch are dropped before the forward (exact:
+    they are masked out), which saves most of the work on short texts padded to a long
+    ``max_length``.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dim() != 3 or x.shape[1] != 2:
+            raise ValueError(f"expected tokenized text [B, 2, L] (ids, mask), got shape {tuple(x.shape)}")
+        ids, mask = trim_padding(x[:, 0].long(), x[:, 1].long())
+        logits: Tensor = self.model(input_ids=ids, attention_mask=mask).logits
+        return logits
+
+
+def apply_lora(model: nn.Module, settings: LoraSettings, task_type: str = "SEQ_CLS") -> nn.Module:
+    """``model`` wrapped by peft with LoRA adapters (pretrained weights frozen; the task's head trainable)."""
+    try:
+        import peft
+    except ImportError:
+        raise ConfigError(
+            "fine_tune", "lora", "LoRA needs the peft library, which is not installed", "pip install 'veil[hf]'"
+        ) from None
+    config = peft.LoraConfig(
+        r=settings.rank,
+        lora_alpha=settings.alpha,
+        target_modules=list(settings.targets) if settings.targets else None,
+        lora_dropout=settings.dropout,
+        task_type=task_type,
+    )
+    try:
+        return peft.get_peft_model(model, config)
+    except ValueError as exc:
+        names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
+        raise ConfigError(
+            "lora_targets",
+            settings.targets,
+            f"peft could not place adapters ({str(exc)[:160]})",
+            f"name linear modules of this model, e.g. among: {', '.join(names[:12])}",
+        ) from None
+
+
+def _quiet_transformers() -> Any:
+    transformers = require_transformers()
+    return transformers, transformers.logging.get_verbosity()
+
+
+def _from_pretrained(loader: Any, folder: ModelFolder, **kwargs: Any) -> nn.Module:
+    transformers, verbosity = _quiet_transformers()
+    bars = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.logging.set_verbosity_error()  # "newly initialised head" is expected here
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        model: nn.Module = loader.from_pretrained(
+            str(folder.path), local_files_only=True, dtype=torch.float32, **kwargs
+        )
+    except Exception as exc:  # transformers raises OSError/ValueError/KeyError for broken folders
+        raise ConfigError(
+            "model",
+            f"hf:{folder.path}",
+            f"the model does not load ({type(exc).__name__}: {str(exc)[:200]})",
+            "save the model with save_pretrained into the folder, with a config transformers knows",
+        ) from None
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+        if bars:
+            transformers.utils.logging.enable_progress_bar()
+    return model
+
+
+def build_text_classifier(
+    folder: ModelFolder,
+    num_classes: int,
+    mode: FineTune = "lora",
+    lora: LoraSettings | None = None,
+    *,
+    device: str = "cpu",
+    memory_limit: int | None = None,
+) -> nn.Module:
+    """A ``[B, 2, L]`` → logits classifier from the pretrained model in ``folder`` (see module doc).
+
+    The memory check runs first (from the file headers), then the weights are loaded. The new
+    head's initial weights come from torch's current RNG state.
+    """
+    if mode not in FINE_TUNE_MODES:
+        raise ConfigError("fine_tune", mode, "unknown fine-tuning mode", "use head, lora or full")
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
+        raise ConfigError("num_classes", num_classes, "a classifier needs at least 2 classes", "check --target")
+    check_fits(folder, mode, device, memory_limit)
+    transformers = require_transformers()
+    if mode == "head":
+        from veil.models import FixedFeaturesThenHead
+
+        encoder = _from_pretrained(transformers.AutoModel, folder)
+        front = FrozenTextEncoder(encoder, source=str(folder.path))
+        return nn.Sequential(nn.Identity(), FixedFeaturesThenHead(front, nn.Linear(front.dim, num_classes)))
+    model = _from_pretrained(transformers.AutoModelForSequenceClassification, folder, num_labels=num_classes)
+    if mode == "lora":
+        model = apply_lora(model, lora or LoraSettings())
+    else:
+        for p in model.parameters():
+            p.requires_grad_(True)
+    return SequenceClassifier(model)
+
+
+def autocast(device: str | torch.device, precision: Precision = "fp32") -> contextlib.AbstractContextManager[Any]:
+    """The forward-pass context for ``precision``: bf16 autocast (weights, gradients and the clipped
+    sum stay float32; per-sample norms are taken in float32) or nothing for fp32.
+
+    bf16 is refused on a CUDA device without bf16 support rather than emulated slowly.
+    """
+    device_type = torch.device(device).type
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    if precision != "bf16":
+        raise ConfigError("precision", precision, "unknown precision", "use fp32 or bf16")
+    if device_type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ConfigError(
+            "precision", precision, "this GPU has no bfloat16 support", "use --precision fp32 on this GPU"
+        )
+    return torch.autocast(device_type=device_type, dtype=torch.bfloat16)

@@ -1,0 +1,93 @@
+"""Text columns: checked, then tokenized into fixed-shape integer arrays.
+
+Every example becomes ``[2, max_length]`` integers (token ids, attention mask), padded or
+truncated to ``max_length``, a length the user declares: padding to the longest text in the data
+would make the array shape depend on the private data. A text column that is not text, a missing
+value or an empty text is refused with the row number, since training on it would silently
+learn from blank inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from veil.errors import ConfigError, DataError
+
+__all__ = ["DEFAULT_MAX_LENGTH", "check_texts", "tokenize"]
+
+DEFAULT_MAX_LENGTH = 128
+
+
+def _is_missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and value != value)
+
+
+def check_texts(values: Sequence[Any] | np.ndarray, column: str = "text") -> list[str]:
+    """``values`` as a list of non-empty strings, or a :class:`DataError` naming the first bad row."""
+    array = np.asarray(values, dtype=object) if not isinstance(values, np.ndarray) else values
+    if array.ndim != 1:
+        raise DataError(
+            "text_column", column, f"holds an array of shape {array.shape}, not one text per row", "pass one "
+            "column of strings"
+        )
+    if array.dtype.kind in "biufc":
+        raise DataError(
+            "text_column",
+            column,
+            f"holds numbers ({array.dtype}), not text; a tokenizer would read the digits as words",
+            "pick the column that holds the text, or train a tabular model on numeric columns",
+        )
+    texts: list[str] = []
+    for row, value in enumerate(array.tolist()):
+        if _is_missing(value):
+            raise DataError(
+                "text_column", column, f"row {row} has no value", "drop or fill the rows without text"
+            )
+        if not isinstance(value, str):
+            raise DataError(
+                "text_column",
+                column,
+                f"row {row} holds a {type(value).__name__}, not text",
+                "pick the column that holds the text (every value a string)",
+            )
+        if not value.strip():
+            raise DataError(
+                "text_column",
+                column,
+                f"row {row} is empty (no characters other than spaces); the model would learn from a blank input",
+                "drop or fill the rows with empty text",
+            )
+        texts.append(value)
+    return texts
+
+
+def tokenize(tokenizer: Any, texts: Sequence[str], max_length: int = DEFAULT_MAX_LENGTH) -> np.ndarray:
+    """``[N, 2, max_length]`` int64: token ids and attention mask, padded/truncated to ``max_length``."""
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
+        raise ConfigError(
+            "max_length", max_length, "each text needs room for at least two tokens", "pass an int ≥ 2"
+        )
+    limit = getattr(tokenizer, "model_max_length", None)
+    if isinstance(limit, int) and 0 < limit < max_length:
+        raise ConfigError(
+            "max_length",
+            max_length,
+            f"the model reads at most {limit} tokens; longer inputs fail inside its position embeddings",
+            f"pass max_length ≤ {limit}",
+        )
+    out = np.zeros((len(texts), 2, max_length), dtype=np.int64)
+    chunk = 2048
+    for start in range(0, len(texts), chunk):
+        enc = tokenizer(
+            list(texts[start : start + chunk]),
+            padding="max_length",
+            truncation=True,
+            max_length=max_length,
+            return_tensors="np",
+        )
+        out[start : start + chunk, 0] = enc["input_ids"]
+        out[start : start + chunk, 1] = enc["attention_mask"]
+    return out
