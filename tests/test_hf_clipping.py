@@ -155,10 +155,16 @@ def test_dropout_masks_stay_per_example() -> None:
     torch.manual_seed(11)
     ids, mask, y = batch
     logits = model(input_ids=ids, attention_mask=mask).logits
-    per_example = [torch.autograd.grad(F.cross_entropy(logits[i : i + 1], y[i : i + 1]), params, retain_graph=True) for i in range(len(ids))]
+    per_example = [
+        torch.autograd.grad(F.cross_entropy(logits[i : i + 1], y[i : i + 1]), params, retain_graph=True)
+        for i in range(len(ids))
+    ]
     norms = [float(torch.sqrt(sum(g.square().sum() for g in gs))) for gs in per_example]
     c = sorted(norms)[len(norms) // 2]
-    want = [sum(gs[k] * min(1.0, c / (n + 1e-12)) for gs, n in zip(per_example, norms, strict=True)) for k in range(len(params))]
+    want = [
+        sum(gs[k] * min(1.0, c / (n + 1e-12)) for gs, n in zip(per_example, norms, strict=True))
+        for k in range(len(params))
+    ]
     torch.manual_seed(11)
     _, got, got_norms = _clipped_sum(model, _cls_loss, batch, c)
     assert torch.allclose(got_norms, torch.tensor(norms, dtype=got_norms.dtype), rtol=1e-9)
@@ -176,7 +182,7 @@ def test_non_vanilla_layer_falls_back_to_per_module_rules() -> None:
     assert type(rule_for(layer)).__name__ != "LoraLinearRule"
     model.eval()
     batch = _batch()
-    params, want, norms = _naive_clipped_sum(model, _cls_loss, batch, 0.05)
+    _, want, _ = _naive_clipped_sum(model, _cls_loss, batch, 0.05)
     _, got, _ = _clipped_sum(model, _cls_loss, batch, 0.05)
     assert _relative(got, want) <= 1e-6
 
@@ -240,7 +246,11 @@ def test_lora_update_carries_the_calibrated_noise() -> None:
     after = dict(model.named_parameters())
     noise = torch.cat(
         [
-            ((before[names[id(p)]] - lr * s / len(batch[0]) - after[names[id(p)]].detach()) * len(batch[0]) / lr).flatten()
+            (
+                (before[names[id(p)]] - lr * s / len(batch[0]) - after[names[id(p)]].detach())
+                * len(batch[0])
+                / lr
+            ).flatten()
             for p, s in zip(params, clipped, strict=True)
         ]
     )
@@ -252,12 +262,17 @@ def test_lora_update_carries_the_calibrated_noise() -> None:
 def test_model_keeps_generate_and_save_pretrained(tmp_path) -> None:
     torch.manual_seed(0)
     config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=16, n_embd=16, n_layer=2, n_head=2)
-    model = apply_lora(transformers.GPT2LMHeadModel(config), LoraSettings(rank=2, targets=("c_attn",)), "CAUSAL_LM")
+    model = apply_lora(
+        transformers.GPT2LMHeadModel(config), LoraSettings(rank=2, targets=("c_attn",)), "CAUSAL_LM"
+    )
     ids = torch.randint(0, VOCAB, (8, 6), generator=torch.Generator().manual_seed(0))
     data = TensorDataset(ids, ids)
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
     private, optimizer, loader = PrivacyEngine(seed=0).make_private(
-        module=model, optimizer=optimizer, data_loader=DataLoader(data, batch_size=4), max_grad_norm=1.0,
+        module=model,
+        optimizer=optimizer,
+        data_loader=DataLoader(data, batch_size=4),
+        max_grad_norm=1.0,
         noise_multiplier=1.0,
     )
     assert private is model

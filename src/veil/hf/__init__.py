@@ -14,7 +14,14 @@ package does not import transformers or peft; the functions that need them do.
 from __future__ import annotations
 
 from veil.hf.features import FrozenTextEncoder
-from veil.hf.finetune import FINE_TUNE_MODES, LoraSettings, SequenceClassifier, apply_lora, autocast, build_text_classifier
+from veil.hf.finetune import (
+    FINE_TUNE_MODES,
+    LoraSettings,
+    SequenceClassifier,
+    apply_lora,
+    autocast,
+    build_text_classifier,
+)
 from veil.hf.load import ModelFolder, check_fits, inspect_folder, load_tokenizer
 from veil.hf.text import DEFAULT_MAX_LENGTH, check_texts, tokenize
 

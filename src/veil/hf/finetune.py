@@ -55,14 +55,23 @@ class LoraSettings:
 
     def __post_init__(self) -> None:
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
-            raise ConfigError("lora_rank", self.rank, "the adapter rank must be a positive int", "pass e.g. 8")
+            raise ConfigError(
+                "lora_rank", self.rank, "the adapter rank must be a positive int", "pass e.g. 8"
+            )
         if not (isinstance(self.alpha, (int, float)) and self.alpha > 0):
-            raise ConfigError("lora_alpha", self.alpha, "the LoRA scaling alpha/r must be > 0", "pass e.g. 16")
+            raise ConfigError(
+                "lora_alpha", self.alpha, "the LoRA scaling alpha/r must be > 0", "pass e.g. 16"
+            )
         if not (isinstance(self.dropout, (int, float)) and 0 <= self.dropout < 1):
             raise ConfigError("lora_dropout", self.dropout, "a dropout rate is in [0, 1)", "pass e.g. 0.1")
-        if self.targets is not None and (not self.targets or not all(isinstance(t, str) and t for t in self.targets)):
+        if self.targets is not None and (
+            not self.targets or not all(isinstance(t, str) and t for t in self.targets)
+        ):
             raise ConfigError(
-                "lora_targets", self.targets, "target modules are named by non-empty strings", "e.g. query,value"
+                "lora_targets",
+                self.targets,
+                "target modules are named by non-empty strings",
+                "e.g. query,value",
             )
 
 
@@ -92,11 +101,14 @@ def apply_lora(model: nn.Module, settings: LoraSettings, task_type: str = "SEQ_C
         import peft
     except ImportError:
         raise ConfigError(
-            "fine_tune", "lora", "LoRA needs the peft library, which is not installed", "pip install 'veil[hf]'"
+            "fine_tune",
+            "lora",
+            "LoRA needs the peft library, which is not installed",
+            "pip install 'veil[hf]'",
         ) from None
     config = peft.LoraConfig(
         r=settings.rank,
-        lora_alpha=settings.alpha,
+        lora_alpha=settings.alpha,  # type: ignore[arg-type]
         target_modules=list(settings.targets) if settings.targets else None,
         lora_dropout=settings.dropout,
         task_type=task_type,
@@ -158,7 +170,9 @@ def build_text_classifier(
     if mode not in FINE_TUNE_MODES:
         raise ConfigError("fine_tune", mode, "unknown fine-tuning mode", "use head, lora or full")
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
-        raise ConfigError("num_classes", num_classes, "a classifier needs at least 2 classes", "check --target")
+        raise ConfigError(
+            "num_classes", num_classes, "a classifier needs at least 2 classes", "check --target"
+        )
     check_fits(folder, mode, device, memory_limit)
     transformers = require_transformers()
     if mode == "head":
@@ -176,7 +190,9 @@ def build_text_classifier(
     return SequenceClassifier(model)
 
 
-def autocast(device: str | torch.device, precision: Precision = "fp32") -> contextlib.AbstractContextManager[Any]:
+def autocast(
+    device: str | torch.device, precision: Precision = "fp32"
+) -> contextlib.AbstractContextManager[Any]:
     """The forward-pass context for ``precision``: bf16 autocast (weights, gradients and the clipped
     sum stay float32; per-sample norms are taken in float32) or nothing for fp32.
 

