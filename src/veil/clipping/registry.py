@@ -165,10 +165,6 @@ class LayerRule:
 
 _R = TypeVar("_R", bound=type[LayerRule])
 _REGISTRY: dict[type[nn.Module], LayerRule] = {}
-#: Rules for an optional library's layers, keyed by the layer's qualified class name: the rule's
-#: module (which imports that library) is imported the first time such a layer is seen, so the
-#: library is loaded only for models that already use it.
-_DEFERRED: dict[str, str] = {"peft.tuners.lora.layer.Linear": "veil.clipping.rules.lora"}
 
 
 def register_rule(module_type: type[nn.Module]) -> Callable[[_R], _R]:
@@ -210,13 +206,6 @@ def find_rule(module: nn.Module) -> LayerRule | None:
     return None
 
 
-def _load_deferred(module_type: type[nn.Module]) -> None:
-    for cls in module_type.__mro__:
-        path = _DEFERRED.pop(f"{cls.__module__}.{cls.__qualname__}", None)
-        if path is not None:
-            importlib.import_module(path)
-
-
 def rule_for(module: nn.Module) -> LayerRule:
     """The rule the clipper uses for ``module``: its registered rule, else the fallback.
 
@@ -250,3 +239,16 @@ def supports(module: nn.Module) -> bool:
 
 def is_floating(t: Tensor) -> bool:
     return torch.is_floating_point(t) or torch.is_complex(t)
+
+
+#: Rules for an optional library's layers, keyed by the layer's qualified class name: the rule's
+#: module (which imports that library) is imported the first time such a layer is seen, so the
+#: library is loaded only for models that already use it.
+_DEFERRED: dict[str, str] = {"peft.tuners.lora.layer.Linear": "veil.clipping.rules.lora"}
+
+
+def _load_deferred(module_type: type[nn.Module]) -> None:
+    for cls in module_type.__mro__:
+        path = _DEFERRED.pop(f"{cls.__module__}.{cls.__qualname__}", None)
+        if path is not None:
+            importlib.import_module(path)
