@@ -66,6 +66,18 @@ def _classifier(dropout: float = 0.0) -> torch.nn.Module:
     return _lora(transformers.BertForSequenceClassification(_config(dropout)), "SEQ_CLS", dropout).double()
 
 
+def _classifier_with_adapter_bias() -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = peft.LoraConfig(
+        r=3, lora_alpha=6, target_modules=["query", "value", "dense"], lora_bias=True, task_type="SEQ_CLS"
+    )
+    model = peft.get_peft_model(transformers.BertForSequenceClassification(_config()), config).double()
+    for name, p in model.named_parameters():
+        if "lora_B" in name and name.endswith("bias"):
+            torch.nn.init.normal_(p, std=0.1)  # peft starts B (and its bias) at zero
+    return model
+
+
 def _masked_lm() -> torch.nn.Module:
     """LoRA on a BERT MLM whose decoder is tied to the word embeddings, the tied weight trainable."""
     torch.manual_seed(0)
@@ -116,10 +128,15 @@ def _clipped_sum(model, loss_fn, batch, c):
         clipper.remove()
 
 
-@pytest.mark.parametrize("kind", ["classifier", "masked_lm_tied"])
+@pytest.mark.parametrize("kind", ["classifier", "adapter_bias", "masked_lm_tied"])
 def test_clipped_sum_equals_naive_loop(kind: str) -> None:
-    model = _classifier() if kind == "classifier" else _masked_lm()
-    loss_fn = _cls_loss if kind == "classifier" else _mlm_loss
+    builders = {
+        "classifier": _classifier,
+        "adapter_bias": _classifier_with_adapter_bias,
+        "masked_lm_tied": _masked_lm,
+    }
+    model = builders[kind]()
+    loss_fn = _mlm_loss if kind == "masked_lm_tied" else _cls_loss
     model.eval()
     batch = _batch()
     _, _, norms = _naive_clipped_sum(model, loss_fn, batch, 1e9)

@@ -35,7 +35,14 @@ from torch import Tensor, nn
 
 from veil.clipping._linear_algebra import grouped_linear, summed_positions
 from veil.clipping.fallback import FunctionalRule
-from veil.clipping.registry import CallRecord, Contribution, LayerRule, RuleError, register_rule
+from veil.clipping.registry import (
+    CallRecord,
+    Contribution,
+    LayerRule,
+    Materialised,
+    RuleError,
+    register_rule,
+)
 from veil.clipping.rules._common import output_grad
 
 _FACTOR = re.compile(r"^lora_(A\.[^.]+\.weight|B\.[^.]+\.(weight|bias))$")
@@ -109,21 +116,23 @@ class LoraLinearRule(LayerRule):
                     "the adapter's input and the layer's output do not have the same examples and positions",
                     "feed the layer a batch with the examples in dimension 0",
                 )
+            # the scaling s multiplies the narrow tensors (h, B), never the wide output gradient
             dtype = torch.promote_types(g.dtype, lora_b.weight.dtype)
-            gs = g.reshape(batch, 1, -1, p).to(dtype) * float(module.scaling[adapter])
+            scale = float(module.scaling[adapter])
+            gb = g.reshape(batch, 1, -1, p).to(dtype)
             if b_name in names:
                 out[b_name] = grouped_linear(
-                    h.reshape(batch, 1, -1, r), gs, lora_b.weight.shape, materialise=b_name in materialise
+                    h.reshape(batch, 1, -1, r) * scale,
+                    gb,
+                    lora_b.weight.shape,
+                    materialise=b_name in materialise,
                 )
             if bias_name in names:
-                out[bias_name] = summed_positions(gs, batch, p)
+                out[bias_name] = Materialised(summed_positions(gb, batch, p).grads * scale)
             if a_name in names:
-                g_h = gs @ lora_b.weight.detach().to(dtype)
+                g_h = gb @ (lora_b.weight.detach().to(dtype) * scale)
                 out[a_name] = grouped_linear(
-                    x.reshape(batch, 1, -1, d),
-                    g_h,
-                    lora_a.weight.shape,
-                    materialise=a_name in materialise,
+                    x.reshape(batch, 1, -1, d), g_h, lora_a.weight.shape, materialise=a_name in materialise
                 )
         return out
 
