@@ -115,7 +115,7 @@ def _baseline(plan: RunPlan, device: str) -> tuple[float, list[dict[str, float]]
     assert cfg.epochs is not None
     view, x_train, x_test = trainable_view(plan, build_net(cfg, data, cfg.seed), device)
     model = view.model
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3 if plan.prepared.model_name == "cnn" else 1e-2)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3 if plan.model_name == "cnn" else 1e-2)
     gen = torch.Generator().manual_seed(derive_seed(cfg.seed, Purpose.BASELINE))
     loader = DataLoader(
         TensorDataset(torch.from_numpy(x_train), torch.from_numpy(data.y_train)),
@@ -255,7 +255,7 @@ def _report(plan: RunPlan, run_dir: Path, ledger: Ledger, model: nn.Module, **re
             kind=data.kind,
             num_classes=data.num_classes,
         ),
-        model=plan.prepared.model_name,
+        model=plan.model_name,
         parameters=sum(p.numel() for p in model.parameters() if p.requires_grad),
         optimizer=cfg.optimizer or "sgd",
         lr=cfg.lr,

@@ -21,14 +21,13 @@ import numpy as np
 from veil.accounting.calibrate import epsilon_of, with_steps
 from veil.config import TrainConfig
 from veil.pipeline.budget import plan_steps
-from veil.pipeline.data import Prepared, prepare, release_preprocessing
+from veil.pipeline.data import Prepared, UsesPrepared, prepare, release_preprocessing
 from veil.pipeline.model import assemble, build_net, make_engine, make_optimizer, trainable
 
 if TYPE_CHECKING:
     from torch import nn
 
     from veil.accounting.events import PrivacyEvent
-    from veil.data import Dataset
     from veil.engine import PrivacyEngine
     from veil.optimizer import DPOptimizer
 
@@ -36,7 +35,7 @@ __all__ = ["Fit", "Setup", "fit", "make_model", "prepare_audit", "sigma_for", "t
 
 
 @dataclass
-class Setup:
+class Setup(UsesPrepared):
     """The audited run's checked inputs (:class:`~veil.pipeline.data.Prepared`) and what it spent."""
 
     prepared: Prepared
@@ -44,18 +43,6 @@ class Setup:
     private: bool
     preprocess_state: dict[str, Any] | None = None
     """The released preprocessing statistic of a finished run (``--run``): shadows reuse it."""
-
-    @property
-    def cfg(self) -> TrainConfig:
-        return self.prepared.cfg
-
-    @property
-    def data(self) -> Dataset:
-        return self.prepared.data
-
-    @property
-    def model_name(self) -> str:
-        return self.prepared.model_name
 
 
 @dataclass

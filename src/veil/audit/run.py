@@ -393,6 +393,32 @@ def _not_a_run(run: Path, why: str) -> DataError:
     )
 
 
+def _finished_run(run: Path, settings: AuditSettings) -> tuple[str, float, float]:
+    """(data sha256, ε spent, σ) from a finished run's report; refuse what cannot be audited."""
+    if not run.is_dir():
+        raise _not_a_run(run, "no such folder")
+    missing = [f for f in RUN_FILES if not (run / f).is_file()]
+    if missing:
+        raise _not_a_run(run, f"missing {', '.join(missing)}")
+    if settings.attack == "canary":
+        raise InvalidParameterError(
+            "attack",
+            settings.attack,
+            "canaries must be inserted while training, and this run is finished",
+            "use --attack loss or lira with --run, or audit a new run with `veil audit` "
+            "(or `veil train --audit`)",
+        )
+    try:
+        saved = json.loads((run / "report.json").read_text(encoding="utf-8"))
+        return (
+            str(saved["dataset"]["sha256"]),
+            float(saved["epsilon_spent"]),
+            float(saved["noise_multiplier"]),
+        )
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise _not_a_run(run, f"report.json is unreadable: {type(exc).__name__}") from None
+
+
 def audit_run(
     run_dir: str | Path,
     settings: AuditSettings | None = None,
@@ -411,26 +437,7 @@ def audit_run(
 
     settings = settings or AuditSettings(attack="loss")
     run = Path(run_dir)
-    if not run.is_dir():
-        raise _not_a_run(run, "no such folder")
-    missing = [f for f in RUN_FILES if not (run / f).is_file()]
-    if missing:
-        raise _not_a_run(run, f"missing {', '.join(missing)}")
-    if settings.attack == "canary":
-        raise InvalidParameterError(
-            "attack",
-            settings.attack,
-            "canaries must be inserted while training, and this run is finished",
-            "use --attack loss or lira with --run, or audit a new run with `veil audit` "
-            "(or `veil train --audit`)",
-        )
-    try:
-        saved = json.loads((run / "report.json").read_text(encoding="utf-8"))
-        sha = saved["dataset"]["sha256"]
-        theoretical = float(saved["epsilon_spent"])
-        sigma = float(saved["noise_multiplier"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise _not_a_run(run, f"report.json is unreadable: {type(exc).__name__}") from None
+    sha, theoretical, sigma = _finished_run(run, settings)
     cfg = make_config(load_config_file(run / "config.toml"), source="run config.toml")
     setup = prepare_audit(cfg, private=True, run_preprocessing=False)
     cfg, data = setup.cfg, setup.data

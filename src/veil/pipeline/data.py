@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from veil.data import Dataset
     from veil.data.preprocess import PreprocessingPlan
 
-__all__ = ["Prepared", "check_delta", "load_data", "prepare", "release_preprocessing"]
+__all__ = ["Prepared", "UsesPrepared", "check_delta", "load_data", "prepare", "release_preprocessing"]
 
 
 @dataclass
@@ -38,6 +38,28 @@ class Prepared:
     def pre_events(self) -> list[PrivacyEvent]:
         """The events charged before training: the preprocessing release, if it is a DP one."""
         return [] if self.prep.event is None else [self.prep.event]
+
+
+class UsesPrepared:
+    """Mixin of a job's plan that holds a :class:`Prepared` as ``prepared``: its parts by name."""
+
+    prepared: Prepared
+
+    @property
+    def cfg(self) -> TrainConfig:
+        return self.prepared.cfg
+
+    @property
+    def data(self) -> Dataset:
+        return self.prepared.data
+
+    @property
+    def prep(self) -> PreprocessingPlan:
+        return self.prepared.prep
+
+    @property
+    def model_name(self) -> str:
+        return self.prepared.model_name
 
 
 def load_data(cfg: TrainConfig) -> Dataset:

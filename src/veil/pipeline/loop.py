@@ -20,12 +20,11 @@ import numpy as np
 
 from veil.accounting.calibrate import epsilon_at, epsilon_of
 from veil.accounting.ledger import Ledger
-from veil.config import TrainConfig
 from veil.errors import BudgetExhaustedError, LedgerError
 from veil.pipeline import checkpoints as ckpt
 from veil.pipeline.budget import StepPlan
 from veil.pipeline.checks import clipping_check
-from veil.pipeline.data import Prepared, release_preprocessing
+from veil.pipeline.data import Prepared, UsesPrepared, release_preprocessing
 from veil.pipeline.model import (
     Trainable,
     assemble,
@@ -42,8 +41,6 @@ if TYPE_CHECKING:
     from torch import nn
 
     from veil.audit.hook import OneRunAudit
-    from veil.data import Dataset
-    from veil.data.preprocess import PreprocessingPlan
 
 __all__ = [
     "RunPlan",
@@ -58,7 +55,7 @@ __all__ = [
 
 
 @dataclass
-class RunPlan:
+class RunPlan(UsesPrepared):
     """A checked run before anything is written: inputs, network, step plan, allowed steps, folder."""
 
     prepared: Prepared
@@ -67,18 +64,6 @@ class RunPlan:
     allowed: int
     out: Path
     feature_cache: dict[str, np.ndarray] = field(default_factory=dict)
-
-    @property
-    def cfg(self) -> TrainConfig:
-        return self.prepared.cfg
-
-    @property
-    def data(self) -> Dataset:
-        return self.prepared.data
-
-    @property
-    def prep(self) -> PreprocessingPlan:
-        return self.prepared.prep
 
 
 def trainable_view(plan: RunPlan, net: nn.Module, device: str) -> tuple[Trainable, np.ndarray, np.ndarray]:
