@@ -29,7 +29,9 @@ def test_epsilon_of_composes_the_events() -> None:
     assert epsilon_of([SelfComposed(step, STEPS)], DELTA) == pytest.approx(
         dpsgd_epsilon(Q, 1.1, STEPS, DELTA), rel=1e-9
     )
-    assert epsilon_of([*PREFIX, SelfComposed(step, STEPS)], DELTA) > epsilon_of([SelfComposed(step, STEPS)], DELTA)
+    assert epsilon_of([*PREFIX, SelfComposed(step, STEPS)], DELTA) > epsilon_of(
+        [SelfComposed(step, STEPS)], DELTA
+    )
 
 
 def test_one_step_event_everywhere_q_1_is_the_plain_gaussian() -> None:
@@ -60,7 +62,11 @@ def test_max_steps_after_a_prefix_is_the_largest_that_fits() -> None:
     k = max_steps(sigma, Q, target, DELTA, prefix=PREFIX, limit=10_000)
     step = dpsgd_event(Q, sigma)
     assert 0 < k < 10_000
-    assert epsilon_of(with_steps(PREFIX, step, k), DELTA) <= target < epsilon_of(with_steps(PREFIX, step, k + 1), DELTA)
+    assert (
+        epsilon_of(with_steps(PREFIX, step, k), DELTA)
+        <= target
+        < epsilon_of(with_steps(PREFIX, step, k + 1), DELTA)
+    )
     assert k < max_steps(sigma, Q, target, DELTA, limit=10_000)
     assert max_steps(sigma, Q, target, DELTA, prefix=PREFIX, limit=k - 3) == k - 3  # capped by the limit
     assert max_steps(sigma, Q, 0.5, DELTA, prefix=[Gaussian(0.5)], limit=100) == 0

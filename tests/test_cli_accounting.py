@@ -58,7 +58,17 @@ def test_calibrate_takes_epsilon_like_every_command_and_keeps_the_old_spelling(
     results = []
     for flag in ("--epsilon", "--target-epsilon"):
         code, out, _ = run(
-            capsys, "calibrate", flag, "2", "--sampling-rate", "0.02", "--steps", "300", "--delta", "1e-5", "--json"
+            capsys,
+            "calibrate",
+            flag,
+            "2",
+            "--sampling-rate",
+            "0.02",
+            "--steps",
+            "300",
+            "--delta",
+            "1e-5",
+            "--json",
         )
         assert code == 0
         results.append(json.loads(out))
