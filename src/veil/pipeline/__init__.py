@@ -7,6 +7,7 @@
 * :mod:`~veil.pipeline.model` — network, released model, trainable part, optimizer, engine, evaluation;
 * :mod:`~veil.pipeline.run_folder` — file names, default and checked ``--out``, atomic writes;
 * :mod:`~veil.pipeline.checkpoints` — checkpoints, resume and its verification;
+* :mod:`~veil.pipeline.loop` — the accounted DP-SGD loop (ledger entry before each update, EMA);
 * :mod:`~veil.pipeline.checks` — the report's checklist items;
 * :mod:`~veil.pipeline.outputs` — strict-JSON cleaning, the released model's bytes.
 

@@ -41,6 +41,9 @@ if TYPE_CHECKING:
     from torch import nn
 
     from veil.audit.hook import OneRunAudit
+    from veil.engine import PrivacyEngine
+    from veil.optimizer import DPOptimizer
+    from veil.report import Check
 
 __all__ = [
     "RunPlan",
@@ -112,13 +115,13 @@ class Session:
 
     model: nn.Module
     full: nn.Module
-    engine: Any
-    optimizer: Any
-    loader: Any
+    engine: PrivacyEngine
+    optimizer: DPOptimizer
+    loader: Any  # the engine's DP loader (physical chunks, with a last-chunk signal)
     criterion: nn.Module
     eval_model: nn.Module
     x_test: np.ndarray
-    clip_check: Any
+    clip_check: Check
     fingerprint: torch.Tensor | None
     one_run: OneRunAudit | None
     ema: dict[str, torch.Tensor]
