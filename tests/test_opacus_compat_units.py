@@ -1,4 +1,4 @@
-"""The Opacus names one by one: what each maps to in veil, and what veil refuses with the Opacus habit named."""
+"""The Opacus names one by one: what each maps to in veil, and what veil refuses (the Opacus habit named)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ from veil.utils.batch_memory_manager import BatchMemoryManager
 from veil.validators import ModuleValidator
 
 
-def _setup(n: int = 40, batch: int = 10, seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer, DataLoader]:
+def _setup(
+    n: int = 40, batch: int = 10, seed: int = 0
+) -> tuple[nn.Module, torch.optim.Optimizer, DataLoader]:
     g = torch.Generator().manual_seed(seed)
     data = TensorDataset(torch.randn(n, 6, generator=g), torch.randint(0, 2, (n,), generator=g))
     torch.manual_seed(seed)
@@ -207,10 +209,14 @@ def test_get_noise_multiplier_is_veils_calibration() -> None:
     sigma = get_noise_multiplier(target_epsilon=2.0, target_delta=1e-5, sample_rate=0.01, epochs=3)
     assert sigma == calibrate_noise(2.0, 1e-5, 0.01, 300, accountant="rdp")
     assert dpsgd_epsilon(0.01, sigma, 300, 1e-5, "rdp") <= 2.0
-    prv = get_noise_multiplier(target_epsilon=2.0, target_delta=1e-5, sample_rate=0.01, steps=300, accountant="prv")
+    prv = get_noise_multiplier(
+        target_epsilon=2.0, target_delta=1e-5, sample_rate=0.01, steps=300, accountant="prv"
+    )
     assert prv == calibrate_noise(2.0, 1e-5, 0.01, 300, accountant="pld") and prv < sigma
     with pytest.raises(InvalidParameterError, match="under-reports"):
-        get_noise_multiplier(target_epsilon=2.0, target_delta=1e-5, sample_rate=0.01, steps=10, accountant="gdp")
+        get_noise_multiplier(
+            target_epsilon=2.0, target_delta=1e-5, sample_rate=0.01, steps=10, accountant="gdp"
+        )
     with pytest.raises(InvalidParameterError, match="exactly one"):
         get_noise_multiplier(target_epsilon=2.0, target_delta=1e-5, sample_rate=0.01)
 
@@ -268,7 +274,7 @@ def test_batch_memory_manager_refuses_foreign_objects() -> None:
     _, other_optimizer, _ = _private(other)
     with pytest.raises(InvalidParameterError, match="same make_private"):
         BatchMemoryManager(data_loader=loader, max_physical_batch_size=2, optimizer=other_optimizer)
-    with pytest.raises(InvalidParameterError, match="returned by PrivacyEngine.make_private"):
+    with pytest.raises(InvalidParameterError, match=r"returned by PrivacyEngine\.make_private"):
         BatchMemoryManager(data_loader=_setup()[2], max_physical_batch_size=2, optimizer=optimizer)
 
 
@@ -276,7 +282,7 @@ def test_checkpoint_without_engine_state_is_refused(tmp_path) -> None:
     from veil.errors import CheckpointError
 
     path = tmp_path / "opacus_style.pt"
-    model, optimizer, loader = _private(PrivacyEngine())
+    model, _, _ = _private(PrivacyEngine())
     torch.save({"module_state_dict": model.state_dict(), "privacy_accountant_state_dict": {}}, path)
     engine = PrivacyEngine()
     model2, optimizer2, _ = _private(engine)

@@ -349,7 +349,9 @@ class PrivacyEngine:
 
     # -- the facade ----------------------------------------------------------------------------
     @overload
-    def make_private(self, *, grad_sample_mode: Literal["ghost"], **kwargs: Any) -> PrivateTrainingWithCriterion: ...
+    def make_private(
+        self, *, grad_sample_mode: Literal["ghost"], **kwargs: Any
+    ) -> PrivateTrainingWithCriterion: ...
 
     @overload
     def make_private(

@@ -45,7 +45,11 @@ def get_noise_multiplier(
         )
     if steps is None:
         assert epochs is not None
-        if isinstance(sample_rate, bool) or not isinstance(sample_rate, (int, float)) or not 0 < sample_rate <= 1:
+        if (
+            isinstance(sample_rate, bool)
+            or not isinstance(sample_rate, (int, float))
+            or not 0 < sample_rate <= 1
+        ):
             raise InvalidParameterError(
                 "sample_rate", sample_rate, "a sampling rate lies in (0, 1]", "pass q = batch size / N"
             )

@@ -30,7 +30,6 @@ _MODULE_KEY = "module_state_dict"
 _OPTIMIZER_KEY = "optimizer_state_dict"
 
 
-
 def _refuse_schedulers(noise_scheduler: Any, grad_clip_scheduler: Any) -> None:
     for name, value in (("noise_scheduler", noise_scheduler), ("grad_clip_scheduler", grad_clip_scheduler)):
         if value is not None:
