@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 
@@ -35,6 +36,15 @@ def _private(engine: PrivacyEngine, **kwargs: object) -> tuple:
     model, optimizer, loader = _setup()
     args = {"noise_multiplier": 1.0, "max_grad_norm": 1.0, **kwargs}
     return engine.make_private(module=model, optimizer=optimizer, data_loader=loader, **args)
+
+
+def _research_engine(seed: int) -> PrivacyEngine:
+    """An engine whose noise is seeded on purpose (research mode, however this version spells it)."""
+    params = inspect.signature(PrivacyEngine).parameters
+    extra = {"reproducible": True} if "reproducible" in params else {}
+    engine = PrivacyEngine(seed=seed, **extra)
+    assert not engine.noise_source.secure
+    return engine
 
 
 def _one_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader) -> None:
@@ -78,8 +88,7 @@ def test_seeded_noise_generator_refused_outside_research_mode() -> None:
 
 def test_noise_generator_in_research_mode_seeds_the_noise_reproducibly() -> None:
     def update(noise_seed: int) -> list[torch.Tensor]:
-        engine = PrivacyEngine(seed=5)
-        assert not engine.noise_source.secure  # research mode: seeded noise asked for
+        engine = _research_engine(5)
         model, optimizer, loader = _private(engine, noise_generator=torch.Generator().manual_seed(noise_seed))
         assert isinstance(engine.noise_source, SeededSource) and engine.noise_source.seed == noise_seed
         _one_epoch(model, optimizer, loader)
@@ -94,7 +103,7 @@ def test_noise_generator_already_drawn_from_is_refused() -> None:
     gen = torch.Generator().manual_seed(3)
     torch.randn(2, generator=gen)
     with pytest.raises(InvalidParameterError, match="drawn from"):
-        _private(PrivacyEngine(seed=0), noise_generator=gen)
+        _private(_research_engine(0), noise_generator=gen)
 
 
 # -- make_private's Opacus arguments and return shapes ---------------------------------------------
