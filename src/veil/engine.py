@@ -306,7 +306,8 @@ class PrivacyEngine:
     ``accountant``: ``"pld"`` (default, tight) or ``"rdp"``. ``secure_rng=True`` draws noise *and*
     sampling from the operating system's CSPRNG (no seed accepted, not reproducible); otherwise both
     come from seeded generators (``seed`` or fresh entropy), reproducible and resumable. One engine
-    trains one model: call ``make_private`` once.
+    trains one model: call ``make_private`` once. Opacus's ``accountant="prv"``/``"rdp"`` and
+    ``secure_mode=`` are accepted (``gdp`` is refused); see ``docs/migrating-from-opacus.md``.
     """
 
     def __init__(
