@@ -60,7 +60,7 @@ def test_layers_clipped_exactly_per_example() -> None:
     reference = _Tagger().double()
     model = copy.deepcopy(reference)
     C = 0.05
-    model, optimizer, loader = PrivacyEngine(seed=0).make_private(
+    model, optimizer, loader = PrivacyEngine().make_private(
         module=model,
         optimizer=torch.optim.SGD(model.parameters(), lr=1.0),
         data_loader=DataLoader(TensorDataset(x, y), batch_size=6),

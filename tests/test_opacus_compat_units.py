@@ -259,7 +259,7 @@ def test_module_validator_lists_raises_and_fixes() -> None:
 
 
 def test_batch_memory_manager_chunks_without_changing_privacy() -> None:
-    engine = PrivacyEngine(seed=0)
+    engine = PrivacyEngine()
     model, optimizer, loader = _private(engine)
     plan = engine.plan
     sizes = []
