@@ -10,10 +10,10 @@
 
 from __future__ import annotations
 
-from veil.accountants.history import HistoryEntry, dpsgd_history
 from veil.accounting.base import PrivacyAccountant, make_accountant
 from veil.accounting.calibrate import dpsgd_event
 from veil.accounting.events import NonPrivate
+from veil.accounting.history import HistoryEntry, dpsgd_history
 from veil.accounting.pld import PLDAccountant
 from veil.accounting.rdp import RDPAccountant as _VeilRDP
 

@@ -26,18 +26,6 @@ __all__ = [
     "make_accountant",
 ]
 
-    # -- Opacus's names (see veil.accountants) ---------------------------------------------------
-    def get_epsilon(self, delta: float) -> float:
-        """Opacus's name for :meth:`epsilon`: ``accountant.get_epsilon(delta=1e-5)``."""
-        return self.epsilon(delta)
-
-    @property
-    def history(self) -> list[tuple[float, float, int]]:
-        """Opacus's view of the composed DP-SGD steps: merged ``(noise_multiplier, sample_rate, steps)``."""
-        from veil.accountants.history import dpsgd_history
-
-        return list(dpsgd_history(self._events))
-
 
 def make_accountant(
     name: AccountantName = "pld", neighbouring: Neighbouring = Neighbouring.ADD_OR_REMOVE_ONE

@@ -128,3 +128,15 @@ class PrivacyAccountant(abc.ABC):
     @abc.abstractmethod
     def delta(self, epsilon: float) -> float:
         """The smallest δ (rounded up) such that the composition is (ε, δ)-DP."""
+
+    # -- Opacus's names (see veil.accountants) ---------------------------------------------------
+    def get_epsilon(self, delta: float) -> float:
+        """Opacus's name for :meth:`epsilon`: ``accountant.get_epsilon(delta=1e-5)``."""
+        return self.epsilon(delta)
+
+    @property
+    def history(self) -> list[tuple[float, float, int]]:
+        """Opacus's view of the composed DP-SGD steps: merged ``(noise_multiplier, sample_rate, steps)``."""
+        from veil.accounting.history import dpsgd_history
+
+        return list(dpsgd_history(self._events))
