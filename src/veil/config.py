@@ -74,7 +74,19 @@ class TrainConfig(BaseModel):
 
     # -- model -------------------------------------------------------------------------------
     model: str = "auto"
-    """``auto`` | ``logreg`` | ``mlp`` | ``cnn`` | ``scatternet`` | ``rff`` | ``package.module:factory``."""
+    """``auto`` | ``logreg`` | ``mlp`` | ``cnn`` | ``scatternet`` | ``rff`` | ``package.module:factory`` |
+    ``hf:DIR`` (a pretrained Hugging Face model folder; needs ``veil[hf]``)."""
+    text_column: str | None = None
+    """Column of texts (csv, parquet), tokenized by the ``hf:DIR`` model's tokenizer."""
+    max_length: int = 128
+    """Tokens per text (padded or truncated): declared, never read off the data."""
+    fine_tune: Literal["head", "lora", "full"] = "head"
+    """``hf:`` models: frozen encoder + DP head (features computed once), LoRA adapters, or everything."""
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    lora_targets: list[str] | None = None
+    """Module names that get LoRA adapters (default: peft's choice for the architecture)."""
+    lora_dropout: float = 0.0
 
     # -- privacy -----------------------------------------------------------------------------
     epsilon: float = 3.0
@@ -146,7 +158,9 @@ class TrainConfig(BaseModel):
             )
         return float(v)
 
-    @field_validator("noise_multiplier", "max_grad_norm", "lr", "feature_resolution", "center_clip_norm")
+    @field_validator(
+        "noise_multiplier", "max_grad_norm", "lr", "feature_resolution", "center_clip_norm", "lora_alpha"
+    )
     @classmethod
     def _positive(cls, v: float | None, info: Any) -> float | None:
         if v is not None and not (math.isfinite(v) and v > 0):
@@ -155,7 +169,9 @@ class TrainConfig(BaseModel):
             )
         return None if v is None else float(v)
 
-    @field_validator("epochs", "batch_size", "physical_batch_size", "checkpoint_every")
+    @field_validator(
+        "epochs", "batch_size", "physical_batch_size", "checkpoint_every", "lora_rank", "max_length"
+    )
     @classmethod
     def _positive_int(cls, v: int | None, info: Any) -> int | None:
         if v is not None and v < 1:
@@ -182,7 +198,7 @@ class TrainConfig(BaseModel):
             )
         return float(v)
 
-    @field_validator("momentum", "ema_decay")
+    @field_validator("momentum", "ema_decay", "lora_dropout")
     @classmethod
     def _unit(cls, v: float | None, info: Any) -> float | None:
         if v is not None and not (0 <= v < 1):
@@ -221,6 +237,13 @@ PRIVACY_KEYS = frozenset(
         "preprocessing_budget",
         "center_clip_norm",
         "model",
+        "text_column",
+        "max_length",
+        "fine_tune",
+        "lora_rank",
+        "lora_alpha",
+        "lora_targets",
+        "lora_dropout",
         "epsilon",
         "delta",
         "noise_multiplier",
@@ -274,6 +297,27 @@ PRESETS: dict[str, dict[str, Any]] = {
         "max_grad_norm": 0.1,
         "optimizer": "sgd",
         "lr": {"sgd": 8.0, "adam": 1e-3},
+        "momentum": 0.9,
+        "ema_decay": 0.0,
+    },
+    # Text through a frozen pretrained encoder (--fine-tune head): a linear head on unit-norm
+    # features; MiniLM on the tweets (bench/finetune.py).
+    "text": {
+        "epochs": 20,
+        "batch_size": 1024,
+        "max_grad_norm": 1.0,
+        "optimizer": "sgd",
+        "lr": {"sgd": 2.0, "adam": 0.05},
+        "momentum": 0.9,
+        "ema_decay": 0.0,
+    },
+    # Text, LoRA or full fine-tuning of a pretrained model (bench/finetune.py's recipe).
+    "text-finetune": {
+        "epochs": 2,
+        "batch_size": 64,
+        "max_grad_norm": 1.0,
+        "optimizer": "adam",
+        "lr": {"sgd": 0.05, "adam": 2e-3},
         "momentum": 0.9,
         "ema_decay": 0.0,
     },

@@ -44,6 +44,20 @@ def register(app: typer.Typer) -> None:
         data_dir: str = opts.DATA_DIR,
         target: str = opts.TARGET,
         model: str = opts.MODEL,
+        text_column: str = typer.Option(
+            None, "--text-column", help="Column of texts (csv, parquet) for --model hf:DIR."
+        ),
+        fine_tune: str = typer.Option(
+            None, "--fine-tune", help="hf: models: head (frozen encoder, default), lora or full."
+        ),
+        lora_rank: int = typer.Option(None, "--lora-rank", help="LoRA rank r (default 8)."),
+        lora_alpha: float = typer.Option(
+            None, "--lora-alpha", help="LoRA alpha; scaling alpha/r (default 16)."
+        ),
+        lora_targets: str = typer.Option(
+            None, "--lora-targets", help="Comma-separated module names for LoRA (default: peft's choice)."
+        ),
+        max_length: int = typer.Option(None, "--max-length", help="Tokens per text (default 128)."),
         epsilon: float = typer.Option(None, "--epsilon", help="Target ε for the whole run (default 3)."),
         delta: float = typer.Option(None, "--delta", help="Target δ, must be < 1/N (default 1e-5)."),
         epochs: int = opts.EPOCHS,
@@ -77,6 +91,12 @@ def register(app: typer.Typer) -> None:
             "data_dir": data_dir,
             "target": target,
             "model": model,
+            "text_column": text_column,
+            "fine_tune": fine_tune,
+            "lora_rank": lora_rank,
+            "lora_alpha": lora_alpha,
+            "lora_targets": None if lora_targets is None else [t.strip() for t in lora_targets.split(",")],
+            "max_length": max_length,
             "epsilon": epsilon,
             "delta": delta,
             "epochs": epochs,

@@ -50,7 +50,7 @@ __all__ = [
     "transform_numpy",
 ]
 
-Method = Literal["pixels", "as-given", "bounds", "dp-center"]
+Method = Literal["pixels", "as-given", "bounds", "dp-center", "tokens"]
 
 
 class PreprocessingSettings(Protocol):
@@ -134,6 +134,8 @@ def _bounds_arrays(config: PreprocessingSettings, dataset: Dataset) -> tuple[np.
 
 def plan_preprocessing(config: PreprocessingSettings, dataset: Dataset) -> PreprocessingPlan:
     """Choose the preprocessing and, for ``dp-center``, its noise and planned privacy event."""
+    if dataset.kind == "text":
+        return PreprocessingPlan("tokens", "token ids from the model's own tokenizer (public), used as given")
     if dataset.kind == "image":
         if dataset.pixel_max:
             pm = float(dataset.pixel_max)
@@ -220,6 +222,9 @@ def build_transform(plan: PreprocessingPlan, input_shape: tuple[int, ...]) -> nn
     import torch
 
     from veil.models import InputTransform
+
+    if plan.method == "tokens":
+        return torch.nn.Identity()
 
     def t(v: np.ndarray | float | None, default: float) -> torch.Tensor:
         if v is None:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["FrozenTextEncoder", "mean_pool", "trim_padding"]
+__all__ = ["FrozenTextEncoder", "mean_pool", "synthetic_tokens", "trim_padding"]
 
 
 def trim_padding(ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -73,8 +73,26 @@ class FrozenTextEncoder(nn.Module):
         ids, mask = trim_padding(x[:, 0].long(), x[:, 1].long())
         with torch.no_grad():
             hidden = self.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
-            pooled = mean_pool(hidden.float(), mask)
+            pooled = mean_pool(hidden.to(torch.promote_types(hidden.dtype, torch.float32)), mask)
             return pooled / torch.linalg.vector_norm(pooled, dim=1, keepdim=True).clamp_min(1e-12)
 
     def extra_repr(self) -> str:
         return f"source={self.source!r}, dim={self.dim}"
+
+
+def synthetic_tokens(model: nn.Module, shape: tuple[int, ...], generator: torch.Generator) -> Tensor:
+    """Random token ids (uniform over the model's vocabulary, attention mask all ones) shaped
+    ``shape = (n, 2, L)``: public probe inputs for checks that must not touch the private texts."""
+    vocab = None
+    for module in model.modules():
+        inner = module.encoder if isinstance(module, FrozenTextEncoder) else module
+        get = getattr(inner, "get_input_embeddings", None)
+        if callable(get):
+            embedding = get()
+            vocab = int(getattr(embedding, "num_embeddings", 0)) or None
+            break
+    if vocab is None:
+        raise ValueError("the model has no input embeddings to draw token ids for")
+    n, _, length = shape
+    ids = torch.randint(0, vocab, (n, length), generator=generator)
+    return torch.stack([ids, torch.ones_like(ids)], dim=1)

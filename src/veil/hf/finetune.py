@@ -208,3 +208,25 @@ def autocast(
             "precision", precision, "this GPU has no bfloat16 support", "use --precision fp32 on this GPU"
         )
     return torch.autocast(device_type=device_type, dtype=torch.bfloat16)
+
+
+def pipeline_net(cfg: Any, num_classes: int) -> nn.Module:
+    """The network ``veil train`` trains for ``--model hf:DIR`` (``cfg``: a ``TrainConfig``).
+
+    ``head``: the :class:`~veil.models.FixedFeaturesThenHead` itself (the pipeline puts its
+    preprocessing layer in front and precomputes the features); ``lora``/``full``: a
+    :class:`SequenceClassifier`.
+    """
+    from veil.hf.data import model_folder
+    from veil.hf.load import inspect_folder
+
+    folder = inspect_folder(model_folder(cfg.model))
+    lora = None
+    if cfg.fine_tune == "lora":
+        targets = tuple(cfg.lora_targets) if cfg.lora_targets else None
+        lora = LoraSettings(cfg.lora_rank, float(cfg.lora_alpha), targets, float(cfg.lora_dropout))
+    model = build_text_classifier(folder, num_classes, cfg.fine_tune, lora, device=cfg.device)
+    if cfg.fine_tune == "head":
+        assert isinstance(model, nn.Sequential)
+        return model[1]
+    return model

@@ -25,6 +25,14 @@ def _is_missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and value != value)
 
 
+def _is_number(value: str) -> bool:
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
+
+
 def check_texts(values: Sequence[Any] | np.ndarray, column: str = "text") -> list[str]:
     """``values`` as a list of non-empty strings, or a :class:`DataError` naming the first bad row."""
     array = np.asarray(values, dtype=object) if not isinstance(values, np.ndarray) else values
@@ -42,8 +50,16 @@ def check_texts(values: Sequence[Any] | np.ndarray, column: str = "text") -> lis
             f"holds numbers ({array.dtype}), not text; a tokenizer would read the digits as words",
             "pick the column that holds the text, or train a tabular model on numeric columns",
         )
+    items = array.tolist()
+    if items and all(isinstance(v, str) and _is_number(v) for v in items):
+        raise DataError(
+            "text_column",
+            column,
+            "every value is a number written as text; a tokenizer would read the digits as words",
+            "pick the column that holds the text, or train a tabular model on numeric columns",
+        )
     texts: list[str] = []
-    for row, value in enumerate(array.tolist()):
+    for row, value in enumerate(items):
         if _is_missing(value):
             raise DataError(
                 "text_column", column, f"row {row} has no value", "drop or fill the rows without text"

@@ -66,6 +66,19 @@ def load_data(cfg: TrainConfig) -> Dataset:
     """The configured dataset, split by the run's seed."""
     from veil.data import load_dataset
 
+    if cfg.text_column is not None or cfg.model.startswith("hf:"):
+        from veil.hf.data import load_text_dataset
+
+        return load_text_dataset(
+            cfg.dataset,
+            model=cfg.model,
+            text_column=cfg.text_column or "text",
+            target=cfg.target,
+            max_length=cfg.max_length,
+            test_fraction=cfg.test_fraction,
+            seed=cfg.seed,
+            preset="text" if cfg.fine_tune == "head" else "text-finetune",
+        )
     return load_dataset(
         cfg.dataset, data_dir=cfg.data_dir, target=cfg.target, test_fraction=cfg.test_fraction, seed=cfg.seed
     )

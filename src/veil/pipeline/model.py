@@ -46,7 +46,12 @@ def build_net(cfg: TrainConfig, data: Dataset, seed: int) -> nn.Module:
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        net = build_model(cfg.model, data.input_shape, data.num_classes, data.kind)
+        if cfg.model.startswith("hf:"):
+            from veil.hf.finetune import pipeline_net
+
+            net = pipeline_net(cfg, data.num_classes)
+        else:
+            net = build_model(cfg.model, data.input_shape, data.num_classes, data.kind)
     if validate(net):
         net = fix(net)
         problems = validate(net)
