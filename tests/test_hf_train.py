@@ -1,0 +1,122 @@
+"""``veil train --model hf:DIR --text-column COL``: end to end on a tiny BERT folder and a small CSV."""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from veil.cli.main import main  # noqa: E402
+
+WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+WORDS += ["the", "a", "good", "bad", "movie", "cars", "this", "is", "great", "awful", "love", "hate"]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("hf-train")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=len(WORDS),
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=24,
+        max_position_embeddings=32,
+    )
+    transformers.BertModel(config).save_pretrained(root / "model")
+    tokenizer = transformers.BertTokenizer(vocab={w: i for i, w in enumerate(WORDS)}, model_max_length=32)
+    tokenizer.save_pretrained(root / "model")
+    rng = random.Random(0)
+    with open(root / "reviews.csv", "w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["review", "score", "label"])
+        for _ in range(120):
+            pos = rng.random() < 0.5
+            words = rng.sample(["good", "great", "love"] if pos else ["bad", "awful", "hate"], 2)
+            words += rng.sample(["the", "movie", "cars", "this", "is"], 3)
+            rng.shuffle(words)
+            writer.writerow([" ".join(words), rng.random(), "pos" if pos else "neg"])
+    return root
+
+
+def _train(files: Path, out: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str]:
+    args = [
+        "train",
+        "--model",
+        f"hf:{files / 'model'}",
+        "--dataset",
+        f"csv:{files / 'reviews.csv'}",
+        "--text-column",
+        "review",
+        "--target",
+        "label",
+        "--max-length",
+        "10",
+        "--delta",
+        "1e-3",
+        "--no-baseline",
+        "--out",
+        str(out),
+        *extra,
+    ]
+    code = main(args)
+    err = capsys.readouterr().err
+    return code, err
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [["--fine-tune", "head"], ["--fine-tune", "lora", "--lora-rank", "2", "--lora-targets", "query,value"]],
+)
+def test_train_text_classifier(
+    files: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], mode: list[str]
+) -> None:
+    code, output = _train(files, tmp_path / "run", capsys, *mode, "--epochs", "2", "--json")
+    assert code == 0, output
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert all(c["passed"] for c in report["checks"]), report["checks"]
+    assert report["epsilon_spent"] <= 3.0 + 1e-9
+    assert report["preprocessing"]["method"] == "tokens"
+    if mode[1] == "head":
+        assert report["parameters"] == 16 * 2 + 2  # only the linear head is trained
+    else:
+        assert report["parameters"] > 16 * 2 + 2
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--text-column", "score"], "number"),
+        (["--text-column", "nope"], "no such column"),
+        (["--fine-tune", "sideways"], "fine"),
+    ],
+)
+def test_bad_text_inputs_exit_2_and_write_nothing(
+    files: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    code, err = _train(files, tmp_path / "run", capsys, *extra)
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and message in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_folder_without_weights_exits_2(
+    files: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    empty = tmp_path / "empty-model"
+    empty.mkdir()
+    (empty / "config.json").write_text((files / "model" / "config.json").read_text())
+    args = ["train", "--model", f"hf:{empty}", "--dataset", f"csv:{files / 'reviews.csv'}"]
+    args += ["--text-column", "review", "--target", "label", "--out", str(tmp_path / "run")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "no weights" in err
+    assert not (tmp_path / "run").exists()
