@@ -338,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-length", type=int, default=40, help="tokens per tweet (LoRA)")
     p.add_argument("--head-max-length", type=int, default=64, help="tokens per tweet (frozen encoder)")
     p.add_argument("--head-epochs", type=int, default=20)
+    p.add_argument("--head-train", type=int, default=0, help="head on this many training tweets (0: all)")
+    p.add_argument("--head-test", type=int, default=0, help="and this many test tweets (0: all)")
     p.add_argument("--head-batch", type=int, default=1024)
     p.add_argument("--head-lr", type=float, default=2.0)
     p.add_argument("--warmup", type=int, default=1)
@@ -421,7 +423,14 @@ def main(argv: list[str] | None = None) -> int:
             print()
 
     if args.part in ("all", "head"):
-        feats = encoder_features(folder, texts, args)
+        if args.head_train or args.head_test:  # a fixed subset (the first of each split) when asked
+            train_idx, test_idx = train_idx[: args.head_train or None], test_idx[: args.head_test or None]
+            used = np.concatenate([train_idx, test_idx])
+            sub = encoder_features(folder, [texts[i] for i in used], args)
+            feats = np.zeros((len(texts), sub.shape[1]), dtype=np.float32)
+            feats[used] = sub
+        else:
+            feats = encoder_features(folder, texts, args)
         x, y, xt, yt = feats[train_idx], labels[train_idx], feats[test_idx], labels[test_idx]
         if args.quick:
             x, y = x[:4000], y[:4000]
