@@ -109,9 +109,9 @@ def sql_location(url: str) -> str:
             "dataset", "sql:<url>", "the database URL cannot be parsed", "pass sql:DIALECT://USER@HOST/DB"
         ) from None
     query = {k: v for k, v in parsed.query.items() if k.lower() not in _PASSWORD_KEYS}
-    parsed = parsed.set(password=None, query=query)
+    # URL.set() treats None as "unchanged", so the password is dropped with the tuple's _replace.
     # The driver suffix (+psycopg) names how veil talks to the server, not the data: not part of identity.
-    parsed = parsed.set(drivername=parsed.get_backend_name())
+    parsed = parsed._replace(password=None, query=query, drivername=parsed.get_backend_name())
     return parsed.render_as_string(hide_password=False)
 
 

@@ -181,6 +181,9 @@ class BudgetRegistry:
         self.engine = self._make_engine(self.url)
         with self._errors():
             self._ensure_schema()
+        # Import the accountants now, so that no transaction holds a dataset's lock during an import.
+        import veil.accounting.pld
+        import veil.accounting.rdp  # noqa: F401
 
     # -- connection ------------------------------------------------------------------------------
     @staticmethod
@@ -417,34 +420,39 @@ class BudgetRegistry:
                     f"run under {row.neighbouring}",
                 )
             planned = _check_events(events, accountant, relation)
+            refused: tuple[Any, list[list[PrivacyEvent]], float] | None = None
             if row.epsilon is not None:
                 recorded = self._charged_events(conn, dataset_id)
                 total = spent_epsilon([*recorded, planned], row.delta, accountant, relation)
                 if total > row.epsilon:
-                    before = spent_epsilon(recorded, row.delta, accountant, relation)
-                    raise BudgetExhaustedError(
-                        "dataset",
-                        row.label,
-                        f"this run would bring the dataset's composed spend from ε = {before:.4g} to "
-                        f"ε = {total:.4g} at δ = {row.delta:.3g}, over its budget ε = {row.epsilon:.4g}; "
-                        "nothing was read or recorded",
-                        "plan a smaller spend (a lower --epsilon, fewer epochs), or ask the data owner to "
-                        "raise the budget (veil budget set); see veil budget show",
+                    refused = (row, recorded, total)
+            if refused is None:
+                conn.execute(
+                    runs.insert().values(
+                        run_id=run_id,
+                        dataset_id=dataset_id,
+                        job=job[:32],
+                        status=RESERVED,
+                        planned_events=events_to_json(planned),
+                        events=None,
+                        delta=delta,
+                        created_at=_now(),
+                        finished_at=None,
                     )
-            conn.execute(
-                runs.insert().values(
-                    run_id=run_id,
-                    dataset_id=dataset_id,
-                    job=job[:32],
-                    status=RESERVED,
-                    planned_events=events_to_json(planned),
-                    events=None,
-                    delta=delta,
-                    created_at=_now(),
-                    finished_at=None,
                 )
+        if refused is not None:  # the message is composed after the lock is released
+            row, recorded, total = refused
+            before = spent_epsilon(recorded, row.delta, accountant, relation)
+            raise BudgetExhaustedError(
+                "dataset",
+                row.label,
+                f"this run would bring the dataset's composed spend from ε = {before:.4g} to "
+                f"ε = {total:.4g} at δ = {row.delta:.3g}, over its budget ε = {row.epsilon:.4g}; "
+                "nothing was read or recorded",
+                "plan a smaller spend (a lower --epsilon, fewer epochs), or ask the data owner to "
+                "raise the budget (veil budget set); see veil budget show",
             )
-        return self.status(dataset_id)
+        return self.status(dataset_id, per_run=False)
 
     def commit(self, run_id: str, events: Sequence[PrivacyEvent]) -> DatasetStatus:
         """Record what a run actually released (its ledger's events) in place of its plan."""
@@ -464,7 +472,7 @@ class BudgetRegistry:
                 .where(runs.c.run_id == run_id)
                 .values(status=COMMITTED, events=events_to_json(actual), finished_at=_now())
             )
-        return self.status(record.dataset_id)
+        return self.status(record.dataset_id, per_run=False)
 
     def release(self, run_id: str) -> DatasetStatus:
         """Un-charge a reserved run. Only for a run that never read a row of its dataset."""
@@ -479,7 +487,7 @@ class BudgetRegistry:
                 raise RegistryError(
                     "run_id", run_id, "only a reserved run can be released", "release a run before it commits"
                 )
-        return self.status(record.dataset_id)
+        return self.status(record.dataset_id, per_run=False)
 
     # -- reading ---------------------------------------------------------------------------------
     def _run_row(self, run_id: str) -> Any:
@@ -501,8 +509,12 @@ class BudgetRegistry:
         with self._errors(), self.engine.connect() as conn:
             return list(conn.execute(select(datasets.c.dataset_id).order_by(datasets.c.created_at)).scalars())
 
-    def status(self, dataset: DatasetIdentity | str) -> DatasetStatus:
-        """Budget, composed spend and history of one dataset (an empty record if it is unknown)."""
+    def status(self, dataset: DatasetIdentity | str, per_run: bool = True) -> DatasetStatus:
+        """Budget, composed spend and history of one dataset (an empty record if it is unknown).
+
+        ``per_run=False`` skips each run's own ε (``RunRecord.epsilon`` is then None): one composition
+        instead of one per run.
+        """
         dataset_id, label = _dataset_key(dataset)
         with self._errors(), self.engine.connect() as conn:
             row = conn.execute(select(datasets).where(datasets.c.dataset_id == dataset_id)).one_or_none()
@@ -520,7 +532,7 @@ class BudgetRegistry:
         else:
             deltas = [r.delta for r in charged if r.delta is not None]
             delta = min(sum(deltas), 1.0) if deltas else None
-        records = tuple(_run_record(r, delta, row.accountant, relation) for r in run_rows)
+        records = tuple(_run_record(r, delta if per_run else None, row.accountant, relation) for r in run_rows)
         spent: float | None
         if not charged:
             spent = 0.0
