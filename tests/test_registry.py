@@ -121,7 +121,9 @@ def test_total_is_composed_like_dp_accounting_not_added(registry: BudgetRegistry
     status = registry.status("ds")
     assert status.delta == pytest.approx(1e-5)  # no budget: the runs' δ add up
     ref = dpa_pld.from_gaussian_mechanism(runs[0][1], sampling_prob=runs[0][0]).self_compose(runs[0][2])
-    ref = ref.compose(dpa_pld.from_gaussian_mechanism(runs[1][1], sampling_prob=runs[1][0]).self_compose(runs[1][2]))
+    ref = ref.compose(
+        dpa_pld.from_gaussian_mechanism(runs[1][1], sampling_prob=runs[1][0]).self_compose(runs[1][2])
+    )
     assert status.spent_epsilon == pytest.approx(ref.get_epsilon_for_delta(1e-5), rel=0.01)
     alone = [r.epsilon for r in status.runs]
     assert status.spent_epsilon < sum(alone) - 0.2  # composition, not addition
@@ -215,15 +217,26 @@ def test_registry_stores_no_data(tmp_path: Path) -> None:
         reg.commit("r", [Laplace(2.0)])
     assert b"ZEBRA-MARKER" not in db.read_bytes()
     with sqlite3.connect(db) as conn:
-        cols = {t: [c[1] for c in conn.execute(f"PRAGMA table_info({t})")] for t in ("veil_budget_datasets", "veil_budget_runs")}
-    assert cols == {
-        "veil_budget_datasets": [
-            "dataset_id", "label", "epsilon", "delta", "accountant", "neighbouring", "created_at", "updated_at",
-        ],
-        "veil_budget_runs": [
-            "run_id", "dataset_id", "job", "status", "planned_events", "events", "delta", "created_at", "finished_at",
-        ],
-    }  # fmt: skip
+        cols = {
+            t: [c[1] for c in conn.execute(f"PRAGMA table_info({t})")]
+            for t in ("veil_budget_datasets", "veil_budget_runs")
+        }
+    assert cols["veil_budget_datasets"] == (
+        ["dataset_id", "label", "epsilon", "delta", "accountant", "neighbouring", "created_at", "updated_at"]
+    )
+    assert cols["veil_budget_runs"] == (
+        [
+            "run_id",
+            "dataset_id",
+            "job",
+            "status",
+            "planned_events",
+            "events",
+            "delta",
+            "created_at",
+            "finished_at",
+        ]
+    )
 
 
 # -- the command line --------------------------------------------------------------------------------
@@ -233,7 +246,10 @@ def test_cli_set_and_show(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     data = tmp_path / "d.csv"
     data.write_text("a,target\n1,0\n")
     db = str(tmp_path / "b.db")
-    assert main(["budget", "set", "--dataset", f"csv:{data}", "--epsilon", "4", "--delta", "1e-6", "--db", db]) == 0
+    assert (
+        main(["budget", "set", "--dataset", f"csv:{data}", "--epsilon", "4", "--delta", "1e-6", "--db", db])
+        == 0
+    )
     with BudgetRegistry(db) as reg:
         reg.reserve(dataset_identity(f"csv:{data}"), [dpsgd(0.01, 1.0, 500)], "run-1", delta=1e-6)
         reg.reserve(dataset_identity(f"csv:{data}"), [dpsgd(0.01, 1.0, 500)], "run-2", delta=1e-6)
@@ -251,7 +267,9 @@ def test_cli_set_and_show(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert "run-2" in text and "spent ε" in text and "remaining ε" in text
 
 
-def test_cli_unreachable_database_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_unreachable_database_is_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     url = "postgresql://ana:hunter2@127.0.0.1:1/veil"
     assert main(["budget", "show", "--db", url]) == 2
     err = capsys.readouterr().err

@@ -14,7 +14,6 @@ pytest.importorskip("sqlalchemy")
 pytest.importorskip("psycopg")
 
 from _postgres import postgres_server, postgres_unavailable
-
 from veil.accounting.events import Laplace
 from veil.registry.compose import spent_epsilon
 from veil.registry.store import BudgetRegistry

@@ -129,7 +129,9 @@ def register(app: typer.Typer) -> None:
 
     @budget_app.command("set")
     def set_command(
-        epsilon: float = typer.Option(..., "--epsilon", help="Total ε allowed on the dataset, all runs together."),
+        epsilon: float = typer.Option(
+            ..., "--epsilon", help="Total ε allowed on the dataset, all runs together."
+        ),
         delta: float = typer.Option(..., "--delta", help="The δ the total is stated at."),
         dataset: str = DATASET,
         dataset_id: str = DATASET_ID,
@@ -172,7 +174,9 @@ def register(app: typer.Typer) -> None:
         json_output: bool = JSON_OUTPUT,
     ) -> None:
         """Each dataset's budget, composed spend, remaining budget and run history."""
-        result = show_budget(dataset, dataset_id=dataset_id, table=table, query=query, data_dir=data_dir, db=db)
+        result = show_budget(
+            dataset, dataset_id=dataset_id, table=table, query=query, data_dir=data_dir, db=db
+        )
         if json_output:
             sys.stdout.write(json.dumps(_jsonable(result)) + "\n")
             return

@@ -86,7 +86,7 @@ def _named(dataset_id: str) -> DatasetIdentity:
         raise InvalidParameterError(
             "dataset_id",
             dataset_id,
-            "a declared dataset identity is the key the whole budget hangs on and must be a short one-line name",
+            "a declared dataset identity is the key the whole budget hangs on: a short one-line name",
             f"pass a non-empty name of at most {_MAX_ID} characters without tabs or newlines",
         )
     return DatasetIdentity(f"name:{name}", f"name:{name}")
@@ -108,7 +108,9 @@ def sql_location(url: str) -> str:
         raise InvalidParameterError(
             "dataset", "sql:<url>", "the database URL cannot be parsed", "pass sql:DIALECT://USER@HOST/DB"
         ) from None
-    query = {k: v for k, v in parsed.query.items() if k.lower() not in _PASSWORD_KEYS}
+    from sqlalchemy.util import immutabledict
+
+    query = immutabledict({k: v for k, v in parsed.query.items() if k.lower() not in _PASSWORD_KEYS})
     # URL.set() treats None as "unchanged", so the password is dropped with the tuple's _replace.
     # The driver suffix (+psycopg) names how veil talks to the server, not the data: not part of identity.
     parsed = parsed._replace(password=None, query=query, drivername=parsed.get_backend_name())
@@ -143,7 +145,9 @@ def dataset_identity(
             return DatasetIdentity(f"builtin:{spec}", spec)
         folder = Path(data_dir)
         if not folder.is_dir():
-            raise DataError("data_dir", str(folder), "there is no such folder", "pass the folder of the files")
+            raise DataError(
+                "data_dir", str(folder), "there is no such folder", "pass the folder of the files"
+            )
         return DatasetIdentity(f"dir-sha256:{_sha256_dir(folder)}", f"{spec}:{folder}")
     path = Path(rest if sep and scheme in _FILE_SCHEMES else spec)
     if path.is_file():

@@ -532,14 +532,18 @@ class BudgetRegistry:
         else:
             deltas = [r.delta for r in charged if r.delta is not None]
             delta = min(sum(deltas), 1.0) if deltas else None
-        records = tuple(_run_record(r, delta if per_run else None, row.accountant, relation) for r in run_rows)
+        records = tuple(
+            _run_record(r, delta if per_run else None, row.accountant, relation) for r in run_rows
+        )
         spent: float | None
         if not charged:
             spent = 0.0
         elif delta is None or delta >= 1.0:
             spent = None
         else:
-            spent = spent_epsilon([list(r.events) for r in records if r.charged], delta, row.accountant, relation)
+            spent = spent_epsilon(
+                [list(r.events) for r in records if r.charged], delta, row.accountant, relation
+            )
         return DatasetStatus(
             dataset_id=row.dataset_id,
             label=row.label,
