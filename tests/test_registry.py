@@ -287,3 +287,33 @@ def test_infinite_spend_is_reported(registry: BudgetRegistry) -> None:
     assert math.isinf(status.spent_epsilon)
     registry.set_budget("ds", 100.0, 1e-5)
     assert registry.status("ds").over_budget
+
+
+# -- a job's account (veil.registry.charge) ----------------------------------------------------------
+
+
+def test_job_charge_refuses_an_exhausted_dataset_before_reading(tmp_path: Path) -> None:
+    from veil.registry.charge import DatasetCharge
+
+    data = tmp_path / "d.csv"
+    data.write_text("a,target\n1,0\n")
+    db = tmp_path / "b.db"
+    charge = DatasetCharge.before_reading(f"csv:{data}", job="train", db=db)
+    charge.reserve([Laplace(1.0)], "first", delta=1e-6)
+    charge.settle([Laplace(1.0)])
+    charge.close()
+    with BudgetRegistry(db) as reg:
+        reg.set_budget(dataset_identity(f"csv:{data}"), 0.9, 1e-6)  # the first run spent all of it
+    with pytest.raises(BudgetExhaustedError, match="refused before reading a row"):
+        DatasetCharge.before_reading(f"csv:{data}", job="train", db=db)
+    with BudgetRegistry(db) as reg:
+        reg.set_budget(dataset_identity(f"csv:{data}"), 3.0, 1e-6)
+    charge = DatasetCharge.before_reading(f"csv:{data}", job="train", db=db)
+    charge.reserve([Laplace(1.0)], "second", delta=1e-6)
+    charge.release()  # ended before releasing anything
+    charge.resume("third", [Laplace(1.0)], delta=1e-6)  # unknown to the registry: reserved now
+    assert charge.registry.run("third").status == "reserved"
+    charge.settle([Laplace(2.0)])
+    with pytest.raises(RegistryError, match="already settled"):
+        charge.resume("third", [Laplace(1.0)], delta=1e-6)
+    charge.close()
