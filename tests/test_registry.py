@@ -314,6 +314,11 @@ def test_job_charge_refuses_an_exhausted_dataset_before_reading(tmp_path: Path) 
     charge.resume("third", [Laplace(1.0)], delta=1e-6)  # unknown to the registry: reserved now
     assert charge.registry.run("third").status == "reserved"
     charge.settle([Laplace(2.0)])
-    with pytest.raises(RegistryError, match="already settled"):
-        charge.resume("third", [Laplace(1.0)], delta=1e-6)
+    charge.resume("third", [Laplace(1.5)], delta=1e-6)  # settled, then resumed: charged with its plan again
+    assert charge.registry.run("third").events == (Laplace(1.5),)
+    with pytest.raises(BudgetExhaustedError, match="nothing was changed"):
+        charge.registry.reopen("third", [Laplace(0.1)])
+    assert charge.registry.run("third").events == (Laplace(1.5),)
+    charge.settle([Laplace(2.0)])
+    assert charge.registry.run("third").status == "committed"
     charge.close()

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from veil.accounting.events import Neighbouring, PrivacyEvent
-from veil.errors import BudgetExhaustedError, ConfigError, RegistryError
+from veil.errors import BudgetExhaustedError, ConfigError
 from veil.registry.identity import DatasetIdentity, dataset_identity
 
 __all__ = ["DatasetCharge", "open_registry"]
@@ -96,18 +96,11 @@ class DatasetCharge:
         self.run_id = run_id
 
     def resume(self, run_id: str, events: Sequence[PrivacyEvent], delta: float) -> None:
-        """Continue a reserved run; one the registry never saw is reserved now with ``events``."""
-        record = self.registry.run(run_id)
-        if record is None:
+        """Continue a run with ``events`` as its whole plan (a run the registry never saw is reserved)."""
+        if self.registry.run(run_id) is None:
             self.reserve(events, run_id, delta)
             return
-        if record.status != "reserved":
-            raise RegistryError(
-                "run_id",
-                run_id,
-                f"the budget registry holds this run as {record.status}, so its spend is already settled",
-                "check the run folder; a finished run is not resumed",
-            )
+        self.registry.reopen(run_id, events)
         self.run_id = run_id
 
     def settle(self, events: Sequence[PrivacyEvent]) -> None:

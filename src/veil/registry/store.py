@@ -454,6 +454,49 @@ class BudgetRegistry:
             )
         return self.status(dataset_id, per_run=False)
 
+    def reopen(self, run_id: str, events: Sequence[PrivacyEvent]) -> DatasetStatus:
+        """Re-admit a recorded run that continues (a resume) with ``events`` as its whole plan.
+
+        The run goes back to *reserved*, charged with ``events`` (which must include what it already
+        released), after the same atomic check as :meth:`reserve` with the run's old record left out.
+        Raises :class:`~veil.errors.BudgetExhaustedError` (nothing changed) if that would exceed the budget.
+        """
+        record = self._run_row(run_id)
+        with self._locked(record.dataset_id) as (conn, row):
+            accountant: AccountantName = row.accountant
+            relation = Neighbouring(row.neighbouring)
+            planned = _check_events(events, accountant, relation)
+            others = [
+                events_from_json(r.events if r.status == COMMITTED else r.planned_events)
+                for r in conn.execute(
+                    select(runs.c.status, runs.c.planned_events, runs.c.events).where(
+                        runs.c.dataset_id == record.dataset_id,
+                        runs.c.status.in_(_CHARGED),
+                        runs.c.run_id != run_id,
+                    )
+                ).all()
+            ]
+            total = None
+            if row.epsilon is not None:
+                total = spent_epsilon([*others, planned], row.delta, accountant, relation)
+            if total is None or total <= row.epsilon:
+                conn.execute(
+                    runs.update()
+                    .where(runs.c.run_id == run_id)
+                    .values(
+                        status=RESERVED, planned_events=events_to_json(planned), events=None, finished_at=None
+                    )
+                )
+        if total is not None and total > row.epsilon:
+            raise BudgetExhaustedError(
+                "dataset",
+                row.label,
+                f"continuing run {run_id} would bring the dataset's composed spend to ε = {total:.4g} at "
+                f"δ = {row.delta:.3g}, over its budget ε = {row.epsilon:.4g}; nothing was changed",
+                "see veil budget show; only the data owner can raise the budget (veil budget set)",
+            )
+        return self.status(record.dataset_id, per_run=False)
+
     def commit(self, run_id: str, events: Sequence[PrivacyEvent]) -> DatasetStatus:
         """Record what a run actually released (its ledger's events) in place of its plan."""
         record = self._run_row(run_id)
