@@ -106,7 +106,7 @@ def _print_status(status: dict[str, Any]) -> None:
         return
     table = Table(box=None, padding=(0, 2))
     for name in ("run", "job", "status", "ε alone", "started", "finished"):
-        table.add_column(name)
+        table.add_column(name, overflow="fold")
     for run in status["runs"]:
         state = run["status"] + (" (charged as planned)" if run["status"] == "reserved" else "")
         table.add_row(

@@ -65,10 +65,17 @@ class DatasetCharge:
         query: str | None = None,
         dataset_id: str | None = None,
         db: str | os.PathLike[str] | None = None,
+        refuse_if_spent: bool = True,
     ) -> DatasetCharge:
-        """Identify the dataset and refuse at once if its budget is already spent."""
+        """Identify the dataset and refuse at once if its budget is already spent.
+
+        ``refuse_if_spent=False`` (a resume, whose own reservation is part of the spend) only opens the
+        account; :meth:`resume` then checks the run's plan with its old record left out.
+        """
         identity = dataset_identity(spec, dataset_id=dataset_id, table=table, query=query, data_dir=data_dir)
         charge = cls(open_registry(db), identity, job)
+        if not refuse_if_spent:
+            return charge
         status = charge.registry.status(identity, per_run=False)
         spent, budget = status.spent_epsilon, status.epsilon_budget
         if budget is not None and spent is not None and spent >= budget:
