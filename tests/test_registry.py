@@ -322,3 +322,14 @@ def test_job_charge_refuses_an_exhausted_dataset_before_reading(tmp_path: Path) 
     charge.settle([Laplace(2.0)])
     assert charge.registry.run("third").status == "committed"
     charge.close()
+
+
+def test_without_sqlalchemy_the_commands_say_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "veil.registry.store", None)  # as if SQLAlchemy were missing
+    assert main(["budget", "show", "--db", str(tmp_path / "b.db")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install 'veil[tables]'" in err

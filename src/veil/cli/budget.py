@@ -48,10 +48,10 @@ def set_budget(
     db: str | None = None,
 ) -> dict[str, Any]:
     """The work of ``veil budget set``: the dataset's status after the budget is set."""
-    from veil.registry.store import BudgetRegistry
+    from veil.registry.charge import open_registry
 
     identity = _identity(dataset, dataset_id, table, query, data_dir)
-    with BudgetRegistry(db) as registry:
+    with open_registry(db) as registry:
         status = registry.set_budget(identity, epsilon, delta, accountant, neighbouring)  # type: ignore[arg-type]
         return {"registry": registry.shown_url, **status.to_dict()}
 
@@ -66,9 +66,9 @@ def show_budget(
     db: str | None = None,
 ) -> dict[str, Any]:
     """The work of ``veil budget show``: every dataset (or one) with its budget, spend and runs."""
-    from veil.registry.store import BudgetRegistry
+    from veil.registry.charge import open_registry
 
-    with BudgetRegistry(db) as registry:
+    with open_registry(db) as registry:
         if dataset is None and dataset_id is None:
             statuses = registry.statuses()
         else:

@@ -19,15 +19,19 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from veil.accounting.events import Neighbouring, PrivacyEvent
 from veil.errors import BudgetExhaustedError, ConfigError
 from veil.registry.identity import DatasetIdentity, dataset_identity
 
+if TYPE_CHECKING:
+    from veil.registry.store import BudgetRegistry
+
 __all__ = ["DatasetCharge", "open_registry"]
 
 
-def open_registry(db: str | os.PathLike[str] | None = None) -> object:
+def open_registry(db: str | os.PathLike[str] | None = None) -> BudgetRegistry:
     """A :class:`~veil.registry.store.BudgetRegistry`, or a one-line error if the extra is missing."""
     try:
         from veil.registry.store import BudgetRegistry
@@ -45,11 +49,8 @@ def open_registry(db: str | os.PathLike[str] | None = None) -> object:
 class DatasetCharge:
     """One job's account with the registry for one dataset (see the module doc for the order of calls)."""
 
-    def __init__(self, registry: object, identity: DatasetIdentity, job: str) -> None:
-        from veil.registry.store import BudgetRegistry
-
-        assert isinstance(registry, BudgetRegistry)
-        self.registry: BudgetRegistry = registry
+    def __init__(self, registry: BudgetRegistry, identity: DatasetIdentity, job: str) -> None:
+        self.registry = registry
         self.identity = identity
         self.job = job
         self.run_id: str | None = None
