@@ -72,3 +72,16 @@ def test_an_exhausted_dataset_is_refused_before_a_row_is_read(
     code, _, err = _train(tmp_path / "second", 0.1, capsys)
     assert code == 2 and "refused before reading a row" in err and "data was read" not in err
     assert not (tmp_path / "second").exists()
+
+
+def test_a_declared_dataset_id_names_the_account(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "r"
+    code = main(["train", *FAST, "--epsilon", "0.5", "--dataset-id", "clinic-2026", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["budget", "show", "--dataset-id", "clinic-2026", "--json"]) == 0
+    (status,) = json.loads(capsys.readouterr().out)["datasets"]
+    assert status["dataset_id"] == "name:clinic-2026" and len(status["runs"]) == 1
+    header = Ledger.open(out / "ledger.jsonl").header
+    assert header["budget_dataset_id"] == "name:clinic-2026"
+    assert header["budget_run_id"] == status["runs"][0]["run_id"]

@@ -313,7 +313,7 @@ def _open_charge(cfg: TrainConfig, *, refuse_if_spent: bool = True) -> DatasetCh
             data_dir=cfg.data_dir,
             table=getattr(cfg, "table", None),
             query=getattr(cfg, "query", None),
-            dataset_id=getattr(cfg, "dataset_id", None),
+            dataset_id=cfg.dataset_id,
             refuse_if_spent=refuse_if_spent,
         )
     except (DataError, InvalidParameterError):
