@@ -49,6 +49,7 @@ from veil.errors import (
     SamplingError,
 )
 from veil.optimizer import DPOptimizer
+from veil.per_example_loss import RefuseIgnoredTargets, check_criterion
 from veil.sampling import (
     PoissonBatchSampler,
     PrivateDataLoader,
@@ -412,7 +413,10 @@ class PrivacyEngine:
 
         Give either ``noise_multiplier`` or ``target_epsilon`` + ``target_delta`` + ``epochs`` (σ is then
         calibrated, on the private side of the target, for ``epochs × ⌈N/B⌉`` steps). ``loss_reduction``
-        defaults to the criterion's ``reduction`` when a criterion is passed, else ``"mean"``. Everything
+        defaults to the criterion's ``reduction`` when a criterion is passed, else ``"mean"``. The loss
+        must be a fixed-coefficient sum of per-example terms (see :mod:`veil.per_example_loss`): a
+        ``criterion`` with ``weight=`` and ``reduction="mean"`` is refused, and with ``"mean"`` a batch
+        whose targets contain the criterion's ``ignore_index`` is refused as it is collated. Everything
         is checked before anything changes; a refusal leaves the model, optimizer and engine untouched.
         The returned model is ``module`` itself (with the clipper's hooks); the optimizer wraps
         ``optimizer``; the loader replaces ``data_loader`` with Poisson-sampled logical batches of expected
@@ -460,6 +464,7 @@ class PrivacyEngine:
                 "pass an int ≥ 1 or None",
             )
         reduction = _resolve_loss_reduction(loss_reduction, criterion)
+        ignore_index = check_criterion(criterion, reduction)
         sampling = self._check_sampling(poisson_sampling, allow_non_poisson)
         if not isinstance(data_loader, DataLoader):
             raise SamplingError(
@@ -496,6 +501,10 @@ class PrivacyEngine:
         probe = _probe_forward(module, data_loader)
         if isinstance(probe, Problem):
             raise ModelNotSupportedError([probe])
+        collate = data_loader.collate_fn
+        if ignore_index is not None:
+            collate = RefuseIgnoredTargets(collate, ignore_index)
+            collate([dataset[0]])  # the empty-batch template is collated below: refuse it here
         # Last among the checks: calibration can take seconds.
         sigma = self._noise_multiplier(
             noise_multiplier, target_epsilon, target_delta, epochs, q, per_epoch, n, sampling
@@ -536,7 +545,7 @@ class PrivacyEngine:
             expected_batch_size=batch_size,
             physical_batch_size=physical_batch_size,
             signal=signal,
-            collate_fn=data_loader.collate_fn,
+            collate_fn=collate,
             template_item=dataset[0],
             **_loader_kwargs(data_loader),
         )
