@@ -234,6 +234,12 @@ def _default_out(cfg: PateConfig) -> Path:
 
 
 def _aggregator(cfg: PateConfig, k: int) -> Any:
+    from veil.pate.aggregators import make_aggregator
+
+    return make_aggregator(cfg.aggregator, cfg.sigma, cfg.threshold, cfg.sigma1, k)
+
+
+def _old_aggregator(cfg: PateConfig, k: int) -> Any:
     from veil.pate.aggregators import Aggregator
 
     if cfg.aggregator == "lnmax":
