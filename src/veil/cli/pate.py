@@ -16,7 +16,8 @@ from veil.cli._output import emit
 
 def run_pate_command(config_file: str | None, flags: dict[str, Any]) -> dict[str, Any]:
     """The work of ``veil pate``: resolve the config (defaults < file < flags), run, return the report."""
-    from veil.pate.run import resolve_pate_config, run_pate
+    from veil.pate.config import resolve_pate_config
+    from veil.pate.run import run_pate
 
     cfg = resolve_pate_config(config_file, {k: v for k, v in flags.items() if v is not None})
     return run_pate(cfg).to_dict()

@@ -330,6 +330,10 @@ class Aggregator(metaclass=_BuiltByName):
         """The noise parameters as the report names them."""
         return {"sigma": self.scale}
 
+    def accountant_used(self, configured: Literal["pld", "rdp"]) -> Literal["pld", "rdp"]:
+        """The accountant that composes this aggregator's events (Gaussian ones: RDP, always)."""
+        return "rdp"
+
     # -- data-independent analysis ---------------------------------------------------------------
     def epsilon_of(
         self, spent: EventTally, delta: float, accountant: Literal["pld", "rdp"], release_rdp: np.ndarray
@@ -394,6 +398,9 @@ class LNMax(Aggregator):
 
     def noise_settings(self) -> dict[str, float | None]:
         return {"laplace_scale": self.scale}
+
+    def accountant_used(self, configured: Literal["pld", "rdp"]) -> Literal["pld", "rdp"]:
+        return configured
 
     def epsilon_of(
         self, spent: EventTally, delta: float, accountant: Literal["pld", "rdp"], release_rdp: np.ndarray

@@ -20,6 +20,7 @@ configuration is refused (:class:`~veil.errors.CheckpointError`).
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -32,6 +33,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from veil.accounting.ledger import atomic_write_bytes, atomic_write_text
 from veil.errors import CheckpointError, ConfigError, InvalidParameterError
 
 __all__ = [
@@ -355,12 +357,10 @@ def _train_one(
             )
     if folder is not None:
         base = Path(folder) / f"teacher_{index:05d}"
-        tmp = base.with_suffix(".tmp.npz")
-        np.savez(tmp, public=votes_public, test=votes_test, n_train=np.int64(len(y)))
-        with open(base.with_suffix(".model.tmp"), "wb") as fh:
-            pickle.dump(model, fh, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(base.with_suffix(".model.tmp"), base.with_suffix(".model"))
-        os.replace(tmp, base.with_suffix(".npz"))  # written last: marks the teacher as done
+        buf = io.BytesIO()
+        np.savez(buf, public=votes_public, test=votes_test, n_train=np.int64(len(y)))
+        atomic_write_bytes(base.with_suffix(".model"), pickle.dumps(model, protocol=pickle.HIGHEST_PROTOCOL))
+        atomic_write_bytes(base.with_suffix(".npz"), buf.getvalue())  # written last: marks the teacher done
     return index, votes_public, votes_test
 
 
@@ -397,7 +397,7 @@ def _check_manifest(folder: Path, fingerprint: str, k: int) -> None:
             )
         return
     folder.mkdir(parents=True, exist_ok=True)
-    manifest.write_text(json.dumps({"fingerprint": fingerprint, "teachers": k}, indent=2))
+    atomic_write_text(manifest, json.dumps({"fingerprint": fingerprint, "teachers": k}, indent=2))
 
 
 def train_teachers(
