@@ -127,10 +127,18 @@ _TEXT = Rule(_anything, "this setting is a text value", "pass a string")
 _SWITCH = Rule(_anything, "this setting is on or off", "pass true or false")
 _SHARE = Rule(_open_unit, "a share of the data must leave both parts non-empty", "pass a number in (0, 1)")
 _ORDER = Rule(_order, "Rényi orders are > 1 and finite", "pass λ > 1, or leave it unset for the default")
-_PTR_SHARE = Rule(_open_unit, "a share of the target ε", "pass a number in (0, 1)")
+_PTR_SHARE = Rule(
+    _open_unit,
+    "PTR splits the target ε into shares, each strictly between 0 and 1",
+    "pass a number in (0, 1)",
+)
 
 RULES: dict[str, Rule] = {
-    "dataset": Rule(_anything, "the dataset is named by text", "pass digits, breast-cancer, csv:PATH, ..."),
+    "dataset": Rule(
+        _anything,
+        "the dataset is named by text",
+        "pass a dataset name such as digits, breast-cancer or csv:PATH",
+    ),
     "data_dir": _TEXT,
     "target": _TEXT,
     "public_data": _TEXT,
@@ -227,7 +235,8 @@ def make_pate_config(values: Mapping[str, Any] | None = None, source: str = "con
         rule = RULES.get(key)
         if rule is None:  # pragma: no cover - RULES covers every field (asserted above)
             raise ConfigError(key, value, str(err.get("msg")), "see docs/pate.md") from None
-        raise rule.error(key, value, str(err.get("msg", "")).lower()) from None
+        detail = "" if err.get("type") == "literal_error" else str(err.get("msg", "")).lower()
+        raise rule.error(key, value, detail) from None
 
 
 def resolve_pate_config(

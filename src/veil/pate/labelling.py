@@ -418,7 +418,7 @@ class _Labelling:
         agg, secure = self.s.aggregator, self.rng.secure
         ans = agg.answer(counts, self.rng)
         if any(e not in self.plan.query_events for e in ans.events):
-            raise RuntimeError(  # pragma: no cover - an aggregator that breaks its own contract
+            raise RuntimeError(  # an aggregator that breaks its own contract
                 f"{agg.name} spent {ans.events}, not the planned {self.plan.query_events}; "
                 "report this as a bug"
             )
