@@ -27,8 +27,8 @@ import numpy as np
 
 from veil.accounting.ledger import atomic_write_bytes, atomic_write_text
 from veil.errors import CheckpointError
-from veil.pate.config import PateConfig, make_pate_config
-from veil.pate.data import PateData, child_seed, load_pate_data
+from veil.pate.config import PateConfig, make_pate_config, resolve_pate_config
+from veil.pate.data import PateData, child_seed, load_pate_data, load_public_data
 from veil.pate.report import PateReport
 
 if TYPE_CHECKING:
@@ -40,7 +40,9 @@ if TYPE_CHECKING:
     from veil.pate.student import StudentResult
     from veil.pate.teachers import TeacherVotes
 
-__all__ = ["run_pate"]
+# The settings and the public-data reader live in veil.pate.config and veil.pate.data; their names
+# stay importable from here, as before.
+__all__ = ["PateConfig", "load_public_data", "make_pate_config", "resolve_pate_config", "run_pate"]
 
 
 def _fingerprint(*parts: Any) -> str:
