@@ -13,8 +13,8 @@ import pytest
 
 from veil.cli.main import main
 from veil.errors import CheckpointError, ConfigError, DataError
-from veil.pate.partition import check_public_disjoint, partition_teachers
 from veil.pate.config import resolve_pate_config
+from veil.pate.partition import check_public_disjoint, partition_teachers
 from veil.pate.run import run_pate
 from veil.pate.teachers import ModelRecipe, train_teachers
 
