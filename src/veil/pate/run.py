@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from veil.errors import CheckpointError
-from veil.pate.config import PateConfig, make_pate_config
-from veil.pate.data import PateData, load_pate_data
+from veil.pate.config import PateConfig, make_pate_config, resolve_pate_config
+from veil.pate.data import PateData, load_pate_data, load_public_data
 from veil.pate.report import PateReport
 from veil.pipeline.run_folder import check_out, default_out, write_files
 from veil.pipeline.seeds import Purpose, derive_seed
@@ -41,7 +41,9 @@ if TYPE_CHECKING:
     from veil.pate.student import StudentResult
     from veil.pate.teachers import TeacherVotes
 
-__all__ = ["run_pate"]
+# The settings and the public-data reader live in veil.pate.config and veil.pate.data; their names
+# stay importable from here, as before.
+__all__ = ["PateConfig", "load_public_data", "make_pate_config", "resolve_pate_config", "run_pate"]
 
 
 def _fingerprint(*parts: Any) -> str:
