@@ -17,12 +17,12 @@ from veil.pate.aggregators import (
     Aggregator,
     Answer,
     ConfidentGNMax,
-    EventTally,
     GNMax,
     LNMax,
     make_aggregator,
 )
 from veil.pate.labelling import LabelSettings, label_queries
+from veil.pate.spending import EventTally
 
 AGGS = [LNMax(3.0), GNMax(4.0), ConfidentGNMax(4.0, threshold=12.0, sigma1=5.0)]
 

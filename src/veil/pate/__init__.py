@@ -1,15 +1,15 @@
 """PATE: private labels from an ensemble of teachers trained on disjoint partitions.
 
-Modules: :mod:`~veil.pate.config` (the settings), :mod:`~veil.pate.partition` (disjoint teacher
-sets), :mod:`~veil.pate.teachers`
-(training, parallel and resumable), :mod:`~veil.pate.aggregators` (LNMax, GNMax,
-Confident-GNMax), :mod:`~veil.pate.analysis` (data-independent and data-dependent RDP),
+Modules: :mod:`~veil.pate.config` (the settings), :mod:`~veil.pate.data` (private part, public
+pool, test set), :mod:`~veil.pate.partition` (disjoint teacher sets), :mod:`~veil.pate.teachers`
+(training, parallel and resumable), :mod:`~veil.pate.aggregators` (LNMax, GNMax, Confident-GNMax),
+:mod:`~veil.pate.spending` (the events spent and the data-independent budget rules),
+:mod:`~veil.pate.analysis` (data-independent and data-dependent RDP),
 :mod:`~veil.pate.smooth_sensitivity` (private release of the data-dependent ε),
 :mod:`~veil.pate.labelling` (the budgeted labelling loop), :mod:`~veil.pate.ptr`
 (Propose-Test-Release: the data-dependent analysis as a guarantee), :mod:`~veil.pate.student`
-(optionally semi-supervised),
-:mod:`~veil.pate.run` (end to end, ``veil pate``). Guarantees and their exact meaning:
-``docs/pate.md``. Importing this package does not import torch or scipy.
+(optionally semi-supervised), :mod:`~veil.pate.run` (end to end, ``veil pate``). Guarantees and
+their exact meaning: ``docs/pate.md``. Importing this package does not import torch or scipy.
 """
 
 from __future__ import annotations

@@ -46,21 +46,19 @@ from veil.accounting.events import Gaussian, PrivacyEvent
 from veil.accounting.rdp import rdp_to_epsilon
 from veil.errors import ConfigError, InvalidParameterError
 from veil.mechanisms.rng import RandomSource
-from veil.pate.aggregators import (
+from veil.pate.aggregators import Aggregator, ConfidentGNMax, GNMax
+from veil.pate.ptr import PtrPlan, plan_ptr, ptr_distance, ptr_test, sorted_gaps
+from veil.pate.smooth_sensitivity import DataDependentAccount, ReleaseParams
+from veil.pate.spending import (
     ORDERS,
-    Aggregator,
-    ConfidentGNMax,
     DataIndependentBudget,
     EventTally,
-    GNMax,
     largest,
     rdp_epsilon,
     rdp_of,
     rho_of,
     too_small,
 )
-from veil.pate.ptr import PtrPlan, plan_ptr, ptr_distance, ptr_test, sorted_gaps
-from veil.pate.smooth_sensitivity import DataDependentAccount, ReleaseParams
 
 __all__ = [
     "BudgetName",
