@@ -9,7 +9,6 @@ which must share no row with the private data.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,12 +16,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from veil.errors import DataError
+from veil.pipeline.seeds import Purpose, derive_seed
 
 if TYPE_CHECKING:
     from veil.data import Dataset
     from veil.pate.config import PateConfig
 
-__all__ = ["PateData", "child_seed", "load_pate_data", "load_public_data"]
+__all__ = ["PateData", "load_pate_data", "load_public_data"]
 
 
 def load_public_data(path: str) -> tuple[np.ndarray, np.ndarray | None]:
@@ -43,11 +43,6 @@ def load_public_data(path: str) -> tuple[np.ndarray, np.ndarray | None]:
         raise DataError(
             "public_data", str(p), f"not a readable numpy file ({exc})", "pass .npz/.npy"
         ) from None
-
-
-def child_seed(seed: int, purpose: str) -> int:
-    """A seed for one purpose (``holdout``, ``queries``, ``student``, ``noise``) derived from ``seed``."""
-    return int.from_bytes(hashlib.sha256(f"veil-pate:{seed}:{purpose}".encode()).digest()[:8], "little") >> 1
 
 
 @dataclass(frozen=True)
@@ -90,7 +85,7 @@ def _split_holdout(
     counts = np.bincount(y)
     strat = y if counts[counts > 0].min() >= 2 and min(n_pub, n - n_pub) >= len(counts) else None
     i_pub, i_test = train_test_split(
-        np.arange(n), train_size=n_pub, random_state=child_seed(seed, "holdout") % 2**32, stratify=strat
+        np.arange(n), train_size=n_pub, random_state=derive_seed(seed, Purpose.PATE_HOLDOUT), stratify=strat
     )
     return x[i_pub], y[i_pub], x[i_test], y[i_test]
 
@@ -143,5 +138,7 @@ def load_pate_data(cfg: PateConfig) -> PateData:
     if len(x_pub) == 0:
         raise DataError("public pool", 0, "there is nothing for the student to query", "provide public data")
     q_planned = min(cfg.queries or len(x_pub), len(x_pub))
-    order = np.random.default_rng(child_seed(cfg.seed, "queries")).permutation(len(x_pub))[:q_planned]
+    order = np.random.default_rng(derive_seed(cfg.seed, Purpose.PATE_QUERIES)).permutation(len(x_pub))[
+        :q_planned
+    ]
     return PateData(ds, x_pub, y_pub, x_test, y_test, split, duplicates, order)

@@ -25,11 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from veil.accounting.ledger import atomic_write_bytes, atomic_write_text
 from veil.errors import CheckpointError
 from veil.pate.config import PateConfig, make_pate_config, resolve_pate_config
-from veil.pate.data import PateData, child_seed, load_pate_data, load_public_data
+from veil.pate.data import PateData, load_pate_data, load_public_data
 from veil.pate.report import PateReport
+from veil.pipeline.run_folder import check_out, default_out, write_files
+from veil.pipeline.seeds import Purpose, derive_seed
 
 if TYPE_CHECKING:
     from veil.data import Dataset
@@ -59,12 +60,9 @@ def _fingerprint(*parts: Any) -> str:
 
 # -- the run folder ---------------------------------------------------------------------------------
 def _checked_out(cfg: PateConfig) -> Path:
-    """The run folder (default ``runs/pate-<dataset>-<time>``); refused if labels were released there."""
-    if cfg.out:
-        out = Path(cfg.out)
-    else:
-        name = cfg.dataset.replace(":", "-").replace("/", "_")[-40:]
-        out = Path("runs") / f"pate-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """The run folder (default ``runs/pate-<dataset>-<time>``), checked before any work. Refused if
+    labels were released there; a folder holding only trained teachers (``teachers/``) is resumed."""
+    out = Path(cfg.out) if cfg.out else default_out(cfg.dataset, "pate")
     if (out / "labels.npz").exists() or (out / "report.json").exists():
         raise CheckpointError(
             "out",
@@ -73,6 +71,8 @@ def _checked_out(cfg: PateConfig) -> Path:
             "the same private data and spend the privacy budget a second time",
             "use a new --out folder (teachers can be copied over to skip retraining)",
         )
+    if not (out.is_dir() and {p.name for p in out.iterdir()} <= {"teachers"}):
+        check_out(out)
     return out
 
 
@@ -180,13 +180,12 @@ def _label(cfg: PateConfig, privacy: _Privacy, hist: np.ndarray, out: Path, data
     from veil.pate.labelling import label_queries
 
     settings = privacy.settings(len(data.order), data.ds.num_classes)
-    rng = make_source(cfg.secure_rng, None if cfg.secure_rng else child_seed(cfg.seed, "noise"))
+    rng = make_source(cfg.secure_rng, None if cfg.secure_rng else derive_seed(cfg.seed, Purpose.PATE_NOISE))
     result = label_queries(hist, settings, rng)
     idx = np.flatnonzero(result.labels >= 0)
-    out.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()
     np.savez(buf, public_index=data.order[idx], label=result.labels[idx])
-    atomic_write_bytes(out / "labels.npz", buf.getvalue())
+    write_files(out, {"labels.npz": buf.getvalue()})
     return result
 
 
@@ -211,7 +210,7 @@ def _student(
         x_unlabelled=data.x_pub[unlabelled],
         semi_supervised=cfg.semi_supervised,
     )
-    atomic_write_bytes(out / "student.model", pickle.dumps(student.model, protocol=pickle.HIGHEST_PROTOCOL))
+    write_files(out, {"student.model": pickle.dumps(student.model, protocol=pickle.HIGHEST_PROTOCOL)})
     return student
 
 
@@ -284,7 +283,7 @@ def _margins(hist: np.ndarray, asked: int) -> np.ndarray:
 
 def _build_report(cfg: PateConfig, o: _Outcome, out: Path) -> PateReport:
     import veil
-    from veil.pate.report import finite_or_none, guarantee_text
+    from veil.pate.report import guarantee_text, pate_checks
     from veil.pate.teachers import mean_accuracy
 
     result, student, agg = o.result, o.student, o.privacy.aggregator
@@ -334,13 +333,15 @@ def _build_report(cfg: PateConfig, o: _Outcome, out: Path) -> PateReport:
             "released_curve": [[float(a) for a in row] for row in result.released_curve],
         },
         vote_margins={
-            "mean": finite_or_none(float(margins.mean())) if margins.size else None,
+            "mean": float(margins.mean()) if margins.size else None,
             "histogram": np.bincount(margins, minlength=cfg.teachers + 1).tolist() if margins.size else [],
         },
         files=_files(student),
         out_dir=str(out),
     )
-    return rep.model_copy(update={"guarantee_statement": guarantee_text(rep)})
+    return rep.model_copy(
+        update={"guarantee_statement": guarantee_text(rep), "checks": pate_checks(rep, o.part.num_units)}
+    )
 
 
 def _write_report(cfg: PateConfig, rep: PateReport, o: _Outcome, out: Path) -> None:
@@ -353,10 +354,13 @@ def _write_report(cfg: PateConfig, rep: PateReport, o: _Outcome, out: Path) -> N
         ),
         "Vote margins": margins_png(o.margins.tolist(), (o.result.labels >= 0).tolist(), cfg.teachers),
     }
-    atomic_write_bytes(out / "epsilon.png", images["ε against queries answered"])
-    atomic_write_bytes(out / "margins.png", images["Vote margins"])
-    atomic_write_text(out / "report.html", render_html(rep, images))
-    atomic_write_text(out / "report.json", rep.to_json())
+    files: dict[str, bytes | str] = {
+        "epsilon.png": images["ε against queries answered"],
+        "margins.png": images["Vote margins"],
+        "report.html": render_html(rep, images),
+        "report.json": rep.to_json(),  # last: marks the run complete
+    }
+    write_files(out, files)
 
 
 def _factories(
@@ -369,7 +373,7 @@ def _factories(
         return ModelRecipe(spec, ds.input_shape, ds.num_classes, ds.kind, ds.pixel_max, seed, cfg.epochs)
 
     t_factory = teacher_factory or recipe(cfg.teacher_model, cfg.seed)
-    s_factory = student_factory or recipe(cfg.student_model, child_seed(cfg.seed, "student"))
+    s_factory = student_factory or recipe(cfg.student_model, derive_seed(cfg.seed, Purpose.PATE_STUDENT))
     names = (
         repr(t_factory) if teacher_factory else cfg.teacher_model,
         repr(s_factory) if student_factory else cfg.student_model,

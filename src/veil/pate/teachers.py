@@ -33,8 +33,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from veil.accounting.ledger import atomic_write_bytes, atomic_write_text
 from veil.errors import CheckpointError, ConfigError, InvalidParameterError
+from veil.pipeline.run_folder import write_files
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -359,8 +359,9 @@ def _train_one(
         base = Path(folder) / f"teacher_{index:05d}"
         buf = io.BytesIO()
         np.savez(buf, public=votes_public, test=votes_test, n_train=np.int64(len(y)))
-        atomic_write_bytes(base.with_suffix(".model"), pickle.dumps(model, protocol=pickle.HIGHEST_PROTOCOL))
-        atomic_write_bytes(base.with_suffix(".npz"), buf.getvalue())  # written last: marks the teacher done
+        model_bytes = pickle.dumps(model, protocol=pickle.HIGHEST_PROTOCOL)
+        # In order; the votes last: they mark the teacher as done.
+        write_files(Path(folder), {f"{base.name}.model": model_bytes, f"{base.name}.npz": buf.getvalue()})
     return index, votes_public, votes_test
 
 
@@ -396,8 +397,7 @@ def _check_manifest(folder: Path, fingerprint: str, k: int) -> None:
                 "use a new --out folder, or rerun with the original settings",
             )
         return
-    folder.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(manifest, json.dumps({"fingerprint": fingerprint, "teachers": k}, indent=2))
+    write_files(folder, {manifest.name: json.dumps({"fingerprint": fingerprint, "teachers": k}, indent=2)})
 
 
 def train_teachers(
