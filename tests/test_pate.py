@@ -225,6 +225,10 @@ def test_a_folder_of_trained_teachers_is_resumed_and_any_other_folder_refused(tm
     over = first.model_copy(update={"epsilon": 10.5, "epsilon_data_independent": 10.5})
     assert [c.passed for c in pate_checks(over, 10_000)] == [True, False]
     assert [c.passed for c in pate_checks(first, 200_000)] == [False, True]  # δ = 1e-5 ≥ 1/N fails
+    page = (tmp_path / "a" / "report.html").read_text()
+    headings = ["The guarantee", "Result", "Verification checklist", "Parameters", "Plots", "Files"]
+    positions = [page.index(f"<h2>{h}</h2>") for h in headings]  # the skeleton every job's page shares
+    assert positions == sorted(positions)
     shutil.copytree(tmp_path / "a" / "teachers", tmp_path / "b" / "teachers")
     again = run_pate({**settings, "out": str(tmp_path / "b")})
     assert again.teachers_resumed == 10

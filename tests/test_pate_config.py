@@ -60,7 +60,7 @@ BAD: dict[str, list[Any]] = {
     "progress": ["loud"],
 }
 
-# Values each valid alone but wrong together (checked before any work all the same).
+# Values each valid alone but wrong together, or wrong for the data (refused before anything is written).
 CROSS: list[tuple[dict[str, Any], str]] = [
     ({"aggregator": "gnmax", "threshold": 5.0}, "threshold"),
     ({"aggregator": "lnmax", "budget": "data-dependent"}, "budget"),
@@ -72,6 +72,7 @@ CROSS: list[tuple[dict[str, Any], str]] = [
         "ptr_select_share",
     ),
     ({"epsilon": 0.01}, "epsilon"),
+    ({"delta": 0.01}, "delta"),  # δ ≥ 1/N for digits' 1,078 private examples
 ]
 
 _LINE = re.compile(r"^veil: error: (?P<name>[\w.]+)=(?P<value>.+?): (?P<why>.+)\. Fix: (?P<fix>.+)\.$")

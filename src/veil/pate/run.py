@@ -135,16 +135,26 @@ def _privacy(cfg: PateConfig) -> _Privacy:
 
 
 # -- teachers, labels, student ------------------------------------------------------------------------
-def _teacher_votes(
-    cfg: PateConfig, data: PateData, out: Path, groups: Any, t_factory: Any
-) -> tuple[TeacherVotes, Partition]:
-    """Train (or resume) the teachers on disjoint partitions; their votes on the queries and test set."""
+def _partition(cfg: PateConfig, data: PateData, groups: Any) -> Partition:
+    """One teacher per example (or group); δ ≥ 1/N over the protected units is refused, before any
+    teacher is trained."""
     from veil.pate.partition import partition_teachers
+    from veil.pipeline.data import check_delta
+
+    ds = data.ds
+    part = partition_teachers(ds.x_train, ds.y_train, cfg.teachers, seed=cfg.seed, groups=groups)
+    check_delta(cfg.delta, part.num_units)
+    return part
+
+
+def _teacher_votes(
+    cfg: PateConfig, data: PateData, part: Partition, out: Path, groups: Any, t_factory: Any
+) -> TeacherVotes:
+    """Train (or resume) the teachers on their partitions; their votes on the queries and test set."""
     from veil.pate.teachers import train_teachers
     from veil.progress import CountProgress, progress_enabled
 
     ds = data.ds
-    part = partition_teachers(ds.x_train, ds.y_train, cfg.teachers, seed=cfg.seed, groups=groups)
     x_q = data.x_queries
     fingerprint = _fingerprint(
         ds.sha256,
@@ -171,7 +181,7 @@ def _teacher_votes(
             workers=cfg.workers,
             progress=bar.update,
         )
-    return votes, part
+    return votes
 
 
 def _label(cfg: PateConfig, privacy: _Privacy, hist: np.ndarray, out: Path, data: PateData) -> LabelResult:
@@ -400,7 +410,8 @@ def run_pate(
     privacy = _privacy(cfg)  # settings errors before any work
     data = load_pate_data(cfg)
     t_factory, s_factory, models = _factories(cfg, data.ds, teacher_factory, student_factory)
-    votes, part = _teacher_votes(cfg, data, out, groups, t_factory)
+    part = _partition(cfg, data, groups)
+    votes = _teacher_votes(cfg, data, part, out, groups, t_factory)
     hist = votes.histograms(data.ds.num_classes)
     result = _label(cfg, privacy, hist, out, data)
     student = _student(cfg, data, result, out, s_factory)
