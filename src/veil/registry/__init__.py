@@ -9,7 +9,7 @@ PostgreSQL server for a team. See ``docs/budget.md``.
 Modules: :mod:`~veil.registry.identity` (what counts as the same dataset; no database),
 :mod:`~veil.registry.compose` (composition of stored events; no database),
 :mod:`~veil.registry.location` (which database), :mod:`~veil.registry.store` (the database itself,
-needs the ``tables`` extra: SQLAlchemy, psycopg).
+SQLAlchemy, a core dependency; PostgreSQL also needs psycopg from the ``tables`` extra).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ __all__ = ["DatasetCharge", "open_registry"]
 
 
 def open_registry(db: str | os.PathLike[str] | None = None) -> BudgetRegistry:
-    """A :class:`~veil.registry.store.BudgetRegistry`, or a one-line error if the extra is missing."""
+    """A :class:`~veil.registry.store.BudgetRegistry`, or a one-line error if SQLAlchemy is missing."""
     try:
         from veil.registry.store import BudgetRegistry
     except ModuleNotFoundError as exc:
@@ -41,7 +41,7 @@ def open_registry(db: str | os.PathLike[str] | None = None) -> BudgetRegistry:
             exc.name,
             "every run's spend is recorded per dataset in the budget registry, which needs SQLAlchemy; "
             "without it the run's spend could not be checked against the dataset's budget",
-            "pip install 'veil[tables]'",
+            "reinstall veil (SQLAlchemy is one of its dependencies): pip install veil",
         ) from None
     return BudgetRegistry(db)
 

@@ -98,7 +98,7 @@ def sql_location(url: str) -> str:
         from sqlalchemy.engine import make_url
     except ModuleNotFoundError:  # pragma: no cover - the tables extra is installed with the registry
         raise InvalidParameterError(
-            "dataset", "sql:...", "SQL sources need SQLAlchemy", "pip install 'veil[tables]'"
+            "dataset", "sql:...", "SQL sources need SQLAlchemy", "reinstall veil: pip install veil"
         ) from None
     from sqlalchemy.exc import ArgumentError
 
