@@ -136,10 +136,10 @@ class DPOptimizer(Optimizer):
         sums = self.clipper.clipped_sum()
         if std == 0:
             for p, summed in zip(self.clipper.parameters, sums, strict=True):
-                # In place on the clipper's accumulator when dtypes agree (reset() after the step
-                # starts a new one); low-precision parameters are divided at float32, cast once.
+                # A new tensor: the clipper's accumulator keeps Σ clip(g_i) until reset() (an
+                # auditor reads it); low-precision parameters are divided at float32, cast once.
                 work = torch.promote_types(p.dtype, torch.float32)
-                g = (summed if summed.dtype == work else summed.to(work)).div_(self._denominator)
+                g = summed.to(work) / self._denominator
                 p.grad = g if g.dtype == p.dtype else g.to(p.dtype)
             return
         inverse = 1.0 / self._denominator
