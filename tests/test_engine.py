@@ -222,10 +222,12 @@ def test_chunk_steps_do_not_update_until_the_logical_batch_closes() -> None:
 _SIGMA, _CLIP, _BATCH = 1.3, 0.7, 16
 
 
-def _pure_noise_grads(model: nn.Module, dtype: torch.dtype, doctor: bool = False) -> list[torch.Tensor]:
-    """One logical step on a zero loss, so that every p.grad is pure noise."""
+def _pure_noise_grads(
+    model: nn.Module, dtype: torch.dtype, doctor: bool = False, std_factor: float = 1.0, features: int = 100
+) -> list[torch.Tensor]:
+    """One logical step on a zero loss, so that every p.grad is pure noise (std × ``std_factor``)."""
     sigma, clip, batch = _SIGMA, _CLIP, _BATCH
-    data = TensorDataset(torch.randn(64, 100, dtype=dtype))
+    data = TensorDataset(torch.randn(64, features, dtype=dtype))
     engine = PrivacyEngine(seed=123, reproducible=True)
     m, optimizer, loader = engine.make_private(
         module=model,
@@ -238,6 +240,7 @@ def _pure_noise_grads(model: nn.Module, dtype: torch.dtype, doctor: bool = False
     )
     if doctor:  # the classic bug: divide by the physical batch size instead of q·N
         optimizer._denominator = 4.0
+    optimizer.noise_multiplier *= std_factor  # a deliberately wrong noise scale (1.0: none)
     for (x,) in loader:
         optimizer.zero_grad()
         (m(x) * 0).sum().backward()
@@ -247,21 +250,34 @@ def _pure_noise_grads(model: nn.Module, dtype: torch.dtype, doctor: bool = False
     return [p.grad for p in m.parameters() if p.grad is not None]
 
 
-def _noise_statistic(dtype: torch.dtype, doctor: bool = False) -> tuple[float, float, int]:
-    """Returns (Σg², expected variance per coordinate, number of coordinates) of one step's noise."""
+def _noise_statistic(
+    dtype: torch.dtype, doctor: bool = False, variance_factor: float = 1.0
+) -> tuple[float, float, int]:
+    """(Σg², expected variance per coordinate, number of coordinates) of one step's noise.
+
+    100 250 coordinates (Linear(400, 250)): Σg²/var ~ χ²_n has relative sd √(2/n) = 0.45 %, so the
+    central 1 − 1e-6 window is ±2.2 % and a 5 % error in the variance lies ≥ 6 sd outside it."""
     torch.manual_seed(0)
-    grads = _pure_noise_grads(nn.Linear(100, 50).to(dtype), dtype, doctor)
+    model = nn.Linear(400, 250).to(dtype)
+    grads = _pure_noise_grads(model, dtype, doctor, std_factor=math.sqrt(variance_factor), features=400)
     g = torch.cat([t.double().flatten() for t in grads])
     return float((g**2).sum()), (_SIGMA * _CLIP / _BATCH) ** 2, g.numel()
 
 
+def _chi2_accepts(ss: float, var: float, n: int) -> bool:
+    """Σg²/var inside the central 1 − 1e-6 of χ²_n: the false-failure rate of a correct scale is 1e-6."""
+    return bool(stats.chi2.ppf(5e-7, n) < ss / var < stats.chi2.ppf(1 - 5e-7, n))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_noise_std_is_sigma_c_over_expected_batch(dtype: torch.dtype) -> None:
-    ss, var, n = _noise_statistic(dtype)
-    # Σg²/var ~ χ²_n under the right scale: accept in the central 1 − 1e-6 (false failure 1e-6;
-    # bfloat16 rounding shifts the statistic by ~1e-5 relative, far inside the ±10% window).
-    lo, hi = stats.chi2.ppf(5e-7, n), stats.chi2.ppf(1 - 5e-7, n)
-    assert lo < ss / var < hi
+    # bfloat16 rounding shifts the statistic by ~1e-5 relative, far inside the ±2.2 % window.
+    assert _chi2_accepts(*_noise_statistic(dtype))
+
+
+@pytest.mark.parametrize("variance_factor", [0.95, 1.05])
+def test_noise_test_catches_a_five_percent_variance_error(variance_factor: float) -> None:
+    assert not _chi2_accepts(*_noise_statistic(torch.float32, variance_factor=variance_factor))
 
 
 def test_noise_scale_per_parameter_when_dtypes_are_mixed() -> None:
