@@ -61,6 +61,7 @@ from veil.validation import validate
 
 if TYPE_CHECKING:
     from veil.clipping import PerSampleClipper
+    from veil.distributed import DistributedSetup
     from veil.mechanisms.rng import RandomSource
 
 __all__ = ["PrivacyEngine", "PrivacyPlan", "PrivateTraining"]
@@ -325,6 +326,7 @@ class PrivacyEngine:
         self._optimizer: DPOptimizer | None = None
         self._loader: PrivateDataLoader | None = None
         self._clipper: PerSampleClipper | None = None
+        self.distributed: DistributedSetup | None = None
 
     # -- the facade ----------------------------------------------------------------------------
     def make_private(
@@ -344,6 +346,7 @@ class PrivacyEngine:
         physical_batch_size: int | None = None,
         poisson_sampling: bool = True,
         allow_non_poisson: bool = False,
+        distributed: bool | None = None,
     ) -> PrivateTraining:
         """Make ``module``/``optimizer``/``data_loader`` private; returns ``(model, optimizer, loader)``.
 
@@ -354,6 +357,11 @@ class PrivacyEngine:
         The returned model is ``module`` itself (with the clipper's hooks); the optimizer wraps
         ``optimizer``; the loader replaces ``data_loader`` with Poisson-sampled logical batches of expected
         size ``data_loader.batch_size`` over the same dataset, collate function and workers.
+
+        Across ranks (a ``DistributedDataParallel`` module, or ``distributed=True`` under an initialised
+        process group; see :mod:`veil.distributed`): ``data_loader.batch_size`` is the *global* expected
+        batch size, each rank's loader yields its shard of every logical batch, the returned model is
+        the inner (unwrapped) module, and the clipped sums are all-reduced once per logical step.
         """
         if self.plan is not None:
             raise ConfigError(
@@ -367,6 +375,11 @@ class PrivacyEngine:
             raise InvalidParameterError(
                 "module", type(module).__name__, "only an nn.Module can be clipped", "pass an nn.Module"
             )
+        from veil.distributed.setup import resolve_setup
+
+        ranks = resolve_setup(module, distributed)  # None in one process
+        if ranks is not None:
+            module = ranks.module  # DDP's own averaging must never see unclipped gradients
         if not isinstance(optimizer, Optimizer) or isinstance(optimizer, DPOptimizer):
             raise InvalidParameterError(
                 "optimizer",
@@ -398,6 +411,9 @@ class PrivacyEngine:
             )
         reduction = _resolve_loss_reduction(loss_reduction, criterion)
         sampling = self._check_sampling(poisson_sampling, allow_non_poisson)
+        if ranks is not None:
+            ranks.check_sampling(sampling)
+            ranks.check_loader(data_loader)
         if not isinstance(data_loader, DataLoader):
             raise SamplingError(
                 "data_loader",
@@ -456,14 +472,20 @@ class PrivacyEngine:
                 f"it cannot account for this run's steps ({plan.event.to_json()})",
                 "use accountant='pld'",
             )
+        if ranks is not None:
+            ranks.agree(plan)  # a collective: every rank refuses together
 
         # -- every check passed: build and commit ----------------------------------------------
+        if ranks is not None:
+            ranks.broadcast_parameters()
         from veil.clipping import PerSampleClipper
 
         clipper = PerSampleClipper(module, float(max_grad_norm), clipping=clipping, loss_reduction=reduction)
         signal = StepSignal()
         logical: PoissonBatchSampler | ShuffledBatchSampler
-        if sampling == "poisson":
+        if ranks is not None:
+            logical = ranks.sampler(n, q, per_epoch, self.sampler_source)
+        elif sampling == "poisson":
             logical = PoissonBatchSampler(n, q, per_epoch, self.sampler_source)
         else:
             logical = ShuffledBatchSampler(n, batch_size, per_epoch, self.sampler_source)
@@ -477,7 +499,7 @@ class PrivacyEngine:
             template_item=dataset[0],
             **_loader_kwargs(data_loader),
         )
-        dp_optimizer = DPOptimizer(
+        dp_optimizer = (DPOptimizer if ranks is None else ranks.optimizer_class)(
             optimizer,
             clipper=clipper,
             noise_multiplier=sigma,
@@ -487,6 +509,9 @@ class PrivacyEngine:
             signal=signal,
             on_release=self._account_step,
         )
+        if ranks is not None:
+            ranks.guard_wrapper()
+        self.distributed = ranks
         self.plan = plan
         self.forward_probe = probe
         self._clipper, self._optimizer, self._loader = clipper, dp_optimizer, loader
