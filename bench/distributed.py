@@ -1,0 +1,212 @@
+"""Data-parallel DP-SGD throughput: 1 vs 2 processes (one thread each), veil beside Opacus.
+
+Each configuration (library × world size × repetition) runs in fresh processes started with
+``torch.multiprocessing`` (spawn) that meet through a file rendezvous and talk over gloo on CPU:
+
+* veil, 1 process: ``PrivacyEngine.make_private`` on the plain module (what a one-process user runs);
+* veil, 2 processes: ``make_private`` on the ``DistributedDataParallel``-wrapped module (each rank
+  samples its shard of every Poisson batch, one all-reduce of the clipped sums per step);
+* Opacus, 1 process: its ``make_private`` on the plain module; Opacus, 2 processes: on its
+  ``DPDDP``-wrapped module (its distributed Poisson sampler), where it runs.
+
+Same synthetic data (N examples, 784 features, 10 classes), same MLP (784 → 256 → tanh → 10), same
+expected logical batch (B), σ and C. Every rank runs ``--warmup`` logical steps, waits at a barrier,
+then times ``--steps`` logical steps, and waits at a barrier again; examples/s is the number of
+examples in those steps *over all ranks* divided by rank 0's wall time. The scaling ratio is the
+2-process examples/s over the 1-process examples/s of the same library. Repetitions are interleaved
+(rep 1 of every configuration, then rep 2, ...) so drift in the machine's load hits all alike; the
+table shows medians and the load average seen during the runs.
+
+Usage::
+
+    python bench/distributed.py              # 3 repetitions (a few minutes on 2 cores)
+    python bench/distributed.py --quick      # smoke run: few steps, one repetition
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import describe_machine, markdown_table  # noqa: E402
+
+LIBRARIES = ("veil", "opacus")
+
+
+def _data(n: int) -> TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    return TensorDataset(torch.rand(n, 784, generator=g), torch.randint(0, 10, (n,), generator=g))
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(784, 256), nn.Tanh(), nn.Linear(256, 10))
+
+
+def _make_private(library: str, world: int, settings: dict[str, Any]) -> tuple[nn.Module, Any, Any]:
+    model = _model()
+    loader = DataLoader(_data(settings["n"]), batch_size=settings["batch"])
+    common = {"noise_multiplier": 1.0, "max_grad_norm": 1.0}
+    if library == "veil":
+        from veil.engine import PrivacyEngine
+
+        module = nn.parallel.DistributedDataParallel(model) if world > 1 else model
+        optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+        return PrivacyEngine().make_private(module=module, optimizer=optimizer, data_loader=loader, **common)
+    import opacus
+    from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
+
+    module = DPDDP(model) if world > 1 else model
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+    engine = opacus.PrivacyEngine(secure_mode=False)
+    return engine.make_private(module=module, optimizer=optimizer, data_loader=loader, **common)
+
+
+def _steps(model: nn.Module, optimizer: Any, loader: Any, count: int) -> int:
+    """Run ``count`` logical steps; the number of (local) examples they held."""
+    crit = nn.CrossEntropyLoss()
+    taken = examples = 0
+    while taken < count:
+        for x, y in loader:
+            optimizer.zero_grad()
+            crit(model(x), y).backward()
+            optimizer.step()
+            examples += len(x)
+            if getattr(optimizer, "pending_chunks", 0) == 0:
+                taken += 1
+            if taken == count:
+                break
+    return examples
+
+
+def _rank(rank: int, world: int, library: str, settings: dict[str, Any], rendezvous: str, out: str) -> None:
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{rendezvous}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=300),
+    )
+    try:
+        model, optimizer, loader = _make_private(library, world, settings)
+        _steps(model, optimizer, loader, settings["warmup"])
+        dist.barrier()
+        start = time.perf_counter()
+        examples = torch.tensor([_steps(model, optimizer, loader, settings["steps"])], dtype=torch.float64)
+        dist.barrier()
+        seconds = time.perf_counter() - start
+        dist.all_reduce(examples)
+        if rank == 0:
+            Path(out).write_text(json.dumps({"seconds": seconds, "examples": float(examples.item())}))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_once(library: str, world: int, settings: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """One configuration in fresh processes; ``{"error": ...}`` if it failed or timed out."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        load_before = os.getloadavg()[0]
+        context = mp.start_processes(
+            _rank,
+            args=(world, library, settings, str(Path(tmp) / "rendezvous"), str(out)),
+            nprocs=world,
+            join=False,
+            start_method="spawn",
+        )
+        deadline = time.monotonic() + timeout_s
+        error = None
+        try:
+            while not context.join(timeout=1):
+                if time.monotonic() > deadline:
+                    error = f"timed out after {timeout_s:.0f} s"
+                    break
+        except Exception as exc:  # a rank failed: report it, keep benchmarking the others
+            error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:200]}"
+        finally:
+            for process in context.processes:
+                if process.is_alive():
+                    process.kill()
+                    process.join()
+        if error is not None or not out.exists():
+            return {"error": error or "no result"}
+        result = json.loads(out.read_text())
+        result["examples_per_s"] = result["examples"] / result["seconds"]
+        result["load"] = max(load_before, os.getloadavg()[0])
+        return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=16384, help="dataset size N")
+    parser.add_argument("--batch", type=int, default=256, help="expected logical batch B = q·N")
+    parser.add_argument("--steps", type=int, default=40, help="timed logical steps")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--libraries", default=",".join(LIBRARIES))
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per configuration")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 2 steps, 1 repetition")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.steps, args.warmup, args.repeats, args.n, args.batch = 2, 1, 1, 512, 32
+    settings = {"n": args.n, "batch": args.batch, "steps": args.steps, "warmup": args.warmup}
+    libraries = [name for name in args.libraries.split(",") if name]
+    configs = [(library, world) for library in libraries for world in (1, 2)]
+    runs: dict[tuple[str, int], list[dict[str, Any]]] = {c: [] for c in configs}
+    for rep in range(args.repeats):
+        for i in range(len(configs)):
+            config = configs[(i + rep) % len(configs)]
+            runs[config].append(run_once(*config, settings, args.timeout))
+    rows = []
+    for library in libraries:
+        rates: dict[int, float | None] = {}
+        for world in (1, 2):
+            ok = [r for r in runs[(library, world)] if "error" not in r]
+            rates[world] = statistics.median(r["examples_per_s"] for r in ok) if ok else None
+        for world in (1, 2):
+            ok = [r for r in runs[(library, world)] if "error" not in r]
+            errors = [r["error"] for r in runs[(library, world)] if "error" in r]
+            rate = rates[world]
+            ratio = rates[2] / rates[1] if world == 2 and rates[1] and rates[2] else None
+            rows.append(
+                [
+                    library,
+                    world,
+                    f"{rate:.0f}" if rate is not None else "failed: " + (errors[0] if errors else "?"),
+                    f"{ratio:.2f}×" if ratio is not None else "",
+                    f"{max(r['load'] for r in ok):.1f}" if ok else "",
+                    f"{len(ok)}/{len(runs[(library, world)])}",
+                ]
+            )
+    print(
+        f"N = {args.n}, B = {args.batch}, MLP 784-256-10, σ = 1, C = 1, {args.steps} timed logical steps, "
+        f"1 thread per process, gloo, median of {args.repeats}\n"
+    )
+    header = ["library", "processes", "examples/s", "scaling vs 1", "load avg (max)", "runs ok"]
+    print(markdown_table(header, rows))
+    print()
+    print(describe_machine())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
