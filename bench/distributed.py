@@ -45,7 +45,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import describe_machine, markdown_table  # noqa: E402
+from common import describe_machine, markdown_table
 
 LIBRARIES = ("veil", "opacus")
 
