@@ -7,7 +7,8 @@ Each configuration (library × world size × repetition) runs in fresh processes
 * veil, 2 processes: ``make_private`` on the ``DistributedDataParallel``-wrapped module (each rank
   samples its shard of every Poisson batch, one all-reduce of the clipped sums per step);
 * Opacus, 1 process: its ``make_private`` on the plain module; Opacus, 2 processes: on its
-  ``DPDDP``-wrapped module (its distributed Poisson sampler), where it runs.
+  ``DPDDP``-wrapped module (its distributed Poisson sampler), where it runs; "opacus" is its default
+  per-sample-gradient hooks, "opacus-ghost" its ghost clipping (``grad_sample_mode="ghost"``).
 
 Same synthetic data (N examples, 784 features, 10 classes), same MLP (784 → 256 → tanh → 10), same
 expected logical batch (B), σ and C. Every rank runs ``--warmup`` logical steps, waits at a barrier,
@@ -15,7 +16,9 @@ then times ``--steps`` logical steps, and waits at a barrier again; examples/s i
 examples in those steps *over all ranks* divided by rank 0's wall time. The scaling ratio is the
 2-process examples/s over the 1-process examples/s of the same library. Repetitions are interleaved
 (rep 1 of every configuration, then rep 2, ...) so drift in the machine's load hits all alike; the
-table shows medians and the load average seen during the runs.
+table shows medians and the load average seen during the runs. A second table runs each library once
+on tiny data (8 examples, q = 0.25, 2 processes, where local batches are often empty) and says
+whether it finished.
 
 Usage::
 
@@ -47,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import describe_machine, markdown_table
 
-LIBRARIES = ("veil", "opacus")
+LIBRARIES = ("veil", "opacus", "opacus-ghost")
 
 
 def _data(n: int) -> TensorDataset:
@@ -60,8 +63,10 @@ def _model() -> nn.Module:
     return nn.Sequential(nn.Linear(784, 256), nn.Tanh(), nn.Linear(256, 10))
 
 
-def _make_private(library: str, world: int, settings: dict[str, Any]) -> tuple[nn.Module, Any, Any]:
+def _make_private(library: str, world: int, settings: dict[str, Any]) -> tuple[nn.Module, Any, Any, Any]:
+    """``(model, optimizer, loader, criterion)`` of the library's private training."""
     model = _model()
+    criterion = nn.CrossEntropyLoss()
     loader = DataLoader(_data(settings["n"]), batch_size=settings["batch"])
     common = {"noise_multiplier": 1.0, "max_grad_norm": 1.0}
     if library == "veil":
@@ -69,19 +74,31 @@ def _make_private(library: str, world: int, settings: dict[str, Any]) -> tuple[n
 
         module = nn.parallel.DistributedDataParallel(model) if world > 1 else model
         optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
-        return PrivacyEngine().make_private(module=module, optimizer=optimizer, data_loader=loader, **common)
+        private = PrivacyEngine().make_private(
+            module=module, optimizer=optimizer, data_loader=loader, **common
+        )
+        return (*private, criterion)
     import opacus
     from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
 
     module = DPDDP(model) if world > 1 else model
     optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
     engine = opacus.PrivacyEngine(secure_mode=False)
-    return engine.make_private(module=module, optimizer=optimizer, data_loader=loader, **common)
+    if library == "opacus-ghost":  # fast gradient clipping: the loss is wrapped, backward runs twice
+        model, optimizer, criterion, loader = engine.make_private(
+            module=module,
+            optimizer=optimizer,
+            data_loader=loader,
+            criterion=criterion,
+            grad_sample_mode="ghost",
+            **common,
+        )
+        return model, optimizer, loader, criterion
+    return (*engine.make_private(module=module, optimizer=optimizer, data_loader=loader, **common), criterion)
 
 
-def _steps(model: nn.Module, optimizer: Any, loader: Any, count: int) -> int:
+def _steps(model: nn.Module, optimizer: Any, loader: Any, crit: Any, count: int) -> int:
     """Run ``count`` logical steps; the number of (local) examples they held."""
-    crit = nn.CrossEntropyLoss()
     taken = examples = 0
     while taken < count:
         for x, y in loader:
@@ -104,14 +121,16 @@ def _rank(rank: int, world: int, library: str, settings: dict[str, Any], rendezv
         init_method=f"file://{rendezvous}",
         rank=rank,
         world_size=world,
-        timeout=datetime.timedelta(seconds=300),
+        timeout=datetime.timedelta(seconds=settings.get("collective_timeout", 300)),
     )
     try:
-        model, optimizer, loader = _make_private(library, world, settings)
-        _steps(model, optimizer, loader, settings["warmup"])
+        model, optimizer, loader, crit = _make_private(library, world, settings)
+        _steps(model, optimizer, loader, crit, settings["warmup"])
         dist.barrier()
         start = time.perf_counter()
-        examples = torch.tensor([_steps(model, optimizer, loader, settings["steps"])], dtype=torch.float64)
+        examples = torch.tensor(
+            [_steps(model, optimizer, loader, crit, settings["steps"])], dtype=torch.float64
+        )
         dist.barrier()
         seconds = time.perf_counter() - start
         dist.all_reduce(examples)
@@ -165,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--libraries", default=",".join(LIBRARIES))
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per configuration")
     parser.add_argument("--quick", action="store_true", help="smoke run: 2 steps, 1 repetition")
+    parser.add_argument(
+        "--no-tiny", dest="tiny", action="store_false", help="skip the tiny-data run (8 examples, 2 ranks)"
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.warmup, args.repeats, args.n, args.batch = 2, 1, 1, 512, 32
@@ -204,6 +226,15 @@ def main(argv: list[str] | None = None) -> int:
     header = ["library", "processes", "examples/s", "scaling vs 1", "load avg (max)", "runs ok"]
     print(markdown_table(header, rows))
     print()
+    if args.tiny:
+        tiny = {"n": 8, "batch": 2, "steps": 12, "warmup": 0, "collective_timeout": 20}
+        rows = []
+        for library in libraries:
+            result = run_once(library, 2, tiny, 120.0)
+            rows.append([library, "finished" if "error" not in result else "failed: " + result["error"]])
+        print("Tiny data: N = 8, q = 0.25, 2 processes, 12 logical steps (collectives time out after 20 s)\n")
+        print(markdown_table(["library", "outcome"], rows))
+        print()
     print(describe_machine())
     return 0
 

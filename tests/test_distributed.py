@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
-from veil.distributed import ShardedPoissonBatchSampler, owner_of
+from veil.distributed import ShardedPoissonBatchSampler, is_writer, owner_of
 from veil.engine import PrivacyEngine
 from veil.errors import ConfigError, SamplingError
 from veil.mechanisms.rng import SecureSource, SeededSource
@@ -66,8 +66,12 @@ def _train(
     data: TensorDataset | None = None,
     batch_size: int = BATCH,
     zero_loss: bool = False,
+    save_to: Path | None = None,
+    resume_from: Path | None = None,
 ) -> dict[str, Any]:
-    """Train ``steps`` logical steps; per step: the parameters, the gradients, the local batch size."""
+    """Train ``steps`` logical steps; per step: the parameters, the gradients, the local batch size.
+
+    ``resume_from``: load a checkpoint first; ``save_to``: the writer (rank 0) saves one at the end."""
     data = data if data is not None else _data()
     engine = PrivacyEngine(secure_rng=False, seed=0)
     opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
@@ -80,6 +84,11 @@ def _train(
         physical_batch_size=physical_batch_size,
         distributed=distributed,
     )
+    if resume_from is not None:
+        state = torch.load(resume_from, weights_only=False)
+        inner.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        engine.load_state_dict(state["engine"])
     crit = nn.CrossEntropyLoss()
     params: list[torch.Tensor] = []
     grads: list[torch.Tensor] = []
@@ -100,6 +109,13 @@ def _train(
                 size = 0
             if len(params) == steps:
                 break
+    if save_to is not None and is_writer():
+        state = {
+            "model": inner.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "engine": engine.state_dict(),
+        }
+        torch.save(state, save_to)
     return {
         "params": params,
         "grads": grads,
@@ -151,7 +167,16 @@ def _rank_main(rank: int, init_file: str, out_dir: str) -> None:
         results["noise"] = _train(wide, sigma=1.3, steps=8, distributed=True, data=noise_data, zero_loss=True)
         # 4. Tiny data: 8 examples, q = 0.25, 12 steps: many empty local batches.
         results["tiny"] = _train(_mlp(), sigma=1.0, steps=12, distributed=True, data=_data(n=8), batch_size=2)
-        # 5. Refusals: a DistributedSampler loader, different plans across ranks.
+        # 5. Checkpoint written by rank 0 after 3 steps, loaded by every rank: the same as 6 steps.
+        results["whole"] = _train(_mlp(), sigma=0.8, steps=6, distributed=True)
+        checkpoint = Path(out_dir) / "checkpoint.pt"
+        _train(_mlp(), sigma=0.8, steps=3, distributed=True, save_to=checkpoint)
+        dist.barrier()
+        results["written_by"] = rank if checkpoint.exists() and rank == 0 else None
+        results["resumed"] = _train(
+            _mlp(seed=7), sigma=0.8, steps=3, distributed=True, resume_from=checkpoint
+        )
+        # 6. Refusals: a DistributedSampler loader, different plans across ranks.
         try:
             PrivacyEngine(secure_rng=False, seed=0).make_private(
                 module=_mlp(),
@@ -287,6 +312,14 @@ def test_tiny_data_with_empty_local_batches_finishes(ranks: list[dict[str, Any]]
         assert tiny["engine_steps"] == tiny["reductions"] == 12
     empties = sum(s == 0 for r in range(WORLD) for s in ranks[r]["tiny"]["local_sizes"])
     assert empties >= 1
+
+
+def test_checkpoint_by_rank_0_resumes_every_rank_exactly(ranks: list[dict[str, Any]]) -> None:
+    """Rank 0 alone writes; every rank loads it; in research mode the resumed run is bit-identical."""
+    assert ranks[0]["written_by"] == 0
+    for r in range(WORLD):
+        assert torch.equal(ranks[r]["resumed"]["params"][-1], ranks[r]["whole"]["params"][-1])
+        assert ranks[r]["resumed"]["engine_steps"] == 6  # the ledger continued: 3 saved + 3 new
 
 
 def test_refusals_across_ranks(ranks: list[dict[str, Any]]) -> None:
