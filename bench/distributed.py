@@ -12,7 +12,8 @@ Each configuration (library × world size × repetition) runs in fresh processes
 
 Same synthetic data (N examples, 784 features, 10 classes), same MLP (784 → 256 → tanh → 10), same
 expected logical batch (B), σ and C. Every rank runs ``--warmup`` logical steps, waits at a barrier,
-then times ``--steps`` logical steps, and waits at a barrier again; examples/s is the number of
+then times as many logical steps as fill about ``--seconds`` (estimated from the warm-up; at
+least ``--steps``; the same count on every rank), and waits at a barrier again; examples/s is the number of
 examples in those steps *over all ranks* divided by rank 0's wall time. The scaling ratio is the
 2-process examples/s over the 1-process examples/s of the same library. Repetitions are interleaved
 (rep 1 of every configuration, then rep 2, ...) so drift in the machine's load hits all alike; the
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import statistics
 import sys
@@ -125,19 +127,26 @@ def _rank(rank: int, world: int, library: str, settings: dict[str, Any], rendezv
     )
     try:
         model, optimizer, loader, crit = _make_private(library, world, settings)
+        start = time.perf_counter()
         _steps(model, optimizer, loader, crit, settings["warmup"])
+        per_step = (time.perf_counter() - start) / max(1, settings["warmup"])
+        # As many steps as fill about --seconds (at least --steps), the same on every rank.
+        count = torch.tensor([max(settings["steps"], math.ceil(settings["seconds"] / per_step))])
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
         dist.barrier()
         start = time.perf_counter()
-        examples = torch.tensor(
-            [_steps(model, optimizer, loader, crit, settings["steps"])], dtype=torch.float64
-        )
+        examples = torch.tensor([_steps(model, optimizer, loader, crit, int(count))], dtype=torch.float64)
         dist.barrier()
         seconds = time.perf_counter() - start
         dist.all_reduce(examples)
         if rank == 0:
-            Path(out).write_text(json.dumps({"seconds": seconds, "examples": float(examples.item())}))
+            result = {"seconds": seconds, "examples": float(examples.item()), "steps": int(count)}
+            Path(out).write_text(json.dumps(result))
     finally:
         dist.destroy_process_group()
+
+
+exit_failures: list[str] = []  # processes that failed after the timed part, at shutdown
 
 
 def run_once(library: str, world: int, settings: dict[str, Any], timeout_s: float) -> dict[str, Any]:
@@ -161,6 +170,9 @@ def run_once(library: str, world: int, settings: dict[str, Any], timeout_s: floa
                     break
         except Exception as exc:  # a rank failed: report it, keep benchmarking the others
             error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:200]}"
+            if out.exists():  # it failed after rank 0 wrote its result: at exit, not while timed
+                exit_failures.append(error)
+                error = None
         finally:
             for process in context.processes:
                 if process.is_alive():
@@ -178,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=16384, help="dataset size N")
     parser.add_argument("--batch", type=int, default=256, help="expected logical batch B = q·N")
-    parser.add_argument("--steps", type=int, default=40, help="timed logical steps")
+    parser.add_argument("--steps", type=int, default=5, help="at least this many timed logical steps")
+    parser.add_argument("--seconds", type=float, default=10.0, help="timed steps fill about this long")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--libraries", default=",".join(LIBRARIES))
@@ -189,8 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.quick:
-        args.steps, args.warmup, args.repeats, args.n, args.batch = 2, 1, 1, 512, 32
+        args.steps, args.seconds, args.warmup, args.repeats, args.n, args.batch = 2, 0.0, 1, 1, 512, 32
     settings = {"n": args.n, "batch": args.batch, "steps": args.steps, "warmup": args.warmup}
+    settings["seconds"] = args.seconds
     libraries = [name for name in args.libraries.split(",") if name]
     configs = [(library, world) for library in libraries for world in (1, 2)]
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {c: [] for c in configs}
@@ -220,14 +234,16 @@ def main(argv: list[str] | None = None) -> int:
                 ]
             )
     print(
-        f"N = {args.n}, B = {args.batch}, MLP 784-256-10, σ = 1, C = 1, {args.steps} timed logical steps, "
-        f"1 thread per process, gloo, median of {args.repeats}\n"
+        f"N = {args.n}, B = {args.batch}, MLP 784-256-10, σ = 1, C = 1, about {args.seconds:g} s of timed "
+        f"logical steps (at least {args.steps}), 1 thread per process, gloo, median of {args.repeats}\n"
     )
     header = ["library", "processes", "examples/s", "scaling vs 1", "load avg (max)", "runs ok"]
     print(markdown_table(header, rows))
     print()
+    if exit_failures:
+        print(f"{len(exit_failures)} run(s) failed at shutdown, after the timed part: {exit_failures[0]}\n")
     if args.tiny:
-        tiny = {"n": 8, "batch": 2, "steps": 12, "warmup": 0, "collective_timeout": 20}
+        tiny = {"n": 8, "batch": 2, "steps": 12, "warmup": 1, "seconds": 0.0, "collective_timeout": 20}
         rows = []
         for library in libraries:
             result = run_once(library, 2, tiny, 120.0)
