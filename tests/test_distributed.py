@@ -73,7 +73,7 @@ def _train(
 
     ``resume_from``: load a checkpoint first; ``save_to``: the writer (rank 0) saves one at the end."""
     data = data if data is not None else _data()
-    engine = PrivacyEngine(secure_rng=False, seed=0)
+    engine = PrivacyEngine(seed=0, reproducible=True)
     opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
     inner, optimizer, loader = engine.make_private(
         module=model,
@@ -178,7 +178,7 @@ def _rank_main(rank: int, init_file: str, out_dir: str) -> None:
         )
         # 6. Refusals: a DistributedSampler loader, different plans across ranks.
         try:
-            PrivacyEngine(secure_rng=False, seed=0).make_private(
+            PrivacyEngine(seed=0, reproducible=True).make_private(
                 module=_mlp(),
                 optimizer=torch.optim.SGD(_mlp().parameters(), lr=0.1),
                 data_loader=DataLoader(
@@ -193,7 +193,7 @@ def _rank_main(rank: int, init_file: str, out_dir: str) -> None:
             results["distributed_sampler_refused"] = True
         try:
             model = _mlp()
-            PrivacyEngine(secure_rng=False, seed=0).make_private(
+            PrivacyEngine(seed=0, reproducible=True).make_private(
                 module=model,
                 optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                 data_loader=DataLoader(_data(), batch_size=4 + rank),
@@ -386,7 +386,7 @@ def test_sampler_rank_is_checked() -> None:
 def test_distributed_without_process_group_is_refused() -> None:
     model = _mlp()
     with pytest.raises(ConfigError, match="init_process_group"):
-        PrivacyEngine(secure_rng=False, seed=0).make_private(
+        PrivacyEngine(seed=0, reproducible=True).make_private(
             module=model,
             optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
             data_loader=DataLoader(_data(), batch_size=4),
