@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from veil.accounting.calibrate import epsilon_curve, epsilon_of
 from veil.accounting.ledger import Ledger, RunLock
 from veil.config import TrainConfig, load_config_file, make_config, write_config
+from veil.distributed.runtime import rank_and_world
 from veil.errors import BudgetExhaustedError, CheckpointError, ConfigError
 from veil.pipeline import checkpoints as ckpt
 from veil.pipeline.budget import allowed_steps, plan_steps
@@ -267,6 +268,7 @@ def _report(plan: RunPlan, run_dir: Path, ledger: Ledger, model: nn.Module, **re
         veil_version=veil.__version__,
         duration_s=result["duration"],
         resumes=sum(1 for _ in ledger.of_kind("resume")),
+        world_size=rank_and_world()[1],
         checks=result["checks"],
         audit=result["audit"],
         history=result["history"],

@@ -22,17 +22,25 @@ ledger, checkpoints and report (:func:`is_writer`).
 
 from __future__ import annotations
 
-from veil.distributed.optimizer import DistributedDPOptimizer
-from veil.distributed.runtime import is_writer, rank_and_world
-from veil.distributed.sampler import ShardedPoissonBatchSampler, owner_of
-from veil.distributed.setup import DistributedSetup, resolve_setup
+from typing import Any
 
-__all__ = [
-    "DistributedDPOptimizer",
-    "DistributedSetup",
-    "ShardedPoissonBatchSampler",
-    "is_writer",
-    "owner_of",
-    "rank_and_world",
-    "resolve_setup",
-]
+_LAZY = {
+    "DistributedDPOptimizer": "veil.distributed.optimizer",
+    "DistributedSetup": "veil.distributed.setup",
+    "ShardedPoissonBatchSampler": "veil.distributed.sampler",
+    "is_writer": "veil.distributed.runtime",
+    "owner_of": "veil.distributed.sampler",
+    "rank_and_world": "veil.distributed.runtime",
+    "resolve_setup": "veil.distributed.setup",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:  # torch loads only when a name is first used
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'veil.distributed' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

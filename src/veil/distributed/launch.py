@@ -19,6 +19,7 @@ import os
 import sys
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 
 from veil.errors import ConfigError, InvalidParameterError
 
@@ -51,16 +52,25 @@ def init_from_env(timeout: datetime.timedelta = COLLECTIVE_TIMEOUT) -> tuple[int
     return dist.get_rank(), dist.get_world_size()
 
 
-def launch_local(argv: Sequence[str], nproc_per_node: int, *, threads_per_process: int | None = None) -> None:
+def launch_local(
+    argv: Sequence[str],
+    nproc_per_node: int,
+    *,
+    threads_per_process: int | None = None,
+    log_dir: Path | None = None,
+) -> None:
     """Run ``python -m veil <argv>`` on ``nproc_per_node`` local processes; return when all succeeded.
 
     A single-machine rendezvous on a free localhost port (torchrun's ``--standalone``), no restarts.
-    ``OMP_NUM_THREADS`` defaults to ``max(1, cores // nproc_per_node)`` unless already set.
+    ``OMP_NUM_THREADS`` defaults to ``max(1, cores // nproc_per_node)`` unless already set. With
+    ``log_dir`` each rank's stdout and stderr go to files there instead of this terminal, and a
+    failure quotes the failed rank's last error line.
     """
     if isinstance(nproc_per_node, bool) or not isinstance(nproc_per_node, int) or nproc_per_node < 1:
         raise InvalidParameterError(
             "nproc_per_node", nproc_per_node, "the number of processes is a positive count", "pass N ≥ 1"
         )
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -78,15 +88,28 @@ def launch_local(argv: Sequence[str], nproc_per_node: int, *, threads_per_proces
         max_restarts=0,
         monitor_interval=0.1,
         start_method="spawn",
+        logs_specs=None if log_dir is None else DefaultLogsSpecs(log_dir=str(log_dir), redirects=Std.ALL),
     )
     try:
         elastic_launch(config, sys.executable)("-u", "-m", "veil", *argv)
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
+        said = _last_error_line(log_dir, rank) if log_dir is not None else None
         raise ConfigError(
             "rank",
             rank,
-            f"a training process failed (exit code {failure.exitcode}), so the others were stopped; "
-            "every step taken so far is in rank 0's ledger",
-            "fix the cause shown above, then run the same command with --resume",
+            f"a training process failed (exit code {failure.exitcode}"
+            + (f": {said}" if said else "")
+            + "), so the others were stopped; every step taken so far is in rank 0's ledger",
+            "fix the cause, then continue the run with --resume",
         ) from exc
+
+
+def _last_error_line(log_dir: Path, rank: int) -> str | None:
+    """The last ``veil: error:`` line (else the last line) of a rank's captured stderr, if any."""
+    for path in sorted(log_dir.rglob(f"{rank}/stderr.log")):
+        lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+        errors = [line for line in lines if line.startswith("veil: error:")]
+        if errors or lines:
+            return (errors or lines)[-1].removeprefix("veil: error: ")[:300]
+    return None

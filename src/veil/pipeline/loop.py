@@ -21,6 +21,7 @@ import numpy as np
 from veil.accounting.calibrate import epsilon_at, epsilon_of
 from veil.accounting.ledger import Ledger
 from veil.errors import BudgetExhaustedError, LedgerError
+from veil.distributed.runtime import rank_and_world, refuse_private_preprocessing
 from veil.pipeline import checkpoints as ckpt
 from veil.pipeline.budget import StepPlan
 from veil.pipeline.checks import clipping_check
@@ -138,6 +139,7 @@ def start(plan: RunPlan, run_dir: Path, ledger: Ledger) -> Session:
 
     cfg, data, device = plan.cfg, plan.data, plan.cfg.device
     assert cfg.max_grad_norm is not None and cfg.batch_size is not None
+    refuse_private_preprocessing(plan.prep.public)  # one release for all ranks: not yet supported
     ensure_preprocessing(plan, run_dir, ledger)
     net = build_net(cfg, data, cfg.seed)
     view, x_train, x_test = trainable_view(plan, net, device)
@@ -155,6 +157,7 @@ def start(plan: RunPlan, run_dir: Path, ledger: Ledger) -> Session:
         max_grad_norm=cfg.max_grad_norm,
         criterion=criterion,
         physical_batch_size=cfg.physical_batch_size,
+        distributed=rank_and_world()[1] > 1,  # across ranks: veil.distributed
     )
     assert engine.plan is not None
     if (
