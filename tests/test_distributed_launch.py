@@ -25,10 +25,7 @@ def _script(body: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_launch_runs_every_rank_with_torchrun_environment(tmp_path: Path) -> None:
-    body = (
-        "from veil.distributed.launch import launch_local\n"
-        "launch_local(['env', '--json'], 2)\n"
-    )
+    body = "from veil.distributed.launch import launch_local\nlaunch_local(['env', '--json'], 2)\n"
     done = _script(body, tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     reports = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
