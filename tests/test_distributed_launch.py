@@ -61,3 +61,22 @@ def test_torchrun_environment_is_recognised(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert launched_by_torchrun()
+
+
+def test_what_cannot_run_across_ranks_is_refused_before_any_rank_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from veil.cli.main import main
+    from veil.distributed import runtime
+
+    out = tmp_path / "run"
+    code = main(["train", "--dataset", "digits", "--audit", "--nproc-per-node", "2", "--out", str(out)])
+    assert code == 2
+    assert "audit" in capsys.readouterr().err
+    assert not out.exists()
+    # A DP-released preprocessing statistic: refused in the job's preparation, before the run folder.
+    runtime.refuse_private_preprocessing(public=False)  # one process: allowed
+    monkeypatch.setattr(runtime, "rank_and_world", lambda: (0, 2))
+    runtime.refuse_private_preprocessing(public=True)
+    with pytest.raises(ConfigError, match="preprocessing"):
+        runtime.refuse_private_preprocessing(public=False)

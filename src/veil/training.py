@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from veil.accounting.calibrate import epsilon_curve, epsilon_of
 from veil.accounting.ledger import Ledger, RunLock
 from veil.config import TrainConfig, load_config_file, make_config, write_config
-from veil.distributed.runtime import rank_and_world
+from veil.distributed.runtime import rank_and_world, refuse_private_preprocessing
 from veil.errors import BudgetExhaustedError, CheckpointError, ConfigError
 from veil.pipeline import checkpoints as ckpt
 from veil.pipeline.budget import allowed_steps, plan_steps
@@ -56,6 +56,7 @@ def _prepare(cfg: TrainConfig, out: Path | None, check: bool = True) -> RunPlan:
     from veil.engine import refuse_example_mixing
 
     prepared = prepare(cfg)
+    refuse_private_preprocessing(prepared.prep.public)  # across ranks: one release is not yet supported
     cfg, data = prepared.cfg, prepared.data
     net = build_net(cfg, data, cfg.seed)
     steps = plan_steps(cfg, data.n_train, prepared.pre_events)

@@ -21,7 +21,7 @@ import numpy as np
 from veil.accounting.calibrate import epsilon_at, epsilon_of
 from veil.accounting.ledger import Ledger
 from veil.errors import BudgetExhaustedError, LedgerError
-from veil.distributed.runtime import rank_and_world, refuse_private_preprocessing
+from veil.distributed.runtime import rank_and_world
 from veil.pipeline import checkpoints as ckpt
 from veil.pipeline.budget import StepPlan
 from veil.pipeline.checks import clipping_check
@@ -139,7 +139,6 @@ def start(plan: RunPlan, run_dir: Path, ledger: Ledger) -> Session:
 
     cfg, data, device = plan.cfg, plan.data, plan.cfg.device
     assert cfg.max_grad_norm is not None and cfg.batch_size is not None
-    refuse_private_preprocessing(plan.prep.public)  # one release for all ranks: not yet supported
     ensure_preprocessing(plan, run_dir, ledger)
     net = build_net(cfg, data, cfg.seed)
     view, x_train, x_test = trainable_view(plan, net, device)
