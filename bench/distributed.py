@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import describe_machine, markdown_table
 
-LIBRARIES = ("veil", "opacus", "opacus-ghost")
+LIBRARIES = ("veil", "veil-seeded", "opacus", "opacus-ghost")
 
 
 def _data(n: int) -> TensorDataset:

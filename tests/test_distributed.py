@@ -68,12 +68,13 @@ def _train(
     zero_loss: bool = False,
     save_to: Path | None = None,
     resume_from: Path | None = None,
+    secure: bool = False,
 ) -> dict[str, Any]:
     """Train ``steps`` logical steps; per step: the parameters, the gradients, the local batch size.
 
     ``resume_from``: load a checkpoint first; ``save_to``: the writer (rank 0) saves one at the end."""
     data = data if data is not None else _data()
-    engine = PrivacyEngine(seed=0, reproducible=True)
+    engine = PrivacyEngine() if secure else PrivacyEngine(seed=0, reproducible=True)
     opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
     inner, optimizer, loader = engine.make_private(
         module=model,
@@ -165,6 +166,11 @@ def _rank_main(rank: int, init_file: str, out_dir: str) -> None:
         wide = nn.Linear(30, 20).to(torch.float64)
         noise_data = TensorDataset(torch.randn(N, 30, dtype=torch.float64), torch.zeros(N, dtype=torch.long))
         results["noise"] = _train(wide, sigma=1.3, steps=8, distributed=True, data=noise_data, zero_loss=True)
+        # ... and in secure mode, where every rank adds an independent share of std σC/√W.
+        wide = nn.Linear(30, 20).to(torch.float64)
+        results["noise_secure"] = _train(
+            wide, sigma=1.3, steps=8, distributed=True, data=noise_data, zero_loss=True, secure=True
+        )
         # 4. Tiny data: 8 examples, q = 0.25, 12 steps: many empty local batches.
         results["tiny"] = _train(_mlp(), sigma=1.0, steps=12, distributed=True, data=_data(n=8), batch_size=2)
         # 5. Checkpoint written by rank 0 after 3 steps, loaded by every rank: the same as 6 steps.
@@ -261,7 +267,7 @@ def test_two_ranks_with_noise_equal_one_process_with_the_same_seed(ranks: list[d
     assert ranks[0]["noisy"]["epsilon"] == pytest.approx(reference["epsilon"], rel=1e-12)
 
 
-@pytest.mark.parametrize("case", ["ddp", "noisy", "noise", "tiny"])
+@pytest.mark.parametrize("case", ["ddp", "noisy", "noise", "noise_secure", "tiny"])
 def test_replicas_bit_identical_after_every_step(ranks: list[dict[str, Any]], case: str) -> None:
     """Including the "noisy" case, where rank 1 started from different weights (broadcast at start)."""
     a, b = ranks[0][case], ranks[1][case]
@@ -285,14 +291,16 @@ def _chi2_accepts(samples: np.ndarray, std: float, false_failure: float) -> bool
     return bool(low <= statistic <= high)
 
 
-def test_update_noise_std_is_sigma_c_over_global_batch(ranks: list[dict[str, Any]]) -> None:
+@pytest.mark.parametrize("case", ["noise", "noise_secure"])
+def test_update_noise_std_is_sigma_c_over_global_batch(ranks: list[dict[str, Any]], case: str) -> None:
     """Every per-example gradient is 0, so p.grad after a step is the step's noise alone.
 
-    Expected std σC/(qN) = 1.3·1.0/8. False-failure rate 1e-6 (two-sided χ² on 8 × 620 draws). The same
-    samples are rejected at the wrong scales a broken implementation would give: 2× (dividing by the
-    local q·N/W, or noise drawn by both ranks with the same seed) and √2× (both ranks drawing
-    independent noise), and ½×."""
-    grads = ranks[0]["noise"]["grads"]
+    "noise": seeded, rank 0 draws it all; "noise_secure": every rank adds an OS-entropy share.
+    Expected std σC/(qN) = 1.3·1.0/8. False-failure rate 1e-6 per case (two-sided χ² on 8 × 620 draws).
+    The same samples are rejected at the wrong scales a broken implementation would give: 2× (dividing
+    by the local q·N/W, or full noise from both ranks with the same seed), √2× (full noise from both
+    ranks, independent; or shares of the full std), and ½×."""
+    grads = ranks[0][case]["grads"]
     samples = torch.cat(grads).numpy()
     assert samples.size == 8 * 620
     expected = 1.3 * 1.0 / BATCH

@@ -7,9 +7,16 @@ rank
 
     ḡ = (Σ_r S_r + Z) / B,        Z ~ N(0, σ²Δ²·I),  B = q·N (the global expected batch size),
 
-where ``Z`` is drawn **once**, by rank 0 of the group, from rank 0's noise source and added to its
-share before the reduction; the other ranks contribute no noise (and hold no noise generator that
-is used), so ranks with identically seeded generators can never add correlated copies. Because
+where ``Z`` enters exactly once, in one of two ways fixed by the noise source:
+
+* secure source (OS CSPRNG, the default): every rank adds an independent share
+  ``Z_r ~ N(0, σ²Δ²/W · I)`` to its part before the reduction; the shares come from independent OS
+  entropy, so ``Σ_r Z_r ~ N(0, σ²Δ²·I)`` exactly, and drawing the noise is spread over the ranks;
+* seeded source (research mode): rank 0 alone draws ``Z`` from its generator, the stream a single
+  process with that seed would use; the other ranks add none, so ranks with identically seeded
+  generators can never add correlated copies.
+
+Because
 the local batches partition a Poisson sample of the whole dataset
 (:class:`~veil.distributed.sampler.ShardedPoissonBatchSampler`), ``Σ_r S_r`` is the clipped sum one
 process would form, with sensitivity ``Δ``; the divisor is the constant global ``B``, never a local or
@@ -23,6 +30,7 @@ collective's result is the same on every rank (true of gloo's and NCCL's all-red
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -42,23 +50,32 @@ class DistributedDPOptimizer(DPOptimizer):
         optimizer: Optimizer,
         *,
         rank: int,
+        world_size: int,
         group: dist.ProcessGroup | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(optimizer, **kwargs)
-        self.rank = int(rank)  # rank within ``group``: 0 draws the noise
+        self.rank = int(rank)  # rank within ``group``
+        self.world_size = int(world_size)
         self.group = group
         self.reductions = 0  # all-reduce calls made, for tests and logs
 
     @property
-    def draws_noise(self) -> bool:
-        """True on the one rank that adds the step's Gaussian noise."""
-        return self.rank == 0
+    def shares_noise(self) -> bool:
+        """True when every rank adds an independent share (secure source), False when rank 0 alone draws."""
+        return bool(self._noise.secure)
+
+    @property
+    def noise_share_std(self) -> float:
+        """Std of the noise this rank adds to the clipped sum before the all-reduce (before 1/B)."""
+        if self.shares_noise:
+            return self.noise_std / math.sqrt(self.world_size)
+        return self.noise_std if self.rank == 0 else 0.0
 
     @torch.no_grad()
     def _write_private_grads(self) -> None:
         """``p.grad = (Σ_r S_r + N(0, σ²Δ²I)) / B`` on every rank, from one all-reduce per group."""
-        std = self.noise_std
+        std = self.noise_share_std
         inverse = 1.0 / self.expected_batch_size
         sums = self.clipper.clipped_sum()
         params = self.clipper.parameters
@@ -66,7 +83,7 @@ class DistributedDPOptimizer(DPOptimizer):
             numels = [params[i].numel() for i in members]
             flat = torch.cat([sums[i].reshape(-1).to(dtype=work, device=device) for i in members])
             flat.mul_(inverse)
-            if self.draws_noise and std > 0:
+            if std > 0:
                 flat.add_(self._noise.normal((flat.numel(),), std * inverse, dtype=work, device=device))
             dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
             self.reductions += 1

@@ -6,12 +6,12 @@ step's global batch (the union of every rank's local batch) independently with p
 and it can appear in the local batch of one rank only, the rank ``i mod W`` that owns it. The local
 batches of a step are therefore disjoint and their union is a Poisson sample of the whole dataset.
 
-How. Every rank draws the step's Bernoulli(q) mask for all ``N`` examples from its own sampler
-source and keeps the entries it owns. Only the owner's draw decides an example's inclusion, so
-ranks need no shared randomness: with secure (OS CSPRNG) sources the owners' draws are independent,
-and with seeded sources that agree across ranks (research mode, the same seed everywhere) the union
-of the local batches is exactly the batch a single process with that seed would draw. Empty local
-batches are yielded like any other, so every rank takes every logical step.
+How. Only the owner's draw decides an example's inclusion, so ranks need no shared randomness.
+With a secure (OS CSPRNG) source each rank draws one Bernoulli(q) per example it owns, independent
+of every other rank. With a seeded source (research mode) each rank draws the step's mask for all
+``N`` examples and keeps the entries it owns: with the same seed on every rank the union of the local
+batches is then exactly the batch a single process with that seed would draw. Empty local batches
+are yielded like any other, so every rank takes every logical step.
 """
 
 from __future__ import annotations
@@ -70,6 +70,10 @@ class ShardedPoissonBatchSampler(PoissonBatchSampler):
 
     def _generate(self, start: int) -> Iterator[tuple[list[int], Token]]:
         for k in range(start, self.steps_per_epoch):
-            mask = np.asarray(self.rng.bernoulli(self.dataset_size, self.sampling_rate), dtype=bool)
-            indices = self.shard[mask[self.shard]].tolist()
+            if self.rng.secure:  # one independent draw per owned example
+                mine = np.asarray(self.rng.bernoulli(len(self.shard), self.sampling_rate), dtype=bool)
+            else:  # the whole mask, as one process would draw it, then this rank's entries
+                whole = np.asarray(self.rng.bernoulli(self.dataset_size, self.sampling_rate), dtype=bool)
+                mine = whole[self.shard]
+            indices = self.shard[mine].tolist()
             yield indices, {"rng": self._rng_state(), "position": (k + 1) % self.steps_per_epoch}

@@ -116,7 +116,9 @@ class DistributedSetup:
     @property
     def optimizer_class(self) -> Any:
         """``DistributedDPOptimizer`` bound to this rank and group (same keywords as ``DPOptimizer``)."""
-        return functools.partial(DistributedDPOptimizer, rank=self.rank, group=self.group)
+        return functools.partial(
+            DistributedDPOptimizer, rank=self.rank, world_size=self.world_size, group=self.group
+        )
 
     def guard_wrapper(self) -> None:
         """Make a gradient-recording forward through the DDP wrapper raise (see module docstring)."""
