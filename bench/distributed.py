@@ -4,6 +4,8 @@ Each configuration (library × world size × repetition) runs in fresh processes
 ``torch.multiprocessing`` (spawn) that meet through a file rendezvous and talk over gloo on CPU:
 
 * veil, 1 process: ``PrivacyEngine.make_private`` on the plain module (what a one-process user runs);
+  "veil" is the default secure engine (noise and sampling from the OS CSPRNG), "veil-seeded" research
+  mode (torch's seeded generator, the kind of noise Opacus draws with ``secure_mode=False``, as here);
 * veil, 2 processes: ``make_private`` on the ``DistributedDataParallel``-wrapped module (each rank
   samples its shard of every Poisson batch, one all-reduce of the clipped sums per step);
 * Opacus, 1 process: its ``make_private`` on the plain module; Opacus, 2 processes: on its
@@ -71,14 +73,15 @@ def _make_private(library: str, world: int, settings: dict[str, Any]) -> tuple[n
     criterion = nn.CrossEntropyLoss()
     loader = DataLoader(_data(settings["n"]), batch_size=settings["batch"])
     common = {"noise_multiplier": 1.0, "max_grad_norm": 1.0}
-    if library == "veil":
+    if library.startswith("veil"):
         from veil.engine import PrivacyEngine
 
         module = nn.parallel.DistributedDataParallel(model) if world > 1 else model
         optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
-        private = PrivacyEngine().make_private(
-            module=module, optimizer=optimizer, data_loader=loader, **common
-        )
+        # "veil": the default, noise and sampling from the OS CSPRNG; "veil-seeded": research mode,
+        # torch's generator like Opacus with secure_mode=False (as run here).
+        engine = PrivacyEngine(seed=0, reproducible=True) if library == "veil-seeded" else PrivacyEngine()
+        private = engine.make_private(module=module, optimizer=optimizer, data_loader=loader, **common)
         return (*private, criterion)
     import opacus
     from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
