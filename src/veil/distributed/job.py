@@ -10,7 +10,7 @@ last error line, and says to ``--resume``.
 Rank (:func:`train_as_rank`, each ``python -m veil train`` started by the launcher or by ``torchrun``
 on several machines). Every rank runs the ordinary ``veil.train`` job, whose engine then trains
 across ranks (``make_private(distributed=True)``: sharded Poisson sampling, one all-reduce of the
-clipped sums per step, noise drawn once by rank 0). Rank 0 trains in the real run folder and is its
+clipped sums per step, the noise added once). Rank 0 trains in the real run folder and is its
 only writer: ledger (each step charged and fsync'ed before its update), checkpoints, report with
 ``"world_size"``. The other ranks keep the same bookkeeping in a private scratch folder that is
 deleted afterwards, so they take the same steps and stop at the same step; on ``--resume`` rank 0

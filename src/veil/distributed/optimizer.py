@@ -1,4 +1,4 @@
-"""The DP optimizer across ranks: local clipped sums, one all-reduce, noise drawn once, global divisor.
+"""The DP optimizer across ranks: local clipped sums, one all-reduce, noise added once, global divisor.
 
 Guarantee (per logical step, add/remove-one neighbouring, the same release as one process). Every rank
 holds the clipped sum ``S_r = Σ_{i ∈ local batch of r} clip_C(g_i)`` of its own local batch. One
