@@ -22,8 +22,11 @@ SRC = str(Path(__file__).resolve().parent.parent / "src")
 RUN_TIMEOUT_S = 300
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+def _env(tmp: Path) -> dict[str, str]:
+    """The ranks' scratch folders (one left behind by the killed rank) and logs go under ``tmp``."""
+    (tmp / "tmp").mkdir(exist_ok=True)
+    pythonpath = SRC + os.pathsep + os.environ.get("PYTHONPATH", "")
+    return {**os.environ, "PYTHONPATH": pythonpath, "TMPDIR": str(tmp / "tmp")}
 
 
 def _veil(*args: str) -> list[str]:
@@ -69,7 +72,7 @@ def test_killed_rank_stops_the_run_and_resume_completes_it(tmp_path: Path) -> No
     args = ["train", str(settings), "--dataset", "digits", "--epsilon", "3", "--nproc-per-node", "2"]
     first = subprocess.Popen(
         _veil(*args, "--out", str(out), "--json"),
-        env=_env(),
+        env=_env(tmp_path),
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -104,7 +107,7 @@ def test_killed_rank_stops_the_run_and_resume_completes_it(tmp_path: Path) -> No
 
     second = subprocess.run(
         _veil("train", "--resume", str(out), "--nproc-per-node", "2", "--json"),
-        env=_env(),
+        env=_env(tmp_path),
         cwd=tmp_path,
         capture_output=True,
         text=True,
