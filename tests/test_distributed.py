@@ -166,7 +166,7 @@ def _rank_main(rank: int, init_file: str, out_dir: str) -> None:
         wide = nn.Linear(30, 20).to(torch.float64)
         noise_data = TensorDataset(torch.randn(N, 30, dtype=torch.float64), torch.zeros(N, dtype=torch.long))
         results["noise"] = _train(wide, sigma=1.3, steps=8, distributed=True, data=noise_data, zero_loss=True)
-        # ... and in secure mode, where every rank adds an independent share of std σC/√W.
+        # ... and in secure mode, where each rank draws the noise of its slice of the coordinates.
         wide = nn.Linear(30, 20).to(torch.float64)
         results["noise_secure"] = _train(
             wide, sigma=1.3, steps=8, distributed=True, data=noise_data, zero_loss=True, secure=True
@@ -295,18 +295,18 @@ def _chi2_accepts(samples: np.ndarray, std: float, false_failure: float) -> bool
 def test_update_noise_std_is_sigma_c_over_global_batch(ranks: list[dict[str, Any]], case: str) -> None:
     """Every per-example gradient is 0, so p.grad after a step is the step's noise alone.
 
-    "noise": seeded, rank 0 draws it all; "noise_secure": every rank adds an OS-entropy share.
+    "noise": seeded, rank 0 draws it all; "noise_secure": each rank draws its slice from OS entropy.
     Expected std σC/(qN) = 1.3·1.0/8. False-failure rate 1e-6 per case (two-sided χ² on 8 × 620 draws).
     The same samples are rejected at the wrong scales a broken implementation would give: 2× (dividing
     by the local q·N/W, or full noise from both ranks with the same seed), √2× (full noise from both
-    ranks, independent; or shares of the full std), and ½×."""
+    ranks, independent), 1/√2× (one rank's slice left without noise) and ½×."""
     grads = ranks[0][case]["grads"]
     samples = torch.cat(grads).numpy()
     assert samples.size == 8 * 620
     expected = 1.3 * 1.0 / BATCH
     alpha = 1e-6
     assert _chi2_accepts(samples, expected, alpha)
-    for wrong in (2.0, math.sqrt(2.0), 0.5):
+    for wrong in (2.0, math.sqrt(2.0), math.sqrt(0.5), 0.5):
         assert not _chi2_accepts(samples, wrong * expected, alpha), wrong
     # the steps' noise draws are independent (not one draw repeated)
     assert not torch.equal(grads[0], grads[1])

@@ -10,8 +10,8 @@ Guarantee (add/remove-one neighbouring, the same as one process with the same pl
 step releases ``(Σ_{i ∈ batch} clip_C(g_i) + N(0, σ²Δ²I)) / (q·N)`` to every rank, where the batch
 is a Poisson(q) sample of the whole dataset of size N: each example is included with probability q,
 decided once, by the rank that owns it (:mod:`veil.distributed.sampler`); the clipped sums are
-all-reduced once per step and the noise enters once: independent OS-entropy shares of variance
-σ²C²/W from every rank (secure, the default), or one draw by rank 0 (seeded research mode)
+all-reduced once per step and the noise enters once: each rank draws N(0, σ²C²) for its own slice
+of the coordinates from OS entropy (secure, the default), or rank 0 draws it all (seeded research mode)
 (:mod:`veil.distributed.optimizer`).
 So the accountant's ``PoissonSampled(q, Gaussian(σ))`` per step holds whatever the world size.
 Replicas start from rank 0's parameters and apply the same all-reduced update, so they stay

@@ -9,9 +9,10 @@ rank
 
 where ``Z`` enters exactly once, in one of two ways fixed by the noise source:
 
-* secure source (OS CSPRNG, the default): every rank adds an independent share
-  ``Z_r ~ N(0, σ²Δ²/W · I)`` to its part before the reduction; the shares come from independent OS
-  entropy, so ``Σ_r Z_r ~ N(0, σ²Δ²·I)`` exactly, and drawing the noise is spread over the ranks;
+* secure source (OS CSPRNG, the default): the coordinates are cut into W contiguous slices and rank
+  ``r`` draws ``N(0, σ²Δ²)`` for slice ``r`` only (zeros elsewhere), from its own OS entropy, before
+  the reduction; each coordinate thus gets exactly one independent draw, so the summed noise is
+  ``N(0, σ²Δ²·I)``, and each rank draws only 1/W of it (secure draws are costly);
 * seeded source (research mode): rank 0 alone draws ``Z`` from its generator, the stream a single
   process with that seed would use; the other ranks add none, so ranks with identically seeded
   generators can never add correlated copies.
@@ -30,7 +31,6 @@ collective's result is the same on every rank (true of gloo's and NCCL's all-red
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -62,20 +62,19 @@ class DistributedDPOptimizer(DPOptimizer):
 
     @property
     def shares_noise(self) -> bool:
-        """True when every rank adds an independent share (secure source), False when rank 0 alone draws."""
+        """True when each rank draws one slice of the noise (secure source); False: rank 0 draws it all."""
         return bool(self._noise.secure)
 
-    @property
-    def noise_share_std(self) -> float:
-        """Std of the noise this rank adds to the clipped sum before the all-reduce (before 1/B)."""
-        if self.shares_noise:
-            return self.noise_std / math.sqrt(self.world_size)
-        return self.noise_std if self.rank == 0 else 0.0
+    def noise_slice(self, numel: int) -> tuple[int, int]:
+        """The coordinates ``[lo, hi)`` of a group of ``numel`` whose noise this rank draws."""
+        if not self.shares_noise:
+            return (0, numel) if self.rank == 0 else (0, 0)
+        return numel * self.rank // self.world_size, numel * (self.rank + 1) // self.world_size
 
     @torch.no_grad()
     def _write_private_grads(self) -> None:
         """``p.grad = (Σ_r S_r + N(0, σ²Δ²I)) / B`` on every rank, from one all-reduce per group."""
-        std = self.noise_share_std
+        std = self.noise_std
         inverse = 1.0 / self.expected_batch_size
         sums = self.clipper.clipped_sum()
         params = self.clipper.parameters
@@ -83,8 +82,9 @@ class DistributedDPOptimizer(DPOptimizer):
             numels = [params[i].numel() for i in members]
             flat = torch.cat([sums[i].reshape(-1).to(dtype=work, device=device) for i in members])
             flat.mul_(inverse)
-            if std > 0:
-                flat.add_(self._noise.normal((flat.numel(),), std * inverse, dtype=work, device=device))
+            lo, hi = self.noise_slice(flat.numel())
+            if std > 0 and hi > lo:
+                flat[lo:hi].add_(self._noise.normal((hi - lo,), std * inverse, dtype=work, device=device))
             dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
             self.reductions += 1
             for i, piece in zip(members, flat.split(numels), strict=True):
