@@ -20,8 +20,8 @@ import numpy as np
 
 from veil.accounting.calibrate import epsilon_at, epsilon_of
 from veil.accounting.ledger import Ledger
-from veil.errors import BudgetExhaustedError, LedgerError
 from veil.distributed.runtime import rank_and_world
+from veil.errors import BudgetExhaustedError, LedgerError
 from veil.pipeline import checkpoints as ckpt
 from veil.pipeline.budget import StepPlan
 from veil.pipeline.checks import clipping_check
