@@ -59,6 +59,9 @@ class TrainConfig(BaseModel):
     """Folder of the IDX files (fashion-mnist, mnist)."""
     target: str | None = None
     """Label column (csv, parquet) or label array (npz, default ``y``)."""
+    dataset_id: str | None = None
+    """The dataset's declared identity in the budget registry (default: from its content or location;
+    see docs/budget.md)."""
     test_fraction: float = 0.2
     """Share of the examples held out for testing (stratified, fixed by ``seed``)."""
     feature_bounds: list[list[float]] | dict[str, list[float]] | None = None
@@ -214,6 +217,7 @@ PRIVACY_KEYS = frozenset(
     {
         "dataset",
         "data_dir",
+        "dataset_id",
         "target",
         "test_fraction",
         "feature_bounds",

@@ -22,16 +22,18 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from veil.accounting.calibrate import epsilon_curve, epsilon_of
+from veil.accounting.events import PrivacyEvent, SelfComposed
 from veil.accounting.ledger import Ledger, RunLock
 from veil.config import TrainConfig, load_config_file, make_config, write_config
 from veil.distributed.runtime import rank_and_world, refuse_private_preprocessing
-from veil.errors import BudgetExhaustedError, CheckpointError, ConfigError
+from veil.errors import BudgetExhaustedError, CheckpointError, ConfigError, DataError, InvalidParameterError
 from veil.pipeline import checkpoints as ckpt
 from veil.pipeline.budget import allowed_steps, plan_steps
 from veil.pipeline.checks import train_checks
@@ -41,6 +43,7 @@ from veil.pipeline.model import assemble, build_net, evaluate
 from veil.pipeline.outputs import model_bytes
 from veil.pipeline.run_folder import CHECKPOINTS, CONFIG, LEDGER, check_out, default_out, write_files
 from veil.pipeline.seeds import Purpose, derive_seed
+from veil.registry.charge import DatasetCharge
 from veil.report import DatasetInfo, Report
 
 if TYPE_CHECKING:
@@ -304,6 +307,33 @@ def _write_outputs(report: Report, run_dir: Path, model: nn.Module, curve: list[
 # ----------------------------------------------------------------------------------------------
 # Entry points
 # ----------------------------------------------------------------------------------------------
+def _open_charge(cfg: TrainConfig, *, refuse_if_spent: bool = True) -> DatasetCharge:
+    """The dataset's account in the budget registry, opened before a row is read (see veil.registry)."""
+    try:
+        return DatasetCharge.before_reading(
+            cfg.dataset,
+            job="train",
+            data_dir=cfg.data_dir,
+            table=getattr(cfg, "table", None),
+            query=getattr(cfg, "query", None),
+            dataset_id=cfg.dataset_id,
+            refuse_if_spent=refuse_if_spent,
+        )
+    except (DataError, InvalidParameterError):
+        # A dataset that cannot be identified (a missing file, ...): the loader's own message says why.
+        # Should the loader accept it, the identity error stands: no run is left unrecorded.
+        _prepare(cfg, None, check=False)
+        raise
+
+
+def _planned_events(
+    plan: RunPlan, spent: list[PrivacyEvent] | None = None, done: int = 0
+) -> list[PrivacyEvent]:
+    """What the run may still release on top of ``spent``: its preprocessing, then the allowed steps."""
+    steps = SelfComposed(plan.steps.step_event, max(plan.allowed - done, 0))
+    return [*(plan.prepared.pre_events if spent is None else spent), steps]
+
+
 def _resume(run_dir: Path, overrides: Mapping[str, Any], progress: bool | None, t0: float) -> Report:
     if not (run_dir / LEDGER).is_file() or not (run_dir / CONFIG).is_file():
         raise CheckpointError(
@@ -328,6 +358,8 @@ def _resume(run_dir: Path, overrides: Mapping[str, Any], progress: bool | None, 
             run_dir, Ledger.open(run_dir / LEDGER, repair=False) if ckpt.intact(run_dir) else None
         )
         ledger = Ledger.open(run_dir / LEDGER, repair=True)
+        charge = _open_charge(cfg, refuse_if_spent=False)  # its own reservation is part of the spend
+        resumed = False
         try:
             plan = _prepare(cfg, run_dir, check=False)
             ckpt.check_header(ledger.header, _header(plan))
@@ -335,10 +367,16 @@ def _resume(run_dir: Path, overrides: Mapping[str, Any], progress: bool | None, 
             if state is not None:
                 now = ckpt.front_fingerprint(plan.net, plan.data.input_shape)
                 ckpt.check_front_fingerprint(state, now, run_dir)
+            run_id = ledger.header.get("budget_run_id") or uuid.uuid4().hex
+            charge.resume(run_id, _planned_events(plan, ledger.events(), ledger.steps), cfg.delta)
+            resumed = True
             ledger.append("resume", charged=ledger.steps)
             return _execute(plan, run_dir, ledger, t0, progress)
         finally:
             ledger.close()
+            if resumed:
+                charge.settle(ledger.events())
+            charge.close()
 
 
 def train(
@@ -363,13 +401,29 @@ def train(
             overrides = dict(make_config(config or {}).model_dump(exclude_unset=True))
         return _resume(Path(resume), overrides, progress, t0)
     cfg = config if isinstance(config, TrainConfig) else make_config(config or {})
-    plan = _prepare(cfg, None)
-    run_dir = plan.out
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with RunLock(run_dir):
-        ledger = Ledger.create(run_dir / LEDGER, _header(plan))  # exclusive: never over another run
+    charge = _open_charge(cfg)  # refuses an exhausted dataset before a row is read
+    try:
+        plan = _prepare(cfg, None)
+        run_id = uuid.uuid4().hex
+        # Admission: the whole plan against the dataset's budget, before anything is written or released.
+        charge.reserve(_planned_events(plan), run_id, cfg.delta)
+        ledger: Ledger | None = None
         try:
-            write_config(plan.cfg, run_dir / CONFIG)
-            return _execute(plan, run_dir, ledger, t0, progress)
+            run_dir = plan.out
+            run_dir.mkdir(parents=True, exist_ok=True)
+            with RunLock(run_dir):
+                header = {**_header(plan), "budget_run_id": run_id, "budget_dataset_id": charge.identity.id}
+                ledger = Ledger.create(run_dir / LEDGER, header)  # exclusive: never over another run
+                try:
+                    write_config(plan.cfg, run_dir / CONFIG)
+                    return _execute(plan, run_dir, ledger, t0, progress)
+                finally:
+                    ledger.close()
         finally:
-            ledger.close()
+            # What the ledger holds is what was released; no ledger: nothing was.
+            if ledger is None:
+                charge.release()
+            else:
+                charge.settle(ledger.events())
+    finally:
+        charge.close()

@@ -338,8 +338,8 @@ def _finished_run(run: Path, settings: AuditSettings) -> tuple[str, float, float
             "attack",
             settings.attack,
             "canaries must be inserted while training, and this run is finished",
-            "use --attack loss or lira with --run, or audit a new run with `veil audit` "
-            "(or `veil train --audit`)",
+            "use --attack loss or lira with --run (a new `veil audit` or `veil train --audit` run would "
+            "spend the dataset's budget again)",
         )
     try:
         saved = json.loads((run / "report.json").read_text(encoding="utf-8"))

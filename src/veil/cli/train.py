@@ -58,6 +58,9 @@ def register(app: typer.Typer) -> None:
         ),
         dataset: str = opts.DATASET,
         data_dir: str = opts.DATA_DIR,
+        dataset_id: str = typer.Option(
+            None, "--dataset-id", help="Declared dataset identity in the budget registry (veil budget)."
+        ),
         target: str = opts.TARGET,
         model: str = opts.MODEL,
         epsilon: float = typer.Option(None, "--epsilon", help="Target ε for the whole run (default 3)."),
@@ -96,6 +99,7 @@ def register(app: typer.Typer) -> None:
         flags: dict[str, Any] = {
             "dataset": dataset,
             "data_dir": data_dir,
+            "dataset_id": dataset_id,
             "target": target,
             "model": model,
             "epsilon": epsilon,

@@ -12,8 +12,8 @@ on several machines). Every rank runs the ordinary ``veil.train`` job, whose eng
 across ranks (``make_private(distributed=True)``: sharded Poisson sampling, one all-reduce of the
 clipped sums per step, the noise added once). Rank 0 trains in the real run folder and is its
 only writer: ledger (each step charged and fsync'ed before its update), checkpoints, report with
-``"world_size"``. The other ranks keep the same bookkeeping in a private scratch folder that is
-deleted afterwards, so they take the same steps and stop at the same step; on ``--resume`` rank 0
+``"world_size"``, and the one charge to the privacy-budget registry. The other ranks keep the same
+bookkeeping (ledger and registry) in a private scratch folder that is deleted afterwards, so they take the same steps and stop at the same step; on ``--resume`` rank 0
 sends them its ledger, configuration and checkpoints (a broadcast, so no shared file system is
 needed), and every rank continues from the same state.
 """
@@ -21,6 +21,7 @@ needed), and every rank continues from the same state.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -108,6 +109,10 @@ def train_as_rank(
 
     rank, _ = init_from_env()
     scratch = None if rank == 0 else Path(tempfile.mkdtemp(prefix=f"veil-rank{rank}-"))
+    if scratch is not None:  # the budget registry is charged once, by rank 0; the others charge a scratch one
+        from veil.registry.location import ENV_VAR
+
+        os.environ[ENV_VAR] = str(scratch / "budget.db")
     try:
         values: dict[str, Any] = dict(load_config_file(config_file)) if config_file is not None else {}
         values.update(given)

@@ -99,7 +99,8 @@ def ensure_preprocessing(plan: RunPlan, run_dir: Path, ledger: Ledger) -> None:
             "preprocessing",
             plan.prep.method,
             "releasing the preprocessing statistic again would pass the target ε",
-            "start a new run with another --out",
+            "the run ends here, its spend recorded; see veil budget show for what remains of the dataset's "
+            "budget before planning another run",
         )
     released_before = len(list(ledger.of_kind("event")))
     ledger.append("event", label="preprocessing", method=plan.prep.method, event=plan.prep.event.to_dict())
