@@ -13,9 +13,10 @@ across ranks (``make_private(distributed=True)``: sharded Poisson sampling, one 
 clipped sums per step, the noise added once). Rank 0 trains in the real run folder and is its
 only writer: ledger (each step charged and fsync'ed before its update), checkpoints, report with
 ``"world_size"``, and the one charge to the privacy-budget registry. The other ranks keep the same
-bookkeeping (ledger and registry) in a private scratch folder that is deleted afterwards, so they take the same steps and stop at the same step; on ``--resume`` rank 0
-sends them its ledger, configuration and checkpoints (a broadcast, so no shared file system is
-needed), and every rank continues from the same state.
+bookkeeping (ledger and registry) in a private scratch folder that is deleted afterwards, so they
+take the same steps and stop at the same step; on ``--resume`` rank 0 sends them its ledger,
+configuration and checkpoints (a broadcast, so no shared file system is needed), and every rank
+continues from the same state.
 """
 
 from __future__ import annotations
