@@ -63,6 +63,7 @@ from veil.validation import validate
 
 if TYPE_CHECKING:
     from veil.clipping import PerSampleClipper
+    from veil.distributed import DistributedSetup
     from veil.mechanisms.rng import RandomSource
 
 __all__ = ["PrivacyEngine", "PrivacyPlan", "PrivateTraining", "PrivateTrainingWithCriterion"]
@@ -391,6 +392,7 @@ class PrivacyEngine:
         self._optimizer: DPOptimizer | None = None
         self._loader: PrivateDataLoader | None = None
         self._clipper: PerSampleClipper | None = None
+        self.distributed: DistributedSetup | None = None
 
     @property
     def randomness(self) -> Randomness:
@@ -441,6 +443,7 @@ class PrivacyEngine:
         noise_generator: Any = None,
         wrap_model: bool = True,
         rand_on_empty: bool = False,
+        distributed: bool | None = None,
     ) -> PrivateTraining | PrivateTrainingWithCriterion:
         """Make ``module``/``optimizer``/``data_loader`` private; returns ``(model, optimizer, loader)``.
 
@@ -458,6 +461,11 @@ class PrivacyEngine:
         Opacus's arguments (``batch_first``, ``grad_sample_mode``, ``noise_generator``, ``wrap_model``,
         ``rand_on_empty``) are checked by :mod:`veil.compat.opacus_args`; ``grad_sample_mode="ghost"``
         returns ``(model, optimizer, criterion, loader)`` as Opacus does.
+
+        Across ranks (a ``DistributedDataParallel`` module, or ``distributed=True`` under an initialised
+        process group; see :mod:`veil.distributed`): ``data_loader.batch_size`` is the *global* expected
+        batch size, each rank's loader yields its shard of every logical batch, the returned model is
+        the inner (unwrapped) module, and the clipped sums are all-reduced once per logical step.
         """
         if self.plan is not None:
             raise ConfigError(
@@ -480,6 +488,11 @@ class PrivacyEngine:
             raise InvalidParameterError(
                 "module", type(module).__name__, "only an nn.Module can be clipped", "pass an nn.Module"
             )
+        from veil.distributed.setup import resolve_setup
+
+        ranks = resolve_setup(module, distributed)  # None in one process
+        if ranks is not None:
+            module = ranks.module  # DDP's own averaging must never see unclipped gradients
         if not isinstance(optimizer, Optimizer) or isinstance(optimizer, DPOptimizer):
             raise InvalidParameterError(
                 "optimizer",
@@ -512,6 +525,9 @@ class PrivacyEngine:
         reduction = _resolve_loss_reduction(loss_reduction, criterion)
         ignore_index = check_criterion(criterion, reduction)
         sampling = self._check_sampling(poisson_sampling, allow_non_poisson)
+        if ranks is not None:
+            ranks.check_sampling(sampling)
+            ranks.check_loader(data_loader)
         if not isinstance(data_loader, DataLoader):
             raise SamplingError(
                 "data_loader",
@@ -574,14 +590,20 @@ class PrivacyEngine:
                 f"it cannot account for this run's steps ({plan.event.to_json()})",
                 "use accountant='pld'",
             )
+        if ranks is not None:
+            ranks.agree(plan)  # a collective: every rank refuses together
 
         # -- every check passed: build and commit ----------------------------------------------
+        if ranks is not None:
+            ranks.broadcast_parameters()
         from veil.clipping import PerSampleClipper
 
         clipper = PerSampleClipper(module, float(max_grad_norm), clipping=clipping, loss_reduction=reduction)
         signal = StepSignal()
         logical: PoissonBatchSampler | ShuffledBatchSampler
-        if sampling == "poisson":
+        if ranks is not None:
+            logical = ranks.sampler(n, q, per_epoch, self.sampler_source)
+        elif sampling == "poisson":
             logical = PoissonBatchSampler(n, q, per_epoch, self.sampler_source)
         else:
             logical = ShuffledBatchSampler(n, batch_size, per_epoch, self.sampler_source)
@@ -599,7 +621,7 @@ class PrivacyEngine:
             from veil.mechanisms.rng import make_source
 
             self.noise_source = make_source(False, noise_seed)
-        dp_optimizer = DPOptimizer(
+        dp_optimizer = (DPOptimizer if ranks is None else ranks.optimizer_class)(
             optimizer,
             clipper=clipper,
             noise_multiplier=sigma,
@@ -609,6 +631,9 @@ class PrivacyEngine:
             signal=signal,
             on_release=self._account_step,
         )
+        if ranks is not None:
+            ranks.guard_wrapper()
+        self.distributed = ranks
         self.plan = plan
         self.forward_probe = probe
         self._clipper, self._optimizer, self._loader = clipper, dp_optimizer, loader

@@ -32,6 +32,7 @@ from veil.accounting.calibrate import epsilon_curve, epsilon_of
 from veil.accounting.events import PrivacyEvent, SelfComposed
 from veil.accounting.ledger import Ledger, RunLock
 from veil.config import TrainConfig, load_config_file, make_config, write_config
+from veil.distributed.runtime import rank_and_world, refuse_private_preprocessing
 from veil.errors import BudgetExhaustedError, CheckpointError, ConfigError, DataError, InvalidParameterError
 from veil.pipeline import checkpoints as ckpt
 from veil.pipeline.budget import allowed_steps, plan_steps
@@ -58,6 +59,7 @@ def _prepare(cfg: TrainConfig, out: Path | None, check: bool = True) -> RunPlan:
     from veil.engine import refuse_example_mixing
 
     prepared = prepare(cfg)
+    refuse_private_preprocessing(prepared.prep.public)  # across ranks: one release is not yet supported
     cfg, data = prepared.cfg, prepared.data
     net = build_net(cfg, data, cfg.seed)
     steps = plan_steps(cfg, data.n_train, prepared.pre_events)
@@ -270,6 +272,7 @@ def _report(plan: RunPlan, run_dir: Path, ledger: Ledger, model: nn.Module, **re
         veil_version=veil.__version__,
         duration_s=result["duration"],
         resumes=sum(1 for _ in ledger.of_kind("resume")),
+        world_size=rank_and_world()[1],
         checks=result["checks"],
         audit=result["audit"],
         history=result["history"],

@@ -20,6 +20,7 @@ import numpy as np
 
 from veil.accounting.calibrate import epsilon_at, epsilon_of
 from veil.accounting.ledger import Ledger
+from veil.distributed.runtime import rank_and_world
 from veil.errors import BudgetExhaustedError, LedgerError
 from veil.pipeline import checkpoints as ckpt
 from veil.pipeline.budget import StepPlan
@@ -156,6 +157,7 @@ def start(plan: RunPlan, run_dir: Path, ledger: Ledger) -> Session:
         max_grad_norm=cfg.max_grad_norm,
         criterion=criterion,
         physical_batch_size=cfg.physical_batch_size,
+        distributed=rank_and_world()[1] > 1,  # across ranks: veil.distributed
     )
     assert engine.plan is not None
     if (
