@@ -52,6 +52,29 @@ def run_infer(
     return {"schema": str(path), "source": source.describe(), **describe(result)}
 
 
+def run_check(
+    schema_path: str, dataset: str, *, table: str | None = None, query: str | None = None
+) -> dict[str, Any]:
+    """The work of ``veil schema check``: read and encode the whole table, refuse the first bad value."""
+    from veil.tables.encoder import TableEncoder
+    from veil.tables.schema import load_schema
+    from veil.tables.sources import parse_source, read_source
+
+    schema = load_schema(schema_path)
+    source = parse_source(dataset, table=table, query=query)
+    raw = read_source(source, schema, need_target=False)
+    has_target = schema.target is not None and schema.target.name in raw.table.column_names
+    encoded = TableEncoder(schema).encode(raw, with_target=has_target)
+    return {
+        "schema": schema_path,
+        "reviewed": schema.reviewed,
+        "source": source.describe(),
+        "rows (not private: for your eyes only)": int(encoded.x.shape[0]),
+        "features": int(encoded.x.shape[1]),
+        "classes": ", ".join(encoded.classes) or "-",
+    }
+
+
 def register(app: typer.Typer) -> None:
     schema_app = typer.Typer(
         help="Table schemas: the public facts (types, bounds, levels, classes) a model may use.",
@@ -92,5 +115,16 @@ def register(app: typer.Typer) -> None:
             sys.stdout.write(
                 "This draft is NOT private: review every bound, level and class, then set reviewed = true.\n"
             )
+
+    @schema_app.command("check")
+    def check_command(
+        schema: str = typer.Argument(..., metavar="SCHEMA.toml", help="The schema to check the data against."),
+        dataset: str = typer.Option(..., "--dataset", help="csv:PATH, parquet:PATH, sql:URL or a path."),
+        table: str = typer.Option(None, "--table", help="Table name (sql: sources)."),
+        query: str = typer.Option(None, "--query", help="SQL query (sql: sources)."),
+        json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    ) -> None:
+        """Read and encode the whole table with the schema; the first value it does not allow is refused."""
+        emit(run_check(schema, dataset, table=table, query=query), json_output, title="schema check")
 
     app.add_typer(schema_app, name="schema")

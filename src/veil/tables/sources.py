@@ -318,6 +318,18 @@ def _parquet_file(pq: Any, source: TableSource) -> Any:
 
 def _engine(source: TableSource) -> Any:
     sqlalchemy = _need("sqlalchemy", source.describe())
+    from sqlalchemy.engine import make_url
+
+    try:
+        url = make_url(source.location)
+    except Exception:
+        url = None
+    if url is not None and url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+        if not Path(url.database).expanduser().is_file() and not str(url.database).startswith("file:"):
+            # SQLite would create an empty database file: reading must write nothing.
+            raise DataError(
+                "dataset", source.describe(), "the SQLite database file does not exist", "check the path in the URL"
+            )
     try:
         return sqlalchemy.create_engine(source.location)
     except Exception as exc:
