@@ -102,7 +102,9 @@ class PostgresServer:
             "--no-sync",
         )
         options = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.folder} -c fsync=off"
-        self._run(self.bindir / "pg_ctl", "-D", self.data, "-l", self.folder / "log", "-o", options, "-w", "start")
+        self._run(
+            self.bindir / "pg_ctl", "-D", self.data, "-l", self.folder / "log", "-o", options, "-w", "start"
+        )
         self.started = True
         return self
 

@@ -14,7 +14,6 @@ pytest.importorskip("psycopg")
 
 from tables_support import PostgresServer, gbsg2, postgres_bin  # noqa: E402
 from test_tables_sources import GBSG2_SCHEMA, load_into_sql  # noqa: E402
-
 from veil.cli.main import main  # noqa: E402
 from veil.tables import load_table  # noqa: E402
 from veil.tables.schema import parse_schema  # noqa: E402

@@ -11,7 +11,6 @@ pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
 from tables_support import actg175, gbsg2, german_credit  # noqa: E402
-
 from veil.errors import ConfigError, DataError  # noqa: E402
 from veil.tables import load_table  # noqa: E402
 from veil.tables.encoder import TableEncoder  # noqa: E402
@@ -88,8 +87,8 @@ def test_schema_round_trips_through_toml() -> None:
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda s: s.replace('bounds = [0, 100]', 'bonds = [0, 100]'), "did you mean 'bounds'"),
-        (lambda s: s.replace('bounds = [0, 100]', 'bounds = [5, 5]'), "public, finite bounds"),
+        (lambda s: s.replace("bounds = [0, 100]", "bonds = [0, 100]"), "did you mean 'bounds'"),
+        (lambda s: s.replace("bounds = [0, 100]", "bounds = [5, 5]"), "public, finite bounds"),
         (lambda s: s.replace('classes = ["no", "yes"]', ""), "output width"),
         (lambda s: s.replace('type = "boolean"', 'type = "bool"'), "every column needs a type"),
         (lambda s: s.replace("reviewed = true", 'reviewed = "yes"'), "reviewed="),
@@ -123,8 +122,10 @@ def test_encoding_follows_the_schema(files: tuple[Path, Path]) -> None:
         "smoker", "smoker:unknown", "smoker:missing",
         "city",
     ]  # fmt: skip
-    x = dict(zip(names, enc.x.T))
-    np.testing.assert_allclose(x["age"], [0.0, 1.0, 0.0, -1.0])  # 50 → 0; 150 clipped; missing → 0; -20 clipped
+    x = dict(zip(names, enc.x.T, strict=True))
+    np.testing.assert_allclose(
+        x["age"], [0.0, 1.0, 0.0, -1.0]
+    )  # 50 → 0; 150 clipped; missing → 0; -20 clipped
     np.testing.assert_array_equal(x["age:missing"], [0, 0, 1, 0])
     np.testing.assert_array_equal(x["colour=red"], [1, 0, 0, 0])
     np.testing.assert_array_equal(x["colour:unknown"], [0, 1, 0, 0])  # "blue"
@@ -163,19 +164,37 @@ def test_encoder_saved_and_loaded_encodes_the_same(files: tuple[Path, Path], tmp
 @pytest.mark.parametrize(
     ("edit_schema", "edit_csv", "match"),
     [
-        (lambda s: s.replace("bounds = [0, 100]", 'bounds = [0, 100]\noutside = "error"'), None, "line 3 column 'age'"),
-        (lambda s: s.replace('levels = ["red", "green"]', 'levels = ["red", "green"]\nunknown = "error"'), None,
-         "line 3 column 'colour'"),
-        (lambda s: s.replace('type = "boolean"', 'type = "boolean"\nmissing = "error"'), None, "line 4 column 'smoker'"),
+        (
+            lambda s: s.replace("bounds = [0, 100]", 'bounds = [0, 100]\noutside = "error"'),
+            None,
+            "line 3 column 'age'",
+        ),
+        (
+            lambda s: s.replace('levels = ["red", "green"]', 'levels = ["red", "green"]\nunknown = "error"'),
+            None,
+            "line 3 column 'colour'",
+        ),
+        (
+            lambda s: s.replace('type = "boolean"', 'type = "boolean"\nmissing = "error"'),
+            None,
+            "line 4 column 'smoker'",
+        ),
         (None, lambda c: c.replace("150,blue", "old,blue"), "line 3 column 'age'.*type mismatch"),
         (None, lambda c: c.replace(",4,no", ",4,maybe"), "line 5 column 'label'.*declared classes"),
         (None, lambda c: c.replace(",4,no", ",4,"), "line 5 column 'label'.*missing"),
         (None, lambda c: c.replace("smoker,", "smoking,"), "schema column 'smoker'.*missing from the data"),
-        (None, lambda c: c.replace(",label", ",label,extra").replace("no\n", "no,1\n").replace("yes\n", "yes,1\n"),
-         "data column 'extra'"),
+        (
+            None,
+            lambda c: (
+                c.replace(",label", ",label,extra").replace("no\n", "no,1\n").replace("yes\n", "yes,1\n")
+            ),
+            "data column 'extra'",
+        ),
     ],
 )
-def test_values_outside_the_schema_are_refused_with_row_and_column(files, edit_schema, edit_csv, match) -> None:
+def test_values_outside_the_schema_are_refused_with_row_and_column(
+    files, edit_schema, edit_csv, match
+) -> None:
     schema_path, data = files
     if edit_schema:
         schema_path.write_text(edit_schema(SCHEMA))
@@ -195,7 +214,7 @@ def test_parquet_with_a_text_column_declared_numeric_is_a_type_mismatch(files, t
         }
     )  # fmt: skip
     pq.write_table(table, tmp_path / "t.parquet")
-    with pytest.raises(DataError, match="row 2 column 'age'.*type mismatch"):
+    with pytest.raises(DataError, match=r"row 2 column 'age'.*type mismatch"):
         load_table(f"parquet:{tmp_path / 't.parquet'}", load_schema(schema_path))
 
 
@@ -204,7 +223,9 @@ def test_parquet_typed_columns_encode_like_the_csv(files, tmp_path: Path) -> Non
     schema = load_schema(schema_path)
     import pyarrow.csv as pcsv
 
-    table = pcsv.read_csv(data, convert_options=pcsv.ConvertOptions(null_values=["", "?", "NA"], strings_can_be_null=True))
+    table = pcsv.read_csv(
+        data, convert_options=pcsv.ConvertOptions(null_values=["", "?", "NA"], strings_can_be_null=True)
+    )
     pq.write_table(table, tmp_path / "t.parquet")
     np.testing.assert_array_equal(
         load_table(f"parquet:{tmp_path / 't.parquet'}", schema).x, load_table(f"csv:{data}", schema).x
@@ -219,9 +240,15 @@ def _reviewed(draft_path: Path) -> Path:
 
 @pytest.mark.parametrize(
     ("path", "target", "ignore", "width"),
-    [(gbsg2, "cens", ["time"], 14), (german_credit, "risk", [], 31), (actg175, "cens", ["", "pidnum", "days"], 25)],
+    [
+        (gbsg2, "cens", ["time"], 14),
+        (german_credit, "risk", [], 31),
+        (actg175, "cens", ["", "pidnum", "days"], 25),
+    ],
 )
-def test_real_tables_draft_review_encode(tmp_path: Path, path, target: str, ignore: list[str], width: int) -> None:
+def test_real_tables_draft_review_encode(
+    tmp_path: Path, path, target: str, ignore: list[str], width: int
+) -> None:
     from veil.tables.infer import infer_schema
     from veil.tables.schema import write_schema
 

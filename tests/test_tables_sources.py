@@ -12,7 +12,6 @@ pq = pytest.importorskip("pyarrow.parquet")
 sqlalchemy = pytest.importorskip("sqlalchemy")
 
 from tables_support import gbsg2  # noqa: E402
-
 from veil.cli.main import main  # noqa: E402
 from veil.tables import load_table  # noqa: E402
 from veil.tables.schema import load_schema  # noqa: E402
@@ -133,9 +132,13 @@ BAD_SQLITE = [
 
 
 @pytest.mark.parametrize(("extra", "match"), BAD_SQLITE)
-def test_bad_sql_input_is_one_line_exit_2_nothing_written(sources, capsys, tmp_path: Path, extra, match) -> None:
+def test_bad_sql_input_is_one_line_exit_2_nothing_written(
+    sources, capsys, tmp_path: Path, extra, match
+) -> None:
     out = tmp_path / "s.toml"
-    code, stdout, err = _cli(capsys, "schema", "infer", sources["sql"], *extra, "--target", "cens", "--out", str(out))
+    code, _, err = _cli(
+        capsys, "schema", "infer", sources["sql"], *extra, "--target", "cens", "--out", str(out)
+    )
     assert code == 2 and match in err and err.count("\n") == 1 and "Traceback" not in err
     assert not out.exists()
     code, _, err = _cli(capsys, "schema", "check", sources["schema"], "--dataset", sources["sql"], *extra)
@@ -152,14 +155,26 @@ def test_unreachable_sqlite_database(capsys, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("edit_schema", "edit_csv", "match"),
     [
-        (lambda s: s.replace("bounds = [18, 100]", 'bounds = [18, 60]\noutside = "error"'), None,
-         "line 2 column 'age'.*outside the declared bounds"),
-        (lambda s: s.replace('"horTh"', '"hormone"').replace("columns.horTh", "columns.hormone"), None,
-         "schema column 'hormone'.*missing from the data"),
-        (None, lambda c: c.replace("no,70,Post,21", "no,seventy,Post,21"), "line 2 column 'age'.*type mismatch"),
+        (
+            lambda s: s.replace("bounds = [18, 100]", 'bounds = [18, 60]\noutside = "error"'),
+            None,
+            "line 2 column 'age'.*outside the declared bounds",
+        ),
+        (
+            lambda s: s.replace('"horTh"', '"hormone"').replace("columns.horTh", "columns.hormone"),
+            None,
+            "schema column 'hormone'.*missing from the data",
+        ),
+        (
+            None,
+            lambda c: c.replace("no,70,Post,21", "no,seventy,Post,21"),
+            "line 2 column 'age'.*type mismatch",
+        ),
     ],
 )
-def test_bad_table_input_is_one_line_exit_2(sources, capsys, tmp_path: Path, edit_schema, edit_csv, match) -> None:
+def test_bad_table_input_is_one_line_exit_2(
+    sources, capsys, tmp_path: Path, edit_schema, edit_csv, match
+) -> None:
     schema = tmp_path / "schema.toml"
     schema.write_text(edit_schema(GBSG2_SCHEMA) if edit_schema else GBSG2_SCHEMA)
     data = tmp_path / "data.csv"
@@ -181,8 +196,8 @@ def test_schema_infer_refuses_to_overwrite(sources, capsys, tmp_path: Path) -> N
 
 def test_schema_infer_with_epsilon_writes_a_dp_schema(sources, capsys, tmp_path: Path) -> None:
     out = tmp_path / "dp.toml"
-    code, stdout, err = _cli(capsys, "schema", "infer", sources["parquet"], "--target", "cens", "--ignore", "time",
-                             "--epsilon", "50", "--out", str(out), "--json")  # fmt: skip
+    code, _, err = _cli(capsys, "schema", "infer", sources["parquet"], "--target", "cens", "--ignore", "time",
+                        "--epsilon", "50", "--out", str(out), "--json")  # fmt: skip
     assert code == 0, err
     schema = load_schema(out)
     assert schema.reviewed == "dp" and schema.dp["epsilon"] <= 50 and schema.dp["delta"] == 1e-7

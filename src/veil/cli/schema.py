@@ -33,7 +33,9 @@ def run_infer(
     path = Path(out).expanduser()
     if path.exists() and not force:
         raise ConfigError(
-            "--out", str(path), "the file exists and a reviewed schema must not be overwritten by a draft",
+            "--out",
+            str(path),
+            "the file exists and a reviewed schema must not be overwritten by a draft",
             "choose another path, or pass --force",
         )
     if not path.parent.is_dir():
@@ -118,7 +120,9 @@ def register(app: typer.Typer) -> None:
 
     @schema_app.command("check")
     def check_command(
-        schema: str = typer.Argument(..., metavar="SCHEMA.toml", help="The schema to check the data against."),
+        schema: str = typer.Argument(
+            ..., metavar="SCHEMA.toml", help="The schema to check the data against."
+        ),
         dataset: str = typer.Option(..., "--dataset", help="csv:PATH, parquet:PATH, sql:URL or a path."),
         table: str = typer.Option(None, "--table", help="Table name (sql: sources)."),
         query: str = typer.Option(None, "--query", help="SQL query (sql: sources)."),

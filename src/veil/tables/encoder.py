@@ -161,7 +161,11 @@ def _block_names(c: ColumnSpec) -> list[str]:
         names.append(c.name)
     elif c.type == "categorical":
         names += [c.name] if c.encoding == "embedding" else [f"{c.name}={lv}" for lv in c.levels]
-    if c.type != "numeric" and c.unknown == "level" and not (c.type == "categorical" and c.encoding == "embedding"):
+    if (
+        c.type != "numeric"
+        and c.unknown == "level"
+        and not (c.type == "categorical" and c.encoding == "embedding")
+    ):
         names.append(f"{c.name}:unknown")
     if c.missing == "indicator" and not (c.type == "categorical" and c.encoding == "embedding"):
         names.append(f"{c.name}:missing")
@@ -222,8 +226,10 @@ def _numbers(c: ColumnSpec, column: pa.ChunkedArray, raw: RawTable, missing: lis
             "the schema declares the column numeric but the data stores it as another type (a type mismatch)",
             "convert the column to numbers, or declare its real type in the schema",
         )
-    return np.asarray(column.to_numpy(), dtype=np.float64) if column.null_count == 0 else np.asarray(
-        pc.fill_null(pc.cast(column, pa.float64()), np.nan).to_numpy(), dtype=np.float64
+    return (
+        np.asarray(column.to_numpy(), dtype=np.float64)
+        if column.null_count == 0
+        else np.asarray(pc.fill_null(pc.cast(column, pa.float64()), np.nan).to_numpy(), dtype=np.float64)
     )
 
 
@@ -266,7 +272,9 @@ def _codes(column: pa.ChunkedArray, levels: tuple[str, ...]) -> np.ndarray:
     return np.asarray(pc.fill_null(idx, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
-def _encode_column(c: ColumnSpec, column: pa.ChunkedArray, out: np.ndarray, raw: RawTable, schema: TableSchema) -> None:
+def _encode_column(
+    c: ColumnSpec, column: pa.ChunkedArray, out: np.ndarray, raw: RawTable, schema: TableSchema
+) -> None:
     missing_tokens = [v.strip() for v in schema.missing_values]
     if c.type == "numeric":
         assert c.bounds is not None
@@ -348,7 +356,7 @@ def _missing_block(c: ColumnSpec, miss: np.ndarray, out: np.ndarray, raw: RawTab
             raw,
             _first(miss),
             None,
-            "the value is missing and the schema says missing = 'error' (veil neither imputes nor drops rows)",
+            "the value is missing and the schema says missing = 'error' (veil never imputes or drops rows)",
             "fill in the value, or set missing = 'indicator' to encode missingness as its own feature",
         )
     out[:, col] = miss

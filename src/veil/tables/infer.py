@@ -118,7 +118,9 @@ def _read(source: TableSource, columns: list[str]) -> pa.Table:
 
     table = read_source(source).table.select(columns)
     if table.num_rows == 0:
-        raise DataError("dataset", source.describe(), "the table has no data rows", "provide a table with rows")
+        raise DataError(
+            "dataset", source.describe(), "the table has no data rows", "provide a table with rows"
+        )
     return table
 
 
@@ -146,13 +148,18 @@ def _cells(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str | None], np.nd
         column = pc.cast(column, pa.string())
     text = pc.utf8_trim_whitespace(column)
     missing = np.asarray(
-        pc.or_(pc.is_null(text), pc.fill_null(pc.is_in(text, pa.array(list(DEFAULT_MISSING_VALUES))), False))
-        .to_numpy(zero_copy_only=False),
+        pc.or_(
+            pc.is_null(text), pc.fill_null(pc.is_in(text, pa.array(list(DEFAULT_MISSING_VALUES))), False)
+        ).to_numpy(zero_copy_only=False),
         dtype=bool,
     )
-    is_number = np.asarray(
-        pc.fill_null(pc.match_substring_regex(text, _NUMBER_RE), False).to_numpy(zero_copy_only=False), dtype=bool
-    ) & ~missing
+    is_number = (
+        np.asarray(
+            pc.fill_null(pc.match_substring_regex(text, _NUMBER_RE), False).to_numpy(zero_copy_only=False),
+            dtype=bool,
+        )
+        & ~missing
+    )
     values = text.to_pylist()
     numbers = np.array([float(values[i]) for i in np.flatnonzero(is_number)], dtype=np.float64)
     words = [None if (missing[i] or is_number[i]) else values[i] for i in range(len(values))]
@@ -195,7 +202,9 @@ def _text_column(name: str, levels: tuple[str, ...], missing: str) -> ColumnSpec
 # -- draft --------------------------------------------------------------------------------------
 
 
-def _draft_column(name: str, column: pa.ChunkedArray, is_target: bool, max_levels: int) -> tuple[ColumnSpec, str]:
+def _draft_column(
+    name: str, column: pa.ChunkedArray, is_target: bool, max_levels: int
+) -> tuple[ColumnSpec, str]:
     numbers, words, missing = _cells(column)
     n_missing = int(missing.sum())
     policy = "indicator" if n_missing else "error"
@@ -220,7 +229,9 @@ def _draft_column(name: str, column: pa.ChunkedArray, is_target: bool, max_level
         return _text_column(name, levels, policy), f"{len(levels)} distinct values seen ({seen})"
     mean_len = float(np.mean([len(k) for k in counts]))
     if mean_len >= TEXT_MEAN_LENGTH:
-        return ColumnSpec(name, "text"), f"{len(counts)} distinct values, mean length {mean_len:.0f}: free text?"
+        return ColumnSpec(
+            name, "text"
+        ), f"{len(counts)} distinct values, mean length {mean_len:.0f}: free text?"
     return ColumnSpec(name, "ignored"), (
         f"{len(counts)} distinct values: an identifier? (declare it categorical with public levels to use it)"
     )
@@ -244,7 +255,9 @@ def _infer_dp(
     from veil.tables.release import dp_bounds, noisy_kind_counts, scale_for, thresholded_levels
 
     if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
-        raise InvalidParameterError("epsilon", epsilon, "the release needs a finite budget ε > 0", "pass ε > 0")
+        raise InvalidParameterError(
+            "epsilon", epsilon, "the release needs a finite budget ε > 0", "pass ε > 0"
+        )
     if not (0 < delta < 1):
         raise InvalidParameterError("delta", delta, "the thresholds' δ must lie in (0, 1)", "pass e.g. 1e-7")
     rng = rng or make_source(True)

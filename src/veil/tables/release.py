@@ -82,7 +82,10 @@ def scale_for(epsilon: float, secure: bool) -> float:
         slack = 2.0**-GRID_BITS * (1.0 + 2.0**-GRID_BITS)
         if epsilon <= 2 * slack:
             raise InvalidParameterError(
-                "epsilon", epsilon, "the budget per release is below the secure lattice's resolution", "raise ε"
+                "epsilon",
+                epsilon,
+                "the budget per release is below the secure lattice's resolution",
+                "raise ε",
             )
         b = 1.0 / (epsilon - slack)
     while release_event(b, secure).pure_epsilon > epsilon:
@@ -115,7 +118,9 @@ class BoundsRelease:
     event: PrivacyEvent
 
 
-def _search(count_beyond: np.ndarray, n: int, side: Literal["lower", "upper"], scale: float, rng: RandomSource) -> int:
+def _search(
+    count_beyond: np.ndarray, n: int, side: Literal["lower", "upper"], scale: float, rng: RandomSource
+) -> int:
     """Noisy binary search over grid indices (see :func:`dp_bounds`)."""
     grid_size = len(count_beyond)
     lo, hi = 0, grid_size - 1
@@ -152,7 +157,9 @@ def dp_bounds(values: np.ndarray, epsilon: float, rng: RandomSource) -> BoundsRe
     if i_hi <= i_lo:
         i_hi = min(i_lo + 1, len(grid) - 1)
         i_lo = i_hi - 1
-    return BoundsRelease(float(grid[i_lo]), float(grid[i_hi]), SelfComposed(release_event(scale, rng.secure), 2 * steps))
+    return BoundsRelease(
+        float(grid[i_lo]), float(grid[i_hi]), SelfComposed(release_event(scale, rng.secure), 2 * steps)
+    )
 
 
 @dataclass(frozen=True)
@@ -181,6 +188,6 @@ def thresholded_levels(
     kept: list[tuple[float, str]] = []
     if names:
         noisy = _release(np.array([counts[v] for v in names], dtype=np.float64), scale, rng)
-        kept = sorted(((-float(c), v) for c, v in zip(noisy, names) if c > tau))
+        kept = sorted(((-float(c), v) for c, v in zip(noisy, names, strict=True) if c > tau))
     levels = tuple(v for _, v in kept[:max_levels])
     return LevelsRelease(levels, release_event(scale, rng.secure), delta)

@@ -254,7 +254,9 @@ def _bounds(name: str, value: Any) -> tuple[float, float]:
 
 def _column(name: str, raw: Any) -> ColumnSpec:
     if not isinstance(raw, dict):
-        raise ConfigError(f"columns.{name}", raw, "each column is a table of settings", f"write [columns.{name}]")
+        raise ConfigError(
+            f"columns.{name}", raw, "each column is a table of settings", f"write [columns.{name}]"
+        )
     role = raw.get("role", "feature")
     if role not in ("feature", "target"):
         raise ConfigError(_where(name, "role"), role, "unknown role", "use 'feature' (default) or 'target'")
@@ -272,7 +274,9 @@ def _column(name: str, raw: Any) -> ColumnSpec:
         )
     ctype = raw.get("type")
     if ctype not in COLUMN_TYPES:
-        raise ConfigError(_where(name, "type"), ctype, "every column needs a type", f"use one of {COLUMN_TYPES}")
+        raise ConfigError(
+            _where(name, "type"), ctype, "every column needs a type", f"use one of {COLUMN_TYPES}"
+        )
     _refuse_unknown(name, raw, _COLUMN_KEYS[ctype])
     spec = ColumnSpec(name, ctype)
     if ctype == "numeric":
@@ -357,7 +361,9 @@ def load_schema(path: str | Path) -> TableSchema:
     try:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError("schema", str(p), f"the file cannot be read ({exc.__class__.__name__})", "check the path")
+        raise ConfigError(
+            "schema", str(p), f"the file cannot be read ({exc.__class__.__name__})", "check the path"
+        ) from None
     try:
         toml: Any = importlib.import_module("tomllib")
     except ModuleNotFoundError:  # pragma: no cover - Python 3.10

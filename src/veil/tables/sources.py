@@ -149,10 +149,15 @@ def _csv_header(p: Path) -> list[str]:
             header = next(csv.reader(fh), None)
     except (OSError, UnicodeDecodeError) as exc:
         raise DataError(
-            "dataset file", str(p), f"it cannot be read as UTF-8 text ({exc.__class__.__name__})", "save as UTF-8"
+            "dataset file",
+            str(p),
+            f"it cannot be read as UTF-8 text ({exc.__class__.__name__})",
+            "save as UTF-8",
         ) from None
     if not header:
-        raise DataError("dataset file", str(p), "the CSV has no header row", "add a header naming the columns")
+        raise DataError(
+            "dataset file", str(p), "the CSV has no header row", "add a header naming the columns"
+        )
     names = [h.strip() for h in header]
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup is not None:
@@ -180,7 +185,7 @@ def check_columns(schema: TableSchema, present: Sequence[str], where: str, *, ne
         raise DataError(
             f"data column '{extra[0]}'",
             where,
-            f"{len(extra)} column(s) of the data are not declared in the schema, and nothing undeclared is used",
+            f"{len(extra)} column(s) of the data are not in the schema, and nothing undeclared is used",
             f'declare them, e.g. [columns."{extra[0]}"] type = "ignored" to leave one out',
         )
 
@@ -206,7 +211,10 @@ def read_source(
             table = _parquet_file(pq, source).read(columns=wanted)
         except Exception as exc:
             raise DataError(
-                "dataset file", source.location, f"it is not readable Parquet ({_first_line(exc)})", "check it"
+                "dataset file",
+                source.location,
+                f"it is not readable Parquet ({_first_line(exc)})",
+                "check it",
             ) from None
         return RawTable(table, source)
     table = _sql_read(source)
@@ -309,7 +317,10 @@ def _parquet_file(pq: Any, source: TableSource) -> Any:
         return pq.ParquetFile(source.location)
     except Exception as exc:
         raise DataError(
-            "dataset file", source.location, f"it is not readable Parquet ({_first_line(exc)})", "check the file"
+            "dataset file",
+            source.location,
+            f"it is not readable Parquet ({_first_line(exc)})",
+            "check the file",
         ) from None
 
 
@@ -324,12 +335,21 @@ def _engine(source: TableSource) -> Any:
         url = make_url(source.location)
     except Exception:
         url = None
-    if url is not None and url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
-        if not Path(url.database).expanduser().is_file() and not str(url.database).startswith("file:"):
-            # SQLite would create an empty database file: reading must write nothing.
-            raise DataError(
-                "dataset", source.describe(), "the SQLite database file does not exist", "check the path in the URL"
-            )
+    database = str(url.database or "") if url is not None else ""
+    if (
+        url is not None
+        and url.get_backend_name() == "sqlite"
+        and database not in ("", ":memory:")
+        and not database.startswith("file:")
+        and not Path(database).expanduser().is_file()
+    ):
+        # SQLite would create an empty database file: reading must write nothing.
+        raise DataError(
+            "dataset",
+            source.describe(),
+            "the SQLite database file does not exist",
+            "check the path in the URL",
+        )
     try:
         return sqlalchemy.create_engine(source.location)
     except Exception as exc:
@@ -383,7 +403,7 @@ def _sql_read(source: TableSource, limit: int | None = None) -> pa.Table:
                     f"the database refused it ({_first_line(getattr(exc, 'orig', None) or exc)})",
                     "check the SQL and the table and column names",
                 ) from None
-            names = [str(k) for k in result.keys()]
+            names = [str(k) for k in result.keys()]  # noqa: SIM118 - a Result, not a dict
             dup = next((n for n in names if names.count(n) > 1), None)
             if dup is not None:
                 raise DataError(
@@ -393,7 +413,7 @@ def _sql_read(source: TableSource, limit: int | None = None) -> pa.Table:
                 result.close()
                 return pa.table({n: pa.array([], pa.null()) for n in names})
             parts = [
-                pa.Table.from_pylist([dict(zip(names, row)) for row in rows], schema=None)
+                pa.Table.from_pylist([dict(zip(names, row, strict=True)) for row in rows], schema=None)
                 for rows in result.partitions(SQL_PARTITION_ROWS)
             ]
     finally:
