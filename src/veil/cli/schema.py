@@ -60,13 +60,15 @@ def run_check(
     """The work of ``veil schema check``: read and encode the whole table, refuse the first bad value."""
     from veil.tables.encoder import TableEncoder
     from veil.tables.schema import load_schema
-    from veil.tables.sources import parse_source, read_source
+    from veil.tables.sources import iter_source, parse_source, source_columns
 
     schema = load_schema(schema_path)
     source = parse_source(dataset, table=table, query=query)
-    raw = read_source(source, schema, need_target=False)
-    has_target = schema.target is not None and schema.target.name in raw.table.column_names
-    encoded = TableEncoder(schema).encode(raw, with_target=has_target)
+    has_target = schema.target is not None and schema.target.name in source_columns(source)
+    rows, batches = iter_source(source, schema, need_target=has_target)
+    encoded = TableEncoder(schema).encode_batches(
+        rows, batches, with_target=has_target, where=source.describe()
+    )
     return {
         "schema": schema_path,
         "reviewed": schema.reviewed,

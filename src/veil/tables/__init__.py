@@ -32,7 +32,10 @@ def load_table(
 ) -> object:
     """Read ``spec`` and encode it with ``schema``: an :class:`~veil.tables.encoder.EncodedTable`."""
     from veil.tables.encoder import TableEncoder
-    from veil.tables.sources import parse_source, read_source
+    from veil.tables.sources import iter_source, parse_source
 
-    raw = read_source(parse_source(spec, table=table, query=query), schema, need_target=with_target)
-    return TableEncoder(schema).encode(raw, with_target=with_target)
+    source = parse_source(spec, table=table, query=query)
+    rows, batches = iter_source(source, schema, need_target=with_target)
+    return TableEncoder(schema).encode_batches(
+        rows, batches, with_target=with_target, where=source.describe()
+    )

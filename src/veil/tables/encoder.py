@@ -31,6 +31,7 @@ predictions on new rows use the same mapping.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
 __all__ = ["EncodedTable", "TableEncoder"]
 
 ENCODER_FORMAT = "veil-table-encoder/1"
+_SLICE = 1 << 18
 
 
 @dataclass
@@ -132,24 +134,51 @@ class TableEncoder:
 
     def encode(self, raw: RawTable, *, with_target: bool = True) -> EncodedTable:
         """Encode every row (all or nothing: the first disallowed value is refused)."""
-        table = raw.table
-        n = table.num_rows
+        return self.encode_batches(
+            raw.table.num_rows, iter([raw]), with_target=with_target, where=raw.source.describe()
+        )
+
+    def encode_batches(
+        self, rows: int | None, batches: Iterator[RawTable], *, with_target: bool = True, where: str = "table"
+    ) -> EncodedTable:
+        """Encode a table given in batches into one float32 matrix.
+
+        With ``rows`` (an upper bound on the row count) the result is allocated once, zero pages
+        untouched until written, so the peak is the result plus one batch; without it the encoded
+        batches are concatenated at the end.
+        """
+        x = np.zeros((rows, self.width), dtype=np.float32) if rows is not None else None
+        y = np.zeros(rows, dtype=np.int64) if rows is not None and with_target else None
+        blocks: list[tuple[np.ndarray, np.ndarray | None]] = []
+        n = 0
+        target = self.schema.require_target("training") if with_target else None
+        for raw in batches:
+            m = raw.table.num_rows
+            if x is not None and n + m > x.shape[0]:  # pragma: no cover - the bound is an upper bound
+                raise RuntimeError(f"more rows than the bound {x.shape[0]}")
+            xb = x[n : n + m] if x is not None else np.zeros((m, self.width), dtype=np.float32)
+            self._encode_into(raw, xb)
+            yb = _encode_target(target, raw.table.column(target.name), raw, self.schema) if target else None
+            if y is not None and yb is not None:
+                y[n : n + m] = yb
+            if x is None:
+                blocks.append((xb, yb))
+            n += m
         if n == 0:
-            raise DataError(
-                "dataset", raw.source.describe(), "the table has no data rows", "provide a table with rows"
-            )
-        x = np.zeros((n, self.width), dtype=np.float32)
+            raise DataError("dataset", where, "the table has no data rows", "provide a table with rows")
+        if x is None:
+            x = np.concatenate([b[0] for b in blocks])
+            y = np.concatenate([b[1] for b in blocks if b[1] is not None]) if target else None
+        else:
+            x, y = x[:n], (y[:n] if y is not None else None)
+        return EncodedTable(x=x, y=y, feature_names=list(self.feature_names), classes=self.classes)
+
+    def _encode_into(self, raw: RawTable, x: np.ndarray) -> None:
         pos = 0
         for c in self.schema.features:
             width = len(_block_names(c))
-            _encode_column(c, table.column(c.name), x[:, pos : pos + width], raw, self.schema)
+            _encode_column(c, raw.table.column(c.name), x[:, pos : pos + width], raw, self.schema)
             pos += width
-        y = None
-        target = self.schema.target
-        if with_target:
-            target = self.schema.require_target("training")
-            y = _encode_target(target, table.column(target.name), raw, self.schema)
-        return EncodedTable(x=x, y=y, feature_names=list(self.feature_names), classes=self.classes)
 
 
 # -- per column ---------------------------------------------------------------------------------
@@ -277,26 +306,7 @@ def _encode_column(
 ) -> None:
     missing_tokens = [v.strip() for v in schema.missing_values]
     if c.type == "numeric":
-        assert c.bounds is not None
-        v = _numbers(c, column, raw, missing_tokens)
-        miss = np.isnan(v)
-        lo, hi = c.bounds
-        if c.outside == "error":
-            bad = ~miss & ((v < lo) | (v > hi))
-            if bad.any():
-                i = _first(bad)
-                _refuse(
-                    c,
-                    raw,
-                    i,
-                    float(v[i]),
-                    f"the value is outside the declared bounds [{lo:g}, {hi:g}] and the schema says "
-                    "outside = 'error'",
-                    "fix the value, widen the public bounds, or set outside = 'clip'",
-                )
-        scaled = (np.clip(v, lo, hi) - (lo + hi) / 2) * (2 / (hi - lo))
-        out[:, 0] = np.where(miss, 0.0, scaled)
-        _missing_block(c, miss, out, raw, 1)
+        _encode_numeric(c, _numbers(c, column, raw, missing_tokens), out, raw)
         return
     text, miss = _strings(column, missing_tokens)
     if c.type == "boolean":
@@ -341,20 +351,51 @@ def _encode_column(
     _missing_block(c, miss, out, raw, col)
 
 
+def _encode_numeric(c: ColumnSpec, v: np.ndarray, out: np.ndarray, raw: RawTable) -> None:
+    """Clip to the bounds and map onto [-1, 1], in slices so that float64 temporaries stay small."""
+    assert c.bounds is not None
+    lo, hi = c.bounds
+    mid, scale = (lo + hi) / 2, 2 / (hi - lo)
+    for start in range(0, len(v), _SLICE):
+        part = v[start : start + _SLICE].astype(np.float64)
+        miss = np.isnan(part)
+        if c.outside == "error":
+            bad = ~miss & ((part < lo) | (part > hi))
+            if bad.any():
+                i = _first(bad)
+                _refuse(
+                    c,
+                    raw,
+                    start + i,
+                    float(part[i]),
+                    f"the value is outside the declared bounds [{lo:g}, {hi:g}] and the schema says "
+                    "outside = 'error'",
+                    "fix the value, widen the public bounds, or set outside = 'clip'",
+                )
+        np.clip(part, lo, hi, out=part)
+        part -= mid
+        part *= scale
+        part[miss] = 0.0
+        out[start : start + _SLICE, 0] = part
+        _missing_block(c, miss, out[start : start + _SLICE], raw, 1, offset=start)
+
+
 def _lower(text: pa.ChunkedArray) -> pa.ChunkedArray:
     import pyarrow.compute as pc
 
     return pc.utf8_lower(text)
 
 
-def _missing_block(c: ColumnSpec, miss: np.ndarray, out: np.ndarray, raw: RawTable, col: int) -> None:
+def _missing_block(
+    c: ColumnSpec, miss: np.ndarray, out: np.ndarray, raw: RawTable, col: int, offset: int = 0
+) -> None:
     if not miss.any():
         return
     if c.missing == "error":
         _refuse(
             c,
             raw,
-            _first(miss),
+            offset + _first(miss),
             None,
             "the value is missing and the schema says missing = 'error' (veil never imputes or drops rows)",
             "fill in the value, or set missing = 'indicator' to encode missingness as its own feature",

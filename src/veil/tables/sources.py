@@ -19,10 +19,10 @@ from __future__ import annotations
 import csv
 import difflib
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from veil.errors import DataError
 
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
     from veil.tables.schema import TableSchema
 
-__all__ = ["RawTable", "TableSource", "parse_source", "read_source", "source_columns"]
+__all__ = ["RawTable", "TableSource", "iter_source", "parse_source", "read_source", "source_columns"]
 
 SourceKind = Literal["csv", "parquet", "sql"]
 SQL_PARTITION_ROWS = 65_536
@@ -208,7 +208,7 @@ def read_source(
     if source.kind == "parquet":
         pq = _need("pyarrow.parquet", source.describe())
         try:
-            table = _parquet_file(pq, source).read(columns=wanted)
+            table = _read_parquet(_parquet_file(pq, source), schema, wanted)
         except Exception as exc:
             raise DataError(
                 "dataset file",
@@ -226,6 +226,79 @@ def read_source(
             "check the table name, the query's WHERE clause and the database",
         )
     return RawTable(table.select(wanted), source)
+
+
+def iter_source(
+    source: TableSource, schema: TableSchema, *, need_target: bool = True, batch_rows: int = 1 << 16
+) -> tuple[int | None, Iterator[RawTable]]:
+    """The table in batches, typed by the schema, and an upper bound on its row count (or None).
+
+    CSV is parsed block by block (pyarrow's streaming reader; the bound is the file's newline count),
+    Parquet batch by batch within its row groups (the count is in its metadata); a SQL result comes
+    as one batch. A consumer that writes each batch into a preallocated result holds at most one
+    batch of Arrow data at a time.
+    """
+    present = source_columns(source)
+    check_columns(schema, present, source.describe(), need_target=need_target)
+    wanted = [c.name for c in schema.columns if c.used and c.name in present]
+    if source.kind == "csv":
+        path = Path(source.location)
+        bound = None if path.name.lower().endswith(".gz") else _newlines(path)
+        return bound, _csv_batches(path, schema, wanted, source)
+    if source.kind == "parquet":
+        pq = _need("pyarrow.parquet", source.describe())
+        pf = _parquet_file(pq, source)
+        return int(pf.metadata.num_rows), _parquet_batches(pf, schema, wanted, source, batch_rows)
+    raw = read_source(source, schema, need_target=need_target)
+    return raw.table.num_rows, iter([raw])
+
+
+def _newlines(path: Path) -> int:
+    """Newlines in the file: at least the number of data rows (+1 for a last line without one)."""
+    count = 0
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 24), b""):
+            count += block.count(b"\n")
+    return count + 1
+
+
+def _csv_batches(
+    path: Path, schema: TableSchema, wanted: list[str], source: TableSource
+) -> Iterator[RawTable]:
+    pa_csv = _need("pyarrow.csv", source.describe())
+    import pyarrow as pa
+
+    missing = list(schema.missing_values)
+    convert = pa_csv.ConvertOptions(
+        column_types=_csv_types(schema),
+        null_values=missing,
+        strings_can_be_null=True,
+        include_columns=wanted,
+        true_values=["true", "True", "TRUE"],
+        false_values=["false", "False", "FALSE"],
+    )
+    offset = 0
+    try:
+        reader = pa_csv.open_csv(
+            path, convert_options=convert, read_options=pa_csv.ReadOptions(block_size=1 << 22)
+        )
+        for batch in reader:
+            if batch.num_rows:
+                yield RawTable(pa.Table.from_batches([batch]), source, first_row=offset + 2)
+                offset += batch.num_rows
+    except pa.ArrowInvalid as exc:
+        _csv_error(path, schema, exc)
+
+
+def _parquet_batches(
+    pf: Any, schema: TableSchema, wanted: list[str], source: TableSource, batch_rows: int
+) -> Iterator[RawTable]:
+    import pyarrow as pa
+
+    offset = 0
+    for batch in pf.iter_batches(batch_size=batch_rows, columns=wanted):
+        yield RawTable(pa.Table.from_batches([batch]), source, first_row=offset + 1)
+        offset += batch.num_rows
 
 
 def _first_line(exc: BaseException) -> str:
@@ -270,16 +343,21 @@ def _read_csv(p: Path, schema: TableSchema | None, wanted: list[str]) -> pa.Tabl
     try:
         return pa_csv.read_csv(p, convert_options=convert)
     except pa.ArrowInvalid as exc:
-        message = _first_line(exc)
-        found = re.search(r"column #(\d+)", message)
-        if found and schema is not None:
-            names = _csv_header(p)
-            column = names[int(found.group(1))] if int(found.group(1)) < len(names) else "?"
-            if types.get(column) == pa.float32():
-                _locate_not_number(p, column, missing)
-        raise DataError(
-            "dataset file", str(p), f"the CSV cannot be parsed ({message})", "fix the file"
-        ) from None
+        _csv_error(p, schema, exc)
+
+
+def _csv_error(p: Path, schema: TableSchema | None, exc: Exception) -> NoReturn:
+    """Turn pyarrow's parse error into one line; for a numeric column, name the first bad cell."""
+    import pyarrow as pa
+
+    message = _first_line(exc)
+    found = re.search(r"column #(\d+)", message)
+    if found and schema is not None:
+        names = _csv_header(p)
+        column = names[int(found.group(1))] if int(found.group(1)) < len(names) else "?"
+        if _csv_types(schema).get(column) == pa.float32():
+            _locate_not_number(p, column, list(schema.missing_values))
+    raise DataError("dataset file", str(p), f"the CSV cannot be parsed ({message})", "fix the file") from None
 
 
 def _locate_not_number(p: Path, column: str, missing: list[str]) -> None:
@@ -310,6 +388,24 @@ def _locate_not_number(p: Path, column: str, missing: list[str]) -> None:
                 "fix the cell, list it in missing_values if it means 'missing', or declare the column "
                 "categorical",
             ) from None
+
+
+def _read_parquet(pf: Any, schema: TableSchema | None, wanted: list[str]) -> pa.Table:
+    """Read column by column; numeric features stored as float64 are narrowed to float32 one at a time.
+
+    So the peak is the float32 table plus one stored column, not the whole float64 table (the
+    encoder's output is float32 anyway).
+    """
+    import pyarrow as pa
+
+    numeric = {c.name for c in schema.features if c.type == "numeric"} if schema is not None else set()
+    arrays = []
+    for name in wanted:
+        column = pf.read(columns=[name]).column(0)
+        if name in numeric and pa.types.is_float64(column.type):
+            column = column.cast(pa.float32())
+        arrays.append(column)
+    return pa.Table.from_arrays(arrays, names=wanted)
 
 
 def _parquet_file(pq: Any, source: TableSource) -> Any:
