@@ -108,7 +108,9 @@ def measure(kind: str, path: Path, schema: Path) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rows", default="100000,1000000,10000000", help="Comma-separated row counts.")
     parser.add_argument("--formats", default="csv,parquet")
     parser.add_argument("--legacy", action="store_true", help="Also time veil.data.tabular's CSV reader.")
@@ -150,8 +152,10 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(folder, ignore_errors=True)
     header = ["rows", "format", "file MB", "load s", "peak − base MB", "peak RSS MB", "vs float32", "rows/s"]
     print(markdown_table(header, rows_out))
-    print(f"\nload average before {tuple(round(v, 1) for v in load_before)}, after "
-          f"{tuple(round(v, 1) for v in os.getloadavg())}")
+    print(
+        f"\nload average before {tuple(round(v, 1) for v in load_before)}, after "
+        f"{tuple(round(v, 1) for v in os.getloadavg())}"
+    )
     print(describe_machine())
     return 0
 
