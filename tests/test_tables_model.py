@@ -11,10 +11,10 @@ from torch import nn
 
 pytest.importorskip("pyarrow")
 
-from veil.clipping import PerSampleClipper  # noqa: E402
-from veil.tables.encoder import TableEncoder  # noqa: E402
-from veil.tables.model import EmbedCodes, head_inputs, with_embeddings  # noqa: E402
-from veil.tables.schema import ColumnSpec, TableSchema  # noqa: E402
+from veil.clipping import PerSampleClipper
+from veil.tables.encoder import TableEncoder
+from veil.tables.model import EmbedCodes, head_inputs, with_embeddings
+from veil.tables.schema import ColumnSpec, TableSchema
 
 
 def _encoder() -> TableEncoder:

@@ -30,11 +30,12 @@ class EmbedCodes(nn.Module):
         super().__init__()
         code_positions = [p for p, _ in embeddings]
         dense = [j for j in range(width) if j not in set(code_positions)]
+        self.dense_index: torch.Tensor
         self.register_buffer("dense_index", torch.tensor(dense, dtype=torch.long), persistent=False)
         self.code_positions = code_positions
         self.codes = [n for _, n in embeddings]
-        self.embeddings = nn.ModuleList(nn.Embedding(n, embedding_dim(n)) for n in self.codes)
-        self.out_features = len(dense) + sum(e.embedding_dim for e in self.embeddings)
+        self.embeddings = nn.ModuleList([nn.Embedding(n, embedding_dim(n)) for n in self.codes])
+        self.out_features = len(dense) + sum(embedding_dim(n) for n in self.codes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         parts = [x.index_select(1, self.dense_index)]
