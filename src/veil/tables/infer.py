@@ -113,15 +113,36 @@ def _check_names(names: list[str], target: str, ignore: Sequence[str], where: st
         raise DataError("target", target, "the target cannot also be ignored", "drop it from --ignore")
 
 
-def _read(source: TableSource, columns: list[str]) -> pa.Table:
-    from veil.tables.sources import read_source
+class _Columns:
+    """One column at a time: Parquet columns are read on demand (a table larger than memory is
+    inferred column by column); CSV and SQL sources are read once."""
 
-    table = read_source(source).table.select(columns)
-    if table.num_rows == 0:
-        raise DataError(
-            "dataset", source.describe(), "the table has no data rows", "provide a table with rows"
-        )
-    return table
+    def __init__(self, source: TableSource, columns: list[str]) -> None:
+        self.source = source
+        self.table: pa.Table | None = None
+        if source.kind == "parquet":
+            import pyarrow.parquet as pq
+
+            self.parquet = pq.ParquetFile(source.location)
+            rows = int(self.parquet.metadata.num_rows)
+        else:
+            from veil.tables.sources import read_source
+
+            self.table = read_source(source).table.select(columns)
+            rows = self.table.num_rows
+        if rows == 0:
+            raise DataError(
+                "dataset", source.describe(), "the table has no data rows", "provide a table with rows"
+            )
+
+    def column(self, name: str) -> pa.ChunkedArray:
+        if self.table is not None:
+            return self.table.column(name)
+        return self.parquet.read(columns=[name]).column(0)
+
+
+def _read(source: TableSource, columns: list[str]) -> _Columns:
+    return _Columns(source, columns)
 
 
 # -- column views -------------------------------------------------------------------------------

@@ -508,15 +508,20 @@ def _sql_read(source: TableSource, limit: int | None = None) -> pa.Table:
             if limit == 0:
                 result.close()
                 return pa.table({n: pa.array([], pa.null()) for n in names})
-            parts = [
-                pa.Table.from_pylist([dict(zip(names, row, strict=True)) for row in rows], schema=None)
-                for rows in result.partitions(SQL_PARTITION_ROWS)
-            ]
+            parts = [_partition(names, rows) for rows in result.partitions(SQL_PARTITION_ROWS)]
     finally:
         engine.dispose()
     if not parts:
         return pa.table({n: pa.array([], pa.null()) for n in names})
     return pa.concat_tables(parts, promote_options="permissive")
+
+
+def _partition(names: list[str], rows: Sequence[Sequence[Any]]) -> pa.Table:
+    """Rows of a result partition → an Arrow table, column by column (types inferred by Arrow)."""
+    import pyarrow as pa
+
+    columns = list(zip(*rows, strict=True)) if rows else [() for _ in names]
+    return pa.table({n: pa.array(list(c)) for n, c in zip(names, columns, strict=True)})
 
 
 def _statement(sqlalchemy: Any, conn: Any, source: TableSource, limit: int | None) -> Any:
