@@ -115,10 +115,13 @@ class TableEncoder:
             )
         return enc
 
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, ensure_ascii=False) + "\n"
+
     def save(self, path: str | Path) -> None:
         from veil.accounting.ledger import atomic_write_text
 
-        atomic_write_text(Path(path), json.dumps(self.to_dict(), indent=1, ensure_ascii=False) + "\n")
+        atomic_write_text(Path(path), self.to_json())
 
     @classmethod
     def load(cls, path: str | Path) -> TableEncoder:

@@ -55,6 +55,16 @@ def with_embeddings(width: int, embeddings: Sequence[tuple[int, int]], head: nn.
     return nn.Sequential(front, head)
 
 
+def build_table_net(
+    model: str, width: int, embeddings: Sequence[tuple[int, int]], num_classes: int
+) -> nn.Module:
+    """The zoo's (or the user's factory's) table model behind the embeddings of the code columns."""
+    from veil.models import build_model
+
+    head = build_model(model, (head_inputs(width, embeddings),), num_classes, "table")
+    return with_embeddings(width, embeddings, head)
+
+
 def head_inputs(width: int, embeddings: Sequence[tuple[int, int]]) -> int:
     """How many inputs the model after :class:`EmbedCodes` sees."""
     return width - len(embeddings) + sum(embedding_dim(n) for _, n in embeddings)

@@ -31,7 +31,16 @@ if TYPE_CHECKING:
 
     from veil.tables.schema import TableSchema
 
-__all__ = ["RawTable", "TableSource", "iter_source", "parse_source", "read_source", "source_columns"]
+__all__ = [
+    "RawTable",
+    "TableSource",
+    "hide_password",
+    "iter_source",
+    "parse_source",
+    "read_source",
+    "source_columns",
+    "url_has_password",
+]
 
 SourceKind = Literal["csv", "parquet", "sql"]
 SQL_PARTITION_ROWS = 65_536
@@ -50,7 +59,7 @@ class TableSource:
         if self.kind != "sql":
             return f"{self.kind}:{self.location}"
         what = f" table {self.table}" if self.table else " query"
-        return f"sql:{_hide_password(self.location)}{what}"
+        return f"sql:{hide_password(self.location)}{what}"
 
 
 @dataclass
@@ -67,7 +76,17 @@ class RawTable:
         return f"row {index + self.first_row}"
 
 
-def _hide_password(url: str) -> str:
+def url_has_password(url: str) -> bool:
+    """Whether a database URL carries a password (which must then never be written anywhere)."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).password is not None
+    except Exception:
+        return re.search(r"://[^:/@]+:[^@]*@", url) is not None
+
+
+def hide_password(url: str) -> str:
     try:
         from sqlalchemy.engine import make_url
 
@@ -112,7 +131,7 @@ def parse_source(spec: str, *, table: str | None = None, query: str | None = Non
         if (table is None) == (query is None):
             raise DataError(
                 "dataset",
-                _hide_password(rest),
+                hide_password(rest),
                 "a SQL source needs exactly one of a table name and a query",
                 "pass --table NAME or --query 'SELECT ...'",
             )
