@@ -54,10 +54,10 @@ class TrainConfig(BaseModel):
     # -- data --------------------------------------------------------------------------------
     dataset: str = "digits"
     """``digits`` | ``breast-cancer`` | ``fashion-mnist`` | "
-    "``mnist`` | ``csv:PATH`` | ``parquet:PATH`` | ``npz:PATH`` | ``sql:URL`` (with ``schema``)."""
+    "``mnist`` | ``csv:PATH`` | ``parquet:PATH`` | ``npz:PATH`` | ``sql:URL`` (with ``table_schema``)."""
     table_schema: str | None = None
-    """(``--schema``) A table's reviewed schema (TOML, see docs/tables.md): csv/parquet/sql data is read and encoded
-    through it (categorical levels, bounds, missing values; the label set is its target's classes)."""
+    """(``--schema``) A table's reviewed schema (TOML, see docs/tables.md): csv/parquet/sql data is read
+    and encoded through it (levels, bounds, missing values; the label set is its target's classes)."""
     table: str | None = None
     """Table name of a ``sql:`` dataset."""
     query: str | None = None
