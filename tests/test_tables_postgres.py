@@ -87,3 +87,27 @@ def test_bad_postgres_input_is_one_line_exit_2_nothing_written(
     assert code == 2 and match in err and err.count("\n") == 1 and "Traceback" not in err, err
     assert "veil-test-pw" not in err and "not-the-password" not in err  # passwords are never printed
     assert not out.exists()
+
+
+def test_train_from_postgres_with_the_password_outside_the_url(
+    postgres: PostgresServer, capsys, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run folder records the dataset URL, so the password travels through PGPASSWORD instead."""
+    import json
+
+    import tomllib
+
+    from tables_support import PG_PASSWORD
+
+    schema = tmp_path / "s.toml"
+    schema.write_text(GBSG2_SCHEMA)
+    monkeypatch.setenv("PGPASSWORD", PG_PASSWORD)
+    url = postgres.url().replace(f":{PG_PASSWORD}@", "@")
+    run = tmp_path / "run"
+    code = main(["train", "--dataset", f"sql:{url}", "--table", "gbsg2", "--schema", str(schema),
+                 "--epochs", "2", "--no-baseline", "--json", "--out", str(run)])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert json.loads(out)["dataset"]["n_train"] + json.loads(out)["dataset"]["n_test"] == 686
+    assert PG_PASSWORD not in "".join(p.read_text(errors="ignore") for p in run.rglob("*") if p.is_file())
+    assert tomllib.loads((run / "config.toml").read_text())["table"] == "gbsg2"
