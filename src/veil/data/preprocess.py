@@ -151,10 +151,18 @@ def plan_preprocessing(config: PreprocessingSettings, dataset: Dataset) -> Prepr
                 "the schema already declares each column's public bounds; two declarations could disagree",
                 "declare the bounds in the schema only",
             )
+        schema = dataset.encoder.schema
+        if schema.reviewed == "dp":
+            source = (
+                f"released with DP by veil schema infer (ε = {schema.dp.get('epsilon', '?')}, "
+                f"δ = {schema.dp.get('delta', '?')}, charged to the dataset apart from this run's ε)"
+            )
+        else:
+            source = "declared public by its reviewer (reviewed = true)"
         return PreprocessingPlan(
             "schema",
-            "features encoded by the table's schema (public levels one-hot or embedded, numeric values "
-            "clipped to the declared bounds and scaled to [-1, 1], missing values as indicators)",
+            f"features encoded by the table's schema, {source}: levels one-hot or embedded, numeric "
+            "values clipped to the declared bounds and scaled to [-1, 1], missing values as indicators",
         )
     if config.feature_bounds is not None:
         lo, hi = _bounds_arrays(config, dataset)
