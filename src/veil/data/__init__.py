@@ -254,7 +254,7 @@ def _load_with_schema(
             "a schema describes a table",
             "use csv:PATH, parquet:PATH or sql:URL with --schema",
         )
-    from veil.tables.dataset import load_schema_dataset
+    from veil.tables.dataset import load_schema_table
     from veil.tables.schema import load_schema
 
     declared = load_schema(schema).target
@@ -265,8 +265,22 @@ def _load_with_schema(
             f"the schema's target column is {declared.name if declared else 'not declared'}",
             "drop --target (the schema says which column is the label) or fix the schema",
         )
-    data, encoder = load_schema_dataset(
-        name, schema, table=table, query=query, test_fraction=test_fraction, seed=seed
+    loaded = load_schema_table(name, schema, table=table, query=query)
+    x, y, classes = loaded.encoded.x, loaded.encoded.y, loaded.encoded.classes
+    assert y is not None
+    check_labels(y, classes, "target")
+    x_tr, y_tr, x_te, y_te = split(x, y, test_fraction, seed)
+    return Dataset(
+        name=loaded.name,
+        kind="table",
+        x_train=x_tr,
+        y_train=y_tr,
+        x_test=x_te,
+        y_test=y_te,
+        classes=classes,
+        sha256=loaded.fingerprint,
+        preset="table",
+        feature_names=list(loaded.encoder.feature_names),
+        notes=loaded.notes,
+        encoder=loaded.encoder,
     )
-    data.encoder = encoder
-    return data

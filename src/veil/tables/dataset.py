@@ -1,4 +1,4 @@
-"""A table read and encoded through its schema, as the training pipeline's :class:`~veil.data.Dataset`.
+"""A table read and encoded through its schema, for the training pipeline (``veil.data`` splits it).
 
 What comes from where: the features are the encoder's (public, per-row: :mod:`veil.tables.encoder`),
 the label set and its order are the schema's declared classes (public), and nothing is computed from
@@ -8,16 +8,13 @@ the rows except the split. An unreviewed schema is refused before a row is read.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from veil.tables.encoder import EncodedTable, TableEncoder
 from veil.tables.schema import load_schema
 
-if TYPE_CHECKING:
-    from veil.data import Dataset
-    from veil.tables.encoder import TableEncoder
-
-__all__ = ["load_schema_dataset", "source_fingerprint"]
+__all__ = ["SchemaTable", "load_schema_table", "source_fingerprint"]
 
 
 def source_fingerprint(spec: str, table: str | None, query: str | None) -> str:
@@ -36,17 +33,22 @@ def source_fingerprint(spec: str, table: str | None, query: str | None) -> str:
     return h.hexdigest()
 
 
-def load_schema_dataset(
-    spec: str,
-    schema_path: str,
-    *,
-    table: str | None = None,
-    query: str | None = None,
-    test_fraction: float,
-    seed: int,
-) -> tuple[Dataset, TableEncoder]:
-    """Read ``spec`` with the reviewed schema, encode it, split it; returns the dataset and its encoder."""
-    from veil.data import Dataset, check_labels, split
+@dataclass
+class SchemaTable:
+    """A table read and encoded through its reviewed schema, before any split."""
+
+    encoded: EncodedTable
+    encoder: TableEncoder
+    name: str
+    """The source, safe to print (password hidden)."""
+    fingerprint: str
+    notes: list[str]
+
+
+def load_schema_table(
+    spec: str, schema_path: str, *, table: str | None = None, query: str | None = None
+) -> SchemaTable:
+    """Read ``spec`` with the reviewed schema and encode it (refused before reading if unreviewed)."""
     from veil.tables import load_table
     from veil.tables.encoder import EncodedTable, TableEncoder
     from veil.tables.sources import parse_source
@@ -57,23 +59,10 @@ def load_schema_dataset(
     encoder = TableEncoder(schema)
     encoded = load_table(spec, schema, table=table, query=query)
     assert isinstance(encoded, EncodedTable) and encoded.y is not None
-    check_labels(encoded.y, list(target.levels), f"target '{target.name}'")
-    x_tr, y_tr, x_te, y_te = split(encoded.x, encoded.y, test_fraction, seed)
     provenance = 'released with DP (reviewed = "dp")' if schema.reviewed == "dp" else "declared public"
-    data = Dataset(
-        name=parse_source(spec, table=table, query=query).describe(),
-        kind="table",
-        x_train=x_tr,
-        y_train=y_tr,
-        x_test=x_te,
-        y_test=y_te,
-        classes=list(target.levels),
-        sha256=source_fingerprint(spec, table, query),
-        preset="table",
-        feature_names=list(encoder.feature_names),
-        notes=[
-            f"features encoded by the schema {schema_path}: {provenance}; "
-            f"{encoder.width} features, classes {', '.join(target.levels)}"
-        ],
-    )
-    return data, encoder
+    notes = [
+        f"features encoded by the schema {schema_path}: {provenance}; "
+        f"{encoder.width} features, classes {', '.join(target.levels)}"
+    ]
+    name = parse_source(spec, table=table, query=query).describe()
+    return SchemaTable(encoded, encoder, name, source_fingerprint(spec, table, query), notes)
