@@ -56,8 +56,31 @@ def test_train_on_a_csv_table_through_its_schema(trained: tuple[Path, dict]) -> 
     assert report["epsilon_spent"] <= 3 and report["dataset"]["num_classes"] == 2
     assert "encoder.json" in report["files"] and (out / "encoder.json").is_file()
     assert report["baseline_test_accuracy"] is not None
-    # The baseline takes as many steps as the DP run plans: evaluated once per DP epoch, the last at 2.
-    assert [h["epoch"] for h in report["history"]["baseline"]] == [1.0, 2.0]
+    assert [h["epoch"] for h in report["history"]["baseline"]] == [1.0, 2.0]  # uncapped: small data
+
+
+def test_the_baseline_takes_at_most_ten_steps_per_dp_step(
+    files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """q = 1 (one DP step per epoch), 2 epochs: the cap is 20 Adam steps, below the uncapped 2 × 18."""
+    import torch
+
+    from veil.config import make_config
+    from veil.training import BASELINE_STEPS_PER_DP_STEP, _baseline, _prepare
+
+    calls: list[int] = []
+    real_step = torch.optim.Adam.step
+
+    def counted(self: torch.optim.Adam, *args: object, **kwargs: object) -> object:
+        calls.append(1)
+        return real_step(self, *args, **kwargs)
+
+    cfg = {"dataset": f"csv:{gbsg2()}", "table_schema": str(files["schema"]), "epochs": 2, "batch_size": 549}
+    plan = _prepare(make_config(cfg), None, check=False)
+    assert plan.steps.steps_planned == 2 and plan.data.n_train == 549
+    monkeypatch.setattr(torch.optim.Adam, "step", counted)
+    _, history = _baseline(plan, "cpu")
+    assert len(calls) == BASELINE_STEPS_PER_DP_STEP * 2 == 20 and len(history) == 2
 
 
 def test_train_from_sqlite(files: dict[str, Path], capsys, tmp_path: Path) -> None:
