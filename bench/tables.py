@@ -108,7 +108,7 @@ def measure(kind: str, path: Path, schema: Path) -> dict[str, float]:
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def train_speed(folder: Path, rows: int, epsilon: float) -> None:
+def train_speed(folder: Path, rows: int, epsilon: float, epochs: int | None = None) -> None:
     """``veil train`` on the N-row CSV with its reviewed schema: DP examples/s and the baseline's cost.
 
     Three timings in this process: the load (read + encode), a run without the baseline and a run
@@ -140,6 +140,7 @@ def train_speed(folder: Path, rows: int, epsilon: float) -> None:
                     "delta": 1e-7,
                     "baseline": baseline,
                     "out": str(Path(tmp) / "run"),
+                    **({"epochs": epochs} if epochs else {}),
                 },
                 progress=False,
             )
@@ -182,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
         "--train", type=int, default=None, help="Time veil train on a table of this many rows."
     )
     parser.add_argument("--epsilon", type=float, default=3.0, help="Target ε of --train.")
+    parser.add_argument(
+        "--epochs", type=int, default=None, help="Epochs of --train (default: the preset's 50)."
+    )
     args = parser.parse_args(argv)
     folder = Path(args.dir)
     folder.mkdir(parents=True, exist_ok=True)
@@ -190,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.train:
         load_before = os.getloadavg()
         try:
-            train_speed(folder, args.train, args.epsilon)
+            train_speed(folder, args.train, args.epsilon, args.epochs)
         finally:
             if not args.keep:
                 shutil.rmtree(folder, ignore_errors=True)
