@@ -112,8 +112,9 @@ def train_speed(folder: Path, rows: int, epsilon: float, epochs: int | None = No
     """``veil train`` on the N-row CSV with its reviewed schema: DP examples/s and the baseline's cost.
 
     Timings in this process: the load (read + encode), a warm-up run (discarded: imports and other
-    one-time costs), a run without the baseline and a run with it. DP-SGD examples/s = planned epochs × training rows / (run without baseline − load);
-    the baseline's cost is the difference of the two runs. Defaults of the table preset (50 epochs,
+    one-time costs), a run without the baseline and a run with it. DP-SGD examples/s = planned
+    epochs × training rows / (run without baseline − load); the baseline's cost is the difference of
+    the two runs. Defaults of the table preset (50 epochs,
     expected batch N/2, logistic regression). Each timing is given in wall-clock seconds and in CPU
     seconds of this process (all threads): on a shared machine the second is the steadier one.
     """
