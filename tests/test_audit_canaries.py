@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import veil
 from veil.audit.canaries import (
+    AUTO_CANARIES,
     GradientCanaries,
     InputCanaries,
     auto_canary_count,
@@ -50,7 +51,7 @@ def _tiny(
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(n, 4, generator=gen)
     y = torch.randint(0, 3, (n,), generator=gen)
-    engine = veil.PrivacyEngine(seed=seed)
+    engine = veil.PrivacyEngine(seed=seed, reproducible=True)
     loader = DataLoader(TensorDataset(x, y), batch_size=batch)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     model, dp_opt, dp_loader = engine.make_private(
@@ -94,10 +95,28 @@ def test_injected_gradient_is_the_included_canaries_over_b(direction: str) -> No
     diff = torch.cat([(a - b).reshape(-1) for a, b in zip(grads_a, grads_b, strict=True)]).double().numpy()
     expected = vectors[canaries.last_drawn].sum(axis=0) / 40
     np.testing.assert_allclose(diff, expected, atol=1e-6)
-    # The recorded projection of an included (drawn) canary is 1 plus what the other records and
-    # the noise put on its direction; the same quantity is read off the released gradient here.
-    released = torch.cat([g.reshape(-1) for g in grads_a]).double().numpy()
-    np.testing.assert_allclose(canaries.sum_scores, 40 * vectors @ released, atol=1e-5)
+
+
+@pytest.mark.parametrize("direction", ["dirac", "random"])
+def test_without_noise_each_score_is_exactly_its_inclusions(direction: str) -> None:
+    # The auditor subtracts the real records' clipped sum, so at σ = 0 a score carries no data drift:
+    # 1 per inclusion of its canary (up to the other canaries' overlap for random directions).
+    model, opt, loader, engine = _tiny(n=40, batch=10, sigma=0.0)
+    canaries = GradientCanaries.design(
+        model,
+        8,
+        rng=SeededSource(7),
+        max_grad_norm=1.0,
+        direction=direction,  # type: ignore[arg-type]
+    )
+    canaries.attach(opt, sampling_rate=engine.sampling_rate)
+    for _ in range(6):
+        _one_step(model, opt, loader)
+    vectors = canaries.vectors()
+    overlap = vectors @ vectors.T  # identity for Dirac canaries
+    np.testing.assert_allclose(canaries.sum_scores, overlap @ canaries.inclusions, atol=1e-5)
+    if direction == "dirac":
+        np.testing.assert_allclose(canaries.sum_scores, canaries.inclusions, atol=1e-6)
 
 
 def test_canaries_join_steps_with_the_sampling_rate() -> None:
@@ -148,13 +167,16 @@ def test_quiet_coordinates_avoid_active_inputs_and_leave_the_model_alone() -> No
         assert torch.equal(v, before[k])
     twin = hook_free_copy(model)
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in twin.modules())
-    # The automatic count keeps the coordinates whose predicted drift per step is small.
+    # The automatic count: every coordinate the model has, up to AUTO_CANARIES (data drift is
+    # subtracted from the scores, so active coordinates serve as well as quiet ones).
     assert (
         auto_canary_count(activity, expected_batch_size=10, max_grad_norm=0.5, noise_multiplier=0, limit=12)
         == 12
     )
     assert auto_canary_count(np.r_[np.zeros(60), np.ones(40)], expected_batch_size=10, max_grad_norm=1,
-                             noise_multiplier=0, limit=100) == 60  # fmt: skip
+                             noise_multiplier=0, limit=100) == 100  # fmt: skip
+    assert auto_canary_count(np.zeros(10**5), expected_batch_size=10, max_grad_norm=1,
+                             noise_multiplier=1, limit=10**5) == AUTO_CANARIES  # fmt: skip
 
 
 def test_too_many_canaries_are_refused() -> None:
@@ -216,6 +238,20 @@ def test_broken_engine_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     assert report.verdict == "violation" and "ALERT" in report.reading
 
 
+def test_noise_ten_times_too_small_is_flagged(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A subtler bug than the one above: noise std σC/10 while the accountant promises ε = 2 for σC.
+    # The bound exceeds the promise (the correct engine at ε = 2 stays below it, test above).
+    monkeypatch.setattr(
+        DPOptimizer,
+        "noise_std",
+        property(lambda self: self.noise_multiplier * float(self.clipper.sensitivity) / 10),
+    )
+    report = audit({"dataset": "digits", "seed": 0, "epsilon": 2.0}, AuditSettings(**CANARY), write=False)
+    assert report.epsilon_theoretical is not None and report.epsilon_theoretical <= 2.0 + 1e-9
+    assert report.epsilon_lower_bound is not None and report.epsilon_lower_bound > report.epsilon_theoretical
+    assert report.verdict == "violation"
+
+
 def test_one_run_audit_hook_for_veil_train() -> None:
     # What `veil train --audit` calls: attach after make_private, train, finish.
     from veil.data import load_dataset
@@ -225,7 +261,7 @@ def test_one_run_audit_hook_for_veil_train() -> None:
     y = torch.from_numpy(data.y_train)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
-    engine = veil.PrivacyEngine(seed=0)
+    engine = veil.PrivacyEngine(seed=0, reproducible=True)
     opt = torch.optim.SGD(model.parameters(), lr=1.5, momentum=0.9)
     model, dp_opt, loader = engine.make_private(
         module=model,

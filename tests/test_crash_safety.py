@@ -1,10 +1,11 @@
-"""Crash safety: ``veil train`` killed with SIGKILL at random moments, then resumed.
+"""Crash safety: ``veil train`` killed with SIGKILL in the middle of training, then resumed.
 
 A *witness* model (below) appends one line to a file at every training forward pass of the DP run,
 i.e. for every step that started computing an update. The ledger must be written (and fsync'ed)
 before that, so after any kill the ledger's step count is at least the number of witness lines:
-a ledger written after the step, or lost on a crash, would fail this test. The kill moments are drawn
-from a seeded generator so the test is reproducible.
+a ledger written after the step, or lost on a crash, would fail this test. The kill is a fault
+injection, not a timer: the witness SIGKILLs its own process at its k-th training forward (k set
+per attempt through ``VEIL_TEST_KILL_AT``), so the test is deterministic and never sleeps.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -24,12 +24,14 @@ from torch import nn
 from veil.accounting.ledger import Ledger
 
 WITNESS_ENV = "VEIL_TEST_WITNESS"
+KILL_ENV = "VEIL_TEST_KILL_AT"
 
 
 class _Witness(nn.Module):
     def __init__(self, net: nn.Module) -> None:
         super().__init__()
         self.net = net
+        self.forwards = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # A DP training step's forward: training mode, gradients on, float32, non-empty batch. (The
@@ -43,6 +45,9 @@ class _Witness(nn.Module):
         ):
             with open(os.environ[WITNESS_ENV], "a") as fh:
                 fh.write(f"{os.getpid()}\n")
+            self.forwards += 1
+            if str(self.forwards) == os.environ.get(KILL_ENV):
+                os.kill(os.getpid(), signal.SIGKILL)  # mid-step: after the forward, before its update
         return self.net(x)
 
 
@@ -57,9 +62,12 @@ ARGS = [
 ]  # fmt: skip
 
 
-def _start(out: Path, witness: Path, resume: bool) -> subprocess.Popen[bytes]:
+def _start(out: Path, witness: Path, resume: bool, kill_at: int | None = None) -> subprocess.Popen[bytes]:
     env = dict(os.environ)
     env[WITNESS_ENV] = str(witness)
+    env.pop(KILL_ENV, None)
+    if kill_at is not None:
+        env[KILL_ENV] = str(kill_at)
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
     code = "import sys; from veil.cli.main import main; sys.exit(main(sys.argv[1:]))"
     args = [*ARGS, "--resume", str(out)] if resume else [*ARGS, "--out", str(out)]
@@ -72,28 +80,23 @@ def _witnessed(witness: Path) -> int:
     return len(witness.read_text().splitlines()) if witness.exists() else 0
 
 
-def test_sigkill_at_random_moments_then_resume(tmp_path: Path) -> None:
+def test_sigkill_mid_training_then_resume(tmp_path: Path) -> None:
     out = tmp_path / "run"
     witness = tmp_path / "witness.txt"
-    rng = np.random.default_rng(2024)
     kills = 0
-    for attempt in range(3):
-        proc = _start(out, witness, resume=attempt > 0 and (out / "ledger.jsonl").exists())
-        # Wait for this process to start stepping, then kill it a random moment later.
-        start_lines = _witnessed(witness)
-        deadline = time.monotonic() + 120
-        while _witnessed(witness) == start_lines and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-        time.sleep(float(rng.uniform(0.0, 0.4)))
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-            kills += 1
-        proc.wait()
+    for attempt, kill_at in enumerate((5, 31, 2)):  # the k-th training forward of each process
+        resume = attempt > 0 and (out / "ledger.jsonl").exists()
+        proc = _start(out, witness, resume=resume, kill_at=kill_at)
+        before = _witnessed(witness)
+        proc.communicate(timeout=300)
+        assert proc.returncode == -signal.SIGKILL, "the run ended before its injected kill"
+        kills += 1
+        assert _witnessed(witness) - before == kill_at  # it died exactly at the injected step
         ledger = Ledger.open(out / "ledger.jsonl", repair=True)
         ledger.close()
         # Every step that started computing an update is charged in the ledger.
         assert ledger.steps >= _witnessed(witness)
-    assert kills >= 1  # at least one run really died mid-training
+    assert kills == 3
     proc = _start(out, witness, resume=True)
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr.decode()

@@ -181,10 +181,13 @@ def test_public_preprocessing_uses_no_private_statistic() -> None:
 def test_dp_centring_noise_has_the_accounted_scale() -> None:
     """The released centre = clipped mean + N(0, (σR/N)²): the noise the Gaussian(σ) event accounts for.
 
-    Over 200 releases (seeded), the standardised noise must look N(0, 1): its sample variance lies
-    within ±25% of 1 (for 200·30 draws the standard error of the variance is ≈ 1.8%, so a false
-    failure has probability < 1e-30); a release with half the noise would fail.
+    Over 3000 releases (seeded) × 30 features, the standardised noise z must look N(0, 1): Σz² ~ χ²_n
+    with n = 90 000, accepted in its central 1 − 1e-6 (false-failure rate 1e-6; the window is ±2.3 %
+    around n). A noise variance 5 % off in either direction lies ≥ 5 sd outside the window; the same
+    draws rescaled by √0.95 and √1.05 are shown to fail.
     """
+    from scipy import stats
+
     d = load_dataset("breast-cancer")
     cfg = make_config({"epsilon": 1.0})
     plan = plan_preprocessing(cfg, d)
@@ -196,9 +199,16 @@ def test_dp_centring_noise_has_the_accounted_scale() -> None:
     std = plan.sigma * plan.clip_norm / d.n_train
     source = make_source(False, 123)
     noise = []
-    for _ in range(200):
+    for _ in range(3000):
         fresh = plan_preprocessing(cfg, d)
         run_preprocessing(fresh, d, source)
         noise.append((np.asarray(fresh.offset) - clipped_mean) / std)
-    var = float(np.var(np.concatenate(noise)))
-    assert 0.75 < var < 1.25
+    draws = np.concatenate(noise)
+    n = draws.size
+    lo, hi = stats.chi2.ppf(5e-7, n), stats.chi2.ppf(1 - 5e-7, n)
+
+    def accepted(variance_factor: float) -> bool:
+        return bool(lo < float(np.sum(draws**2)) * variance_factor < hi)
+
+    assert accepted(1.0)
+    assert not accepted(0.95) and not accepted(1.05)

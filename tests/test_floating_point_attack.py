@@ -19,6 +19,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from veil.mechanisms import SecureSource, laplace_mechanism, lattice_spacing
 
@@ -111,3 +112,104 @@ def test_mironov_attack_fails_on_veil_secure_laplace(b: float) -> None:
         # The evidence an output carries is bounded by e^{Δ/b}: |(|n − r0| − |n − r1|)|/t ≤ 1/b.
         log_lr = np.abs(np.abs(n_out - np.rint(0.0 / grid)) - np.abs(n_out - np.rint(1.0 / grid))) / t
         assert log_lr.max() <= 1.0 / b * (1 + 1e-12)
+
+
+# -- the same attack on the noise DP-SGD training actually releases --------------------------------
+def _secure_normal_output(u1: torch.Tensor, u2: torch.Tensor, scale: float) -> torch.Tensor:
+    """``SecureSource.normal``'s arithmetic for one output: (r·cos θ + 0)·scale in float64, then float32.
+
+    The second Box–Muller term is taken at ``u1 = 1`` (r = 0, a draw the sampler makes with
+    probability 2⁻⁵³ like any other), which makes it exactly 0.
+    """
+    r = torch.sqrt(-2.0 * torch.log(u1))
+    a = r * torch.cos((2.0 * math.pi) * u2)
+    b = torch.zeros_like(a)
+    return ((a + b) * scale).to(torch.float32)
+
+
+def reachable_veil_gaussian(v: torch.Tensor, scale: float) -> torch.Tensor:
+    """For each float32 noise value ``v``: exhibit a draw of veil's secure Gaussian sampler giving it.
+
+    With ``u1 = 2⁻⁵³`` (the largest radius, 8.57) the output ``r·cos(2π·k·2⁻⁵³)·scale`` decreases in
+    ``k ∈ [0, 2⁵²]``; a vectorised binary search finds the candidate ``k`` and ±8 around it are checked
+    exactly. Consecutive k move the float64 value by ~10⁻¹⁵, far below a float32 step, so every float32
+    within ±8.57·scale is reached. True means reachable (a witness draw was found).
+    """
+    n = v.numel()
+    u1 = torch.full((n,), 2.0**-53, dtype=torch.float64)
+    lo = torch.zeros(n, dtype=torch.int64)
+    hi = torch.full((n,), 2**52, dtype=torch.int64)
+    while bool((lo < hi).any()):
+        mid = (lo + hi) // 2
+        out = _secure_normal_output(u1, mid.double() * 2.0**-53, scale)
+        cond = out <= v
+        hi = torch.where(cond, mid, hi)
+        lo = torch.where(cond, lo, mid + 1)
+    found = torch.zeros(n, dtype=torch.bool)
+    for off in range(-8, 9):
+        k = (lo + off).clamp(0, 2**52)
+        found |= _secure_normal_output(u1, k.double() * 2.0**-53, scale) == v
+    return found
+
+
+def test_mironov_attack_fails_on_the_noise_dp_sgd_training_releases() -> None:
+    """Rerun the certifier on what a training step releases: ``p.grad`` of a step whose clipped sum is 0
+    (pure noise, drawn by a default, secure engine), against the neighbour whose sum moves a
+    coordinate by one example's largest share, C/B. Every released value is reachable from the
+    neighbour too (a witness draw is exhibited), so no output certifies its input."""
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import veil
+
+    sigma, clip, batch = 1.1, 1.0, 16
+    model = nn.Linear(30, 10)
+    engine = veil.PrivacyEngine()
+    m, optimizer, loader = engine.make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.0),
+        data_loader=DataLoader(TensorDataset(torch.randn(64, 30)), batch_size=batch),
+        noise_multiplier=sigma,
+        max_grad_norm=clip,
+        loss_reduction="sum",
+    )
+    assert engine.randomness == "secure"
+    for (x,) in loader:
+        optimizer.zero_grad()
+        (m(x) * 0).sum().backward()
+        optimizer.step()
+        if loader.signal.last_chunk:
+            break
+    released = torch.cat([p.grad.flatten() for p in m.parameters()])  # float32, noise only
+    assert released.dtype == torch.float32 and released.numel() == 310
+    std = sigma * clip / batch
+    scale = std / math.sqrt(2.0)  # SecureSource.normal sums two draws of std/√2
+    shift = torch.tensor(clip / batch, dtype=torch.float32)
+    grid = math.ldexp(1.0, math.floor(math.log2(std)) - 8)  # the optimizer's release grid
+    assert torch.equal(torch.round(released / grid) * grid, released)  # outputs lie on the grid
+
+    def release(v: torch.Tensor, s: torch.Tensor) -> torch.Tensor:  # the optimizer's arithmetic
+        return torch.round((v + s) / grid) * grid
+
+    def reachable_from(s: torch.Tensor) -> torch.Tensor:
+        """Is each released value y = release(v, s) for some noise value v the sampler can draw?"""
+        found = torch.zeros(released.numel(), dtype=torch.bool)
+        for j in range(-3, 4):  # noise values that round to y: y − s + j·grid/8
+            v = released - s + j * grid / 8
+            found |= (release(v, s) == released) & reachable_veil_gaussian(v, scale)
+        return found
+
+    # The certifier's premise holds on the input that produced each output, and fails on the
+    # neighbour: every output is reachable from both, so none certifies its input.
+    assert reachable_from(torch.tensor(0.0)).all()
+    assert reachable_from(shift).all()
+    # Without the grid the certifier wins on outputs near 0 (what the grid is for): for |y| < Δ/2 any
+    # fl32(v + Δ) = y has v ∈ [−3Δ/2, −Δ/2], so v + Δ is exact (Sterbenz) and a multiple of
+    # ulp(Δ/2); a raw output off that grid is impossible from the neighbour.
+    from veil.mechanisms import SecureSource
+
+    raw = SecureSource().normal((4000,), std)
+    near = raw[raw.abs() < 0.5 * clip / batch]
+    ulp = math.ldexp(1.0, math.frexp(0.5 * clip / batch)[1] - 24)  # float32 ulp on [Δ/2, Δ)
+    certified = torch.remainder(near.double(), ulp) != 0
+    assert certified.float().mean() > 0.5

@@ -54,11 +54,21 @@ class TrainConfig(BaseModel):
     # -- data --------------------------------------------------------------------------------
     dataset: str = "digits"
     """``digits`` | ``breast-cancer`` | ``fashion-mnist`` | "
-    "``mnist`` | ``csv:PATH`` | ``parquet:PATH`` | ``npz:PATH``."""
+    "``mnist`` | ``csv:PATH`` | ``parquet:PATH`` | ``npz:PATH`` | ``sql:URL`` (with ``table_schema``)."""
+    table_schema: str | None = None
+    """(``--schema``) A table's reviewed schema (TOML, see docs/tables.md): csv/parquet/sql data is read
+    and encoded through it (levels, bounds, missing values; the label set is its target's classes)."""
+    table: str | None = None
+    """Table name of a ``sql:`` dataset."""
+    query: str | None = None
+    """SQL query of a ``sql:`` dataset (instead of ``table``)."""
     data_dir: str | None = None
     """Folder of the IDX files (fashion-mnist, mnist)."""
     target: str | None = None
     """Label column (csv, parquet) or label array (npz, default ``y``)."""
+    dataset_id: str | None = None
+    """The dataset's declared identity in the budget registry (default: from its content or location;
+    see docs/budget.md)."""
     test_fraction: float = 0.2
     """Share of the examples held out for testing (stratified, fixed by ``seed``)."""
     feature_bounds: list[list[float]] | dict[str, list[float]] | None = None
@@ -229,7 +239,11 @@ class TrainConfig(BaseModel):
 PRIVACY_KEYS = frozenset(
     {
         "dataset",
+        "table_schema",
+        "table",
+        "query",
         "data_dir",
+        "dataset_id",
         "target",
         "test_fraction",
         "feature_bounds",

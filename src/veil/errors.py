@@ -22,6 +22,7 @@ __all__ = [
     "LedgerError",
     "ModelNotSupportedError",
     "Problem",
+    "RegistryError",
     "SamplingError",
     "UnreachableTargetError",
     "UnsupportedEventError",
@@ -82,6 +83,10 @@ class LedgerError(VeilError, RuntimeError):
 
 class CheckpointError(VeilError, RuntimeError):
     """A checkpoint is corrupted or does not match its run."""
+
+
+class RegistryError(VeilError, RuntimeError):
+    """The privacy-budget registry cannot be reached, or refuses a record that would misstate spend."""
 
 
 class Problem:

@@ -19,6 +19,7 @@ every trainable parameter (checked by :meth:`veil.PrivacyEngine.make_private`).
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -131,24 +132,32 @@ class DPOptimizer(Optimizer):
         parameters, else at the parameter's dtype), whose slices become the gradients after the
         clipped sum, scaled by ``1/B``, is added to them; each coordinate therefore carries noise
         of std ``σΔ/B``, independent across coordinates and steps.
+
+        The noisy gradient is then rounded to a fixed grid (a power of two near ``σΔ/B / 256``, see
+        :func:`_release_grid`): a post-processing, so no privacy is lost. Without it, float32
+        addition leaks: an output near 0 produced from a sum of 0 can carry finer float bits than
+        any ``fl(v + Δ/B)`` can, which certifies the input (the floating-point attack; a test
+        reruns it on this release). On the grid every output is reachable from both neighbours.
         """
         std = self.noise_std
         sums = self.clipper.clipped_sum()
         if std == 0:
             for p, summed in zip(self.clipper.parameters, sums, strict=True):
-                # In place on the clipper's accumulator when dtypes agree (reset() after the step
-                # starts a new one); low-precision parameters are divided at float32, cast once.
+                # A new tensor: the clipper's accumulator keeps Σ clip(g_i) until reset() (an
+                # auditor reads it); low-precision parameters are divided at float32, cast once.
                 work = torch.promote_types(p.dtype, torch.float32)
-                g = (summed if summed.dtype == work else summed.to(work)).div_(self._denominator)
+                g = summed.to(work) / self._denominator
                 p.grad = g if g.dtype == p.dtype else g.to(p.dtype)
             return
         inverse = 1.0 / self._denominator
+        grid = _release_grid(std * inverse)
         for (work, device), members in self._noise_groups().items():
             numels = [self.clipper.parameters[i].numel() for i in members]
             flat = self._noise.normal((sum(numels),), std * inverse, dtype=work, device=device)
             for i, piece in zip(members, flat.split(numels), strict=True):
                 p = self.clipper.parameters[i]
                 g = piece.view(p.shape).add_(sums[i], alpha=inverse)
+                g.div_(grid).round_().mul_(grid)  # exact: grid is a power of two
                 p.grad = g if g.dtype == p.dtype else g.to(p.dtype)
 
     def _noise_groups(self) -> dict[tuple[torch.dtype, torch.device], list[int]]:
@@ -165,3 +174,9 @@ class DPOptimizer(Optimizer):
             f"DPOptimizer({inner}, noise_multiplier={self.noise_multiplier}, "
             f"max_grad_norm={self.max_grad_norm}, expected_batch_size={self.expected_batch_size})"
         )
+
+
+def _release_grid(std: float) -> float:
+    """The power of two ``2^(⌊log2 std⌋ − 8)``: a rounding step ≤ std/256 (utility: nothing), coarse
+    enough that float32 resolves every grid point within ±2¹⁴·std of 0 from any neighbouring input."""
+    return math.ldexp(1.0, math.floor(math.log2(std)) - 8)

@@ -19,6 +19,14 @@ relative to the replace-one sensitivity), and their loss distribution is the q =
 
 Supported leaves: Gaussian, Laplace, and Poisson-sampled Gaussian/Laplace with any rate, in any
 heterogeneous mix (e.g. σ changing during a run).
+
+Extremes. The grid spans privacy losses in [−600, 600] nats (beyond, e^ε overflows); losses below
+are moved up to −600 (pessimistic) and losses above form the +∞ atom. When that atom's mass
+exceeds δ (tiny σ or Laplace scale: every step leaks more than 600 nats), PLD alone would report
+ε = ∞ for a mechanism whose ε is finite; :meth:`PLDAccountant.epsilon` then returns a sound,
+loose zCDP/pure-DP bound instead, so ∞ means exactly "a non-private step was composed". The
+threshold of the "add" direction is computed without the cancellation of ``e^{−ε} − 1 + q``
+(which used to drop that direction's mass for ε ≳ 37 at q = 1).
 """
 
 from __future__ import annotations
@@ -106,11 +114,22 @@ class _Pair:
     direction: Direction
 
     def _log_r_star(self, eps: np.ndarray) -> np.ndarray:
-        # remove: L>ε ⟺ r(x) > (e^ε − 1 + q)/q ; add: L>ε ⟺ r(x) < (e^{−ε} − 1 + q)/q
+        """log of the likelihood-ratio threshold r* at which the loss crosses ε.
+
+        remove: L > ε ⟺ r(x) > (e^ε − (1−q))/q ; add: L > ε ⟺ r(x) < (e^{−ε} − (1−q))/q. Written as
+        ``s + log1p(−(1−q)e^{−s})`` with ``s = ±ε``, which is exact at q = 1 (``log r* = ±ε``) and
+        keeps full precision where ``e^{−ε} − 1 + q`` would cancel to 0 (add direction, ε ≳ 37):
+        that cancellation used to drop the add direction's probability mass at tiny noise.
+        Returns −∞ where the threshold is ≤ 0 (no outcome has a loss above ε).
+        """
         signed = eps if self.direction == "remove" else -eps
-        with np.errstate(divide="ignore", invalid="ignore"):
-            num = np.expm1(signed) + self.q
-            return np.where(num > 0, np.log(np.where(num > 0, num, 1.0)) - math.log(self.q), -np.inf)
+        one_minus_q = 1.0 - self.q
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            if one_minus_q == 0.0:
+                return signed - math.log(self.q)
+            ratio = one_minus_q * np.exp(-signed)  # (1−q)e^{−s}: the threshold is > 0 iff ratio < 1
+            log_num = signed + np.log1p(-np.minimum(ratio, 1.0))
+            return np.where(ratio < 1.0, log_num - math.log(self.q), -np.inf)
 
     def tails(self, eps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """P(L>ε), P(L≤ε), Q(L>ε), Q(L≤ε) for the privacy loss L = log dP/dQ, each computed directly."""
@@ -178,6 +197,9 @@ class _StepPMF:
 def _discretise(pair: _Pair, interval: float) -> _StepPMF:
     """Connect-the-dots dominating PMF of ``pair`` on the grid of multiples of ``interval``."""
     lo, hi = pair.loss_range()
+    # Losses below −_MAX_LOSS are moved up to it (pessimistic, and e^{−ε} stays finite); above
+    # +_MAX_LOSS they become the +∞ atom.
+    lo = min(max(lo, -_MAX_LOSS), _MAX_LOSS)
     hi = min(hi, _MAX_LOSS)
     k_lo = math.floor(lo / interval)
     k_hi = max(math.ceil(hi / interval), k_lo + 1)
@@ -324,12 +346,21 @@ class PLDAccountant(PrivacyAccountant):
         return cached
 
     def epsilon(self, delta: float) -> float:
+        """ε at ``delta``: ∞ only for a non-private event; always finite for Gaussian/Laplace leaves.
+
+        Where a step's privacy loss exceeds the grid's range (|loss| > 600 nats with probability
+        > δ: tiny σ or Laplace scale, e.g. σ ≲ 0.03 at q = 1) the PLD result is +∞ by construction;
+        the finite, sound but loose bound of :func:`_out_of_range_epsilon` is returned instead.
+        """
         delta = check_delta(delta)
         if self._non_private:
             return math.inf
         if not self._counts:
             return 0.0
-        return max(self._composition(d).epsilon(delta) for d in self._directions())
+        eps = max(self._composition(d).epsilon(delta) for d in self._directions())
+        if math.isinf(eps):
+            return _out_of_range_epsilon(self._counts, delta)
+        return eps
 
     def delta(self, epsilon: float) -> float:
         epsilon = check_epsilon(epsilon)
@@ -338,6 +369,31 @@ class PLDAccountant(PrivacyAccountant):
         if not self._counts:
             return 0.0
         return max(self._composition(d).delta(epsilon) for d in self._directions())
+
+
+def _out_of_range_epsilon(counts: Counter[PrivacyEvent], delta: float) -> float:
+    """A finite upper bound on ε(δ) for noise too small for the PLD grid (add/remove or replace).
+
+    Laplace leaves, scale b (relative to the sensitivity), rate q: pure ``log(1 − q + q·e^{1/b})``
+    each (amplification by Poisson sampling of a pure-DP step). Gaussian leaves, multiplier σ:
+    ``1/(2σ²)``-zCDP each, the sampling ignored (it never increases a Rényi divergence), composed
+    by adding ρ and converted with ``ε = ρ + 2√(ρ·log(1/δ))`` (Bun & Steinke 2016). The two parts
+    add (basic composition of a pure and an approximate guarantee). Sound for every σ, b > 0, but
+    loose: it is used only where the PLD grid cannot represent the losses at all.
+    """
+    pure, rho = 0.0, 0.0
+    for event, n in counts.items():
+        q = 1.0
+        if isinstance(event, PoissonSampled):
+            q, event = event.sampling_rate, event.event
+        if isinstance(event, Laplace):
+            step = 1.0 / event.noise_multiplier
+            pure += n * (step if q >= 1.0 else float(np.logaddexp(math.log1p(-q), math.log(q) + step)))
+        else:
+            assert isinstance(event, Gaussian)
+            rho += n / (2.0 * event.noise_multiplier**2)
+    gaussian = rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta)) if rho > 0 else 0.0
+    return pure + gaussian
 
 
 def _contains_non_private(event: PrivacyEvent) -> bool:
@@ -357,6 +413,8 @@ def _compose(groups: list[tuple[_Pair, int]], fft_points: int) -> _Composition:
     #    the fine computation bounds whatever it leaves out.)
     coarse = 1e-3
     pmfs = [(_discretise(pair, coarse), n) for pair, n in groups]
+    if any(not np.any(pmf.probs > 0) for pmf, _ in pmfs):
+        return _Composition(coarse, 0, np.zeros(1), 1.0)  # a step whose whole mass is at +∞
     lo_sum = sum(n * pmf.offset * coarse for pmf, n in pmfs)
     hi_sum = sum(n * (pmf.offset + len(pmf.probs) - 1) * coarse for pmf, n in pmfs)
     w_lo, w_hi = lo_sum, hi_sum
@@ -366,9 +424,12 @@ def _compose(groups: list[tuple[_Pair, int]], fft_points: int) -> _Composition:
     k_down = sum(n * pmf.log_mgf(-ts, coarse) for pmf, n in pmfs)
     with np.errstate(invalid="ignore", over="ignore"):
         tops = (k_up - log_tail) / ts
-        t_star = float(ts[int(np.nanargmin(tops))])
+        t_star = float(ts[int(np.nanargmin(tops))]) if not np.all(np.isnan(tops)) else 1.0
         w_hi = min(w_hi, float(np.nanmin(tops)))
         w_lo = max(w_lo, float(np.nanmax(-(k_down - log_tail) / ts)))
+    if not (math.isfinite(w_lo) and math.isfinite(w_hi) and w_lo < w_hi):
+        # (almost) all mass at +∞: the Chernoff window is degenerate; use the whole finite support
+        w_lo, w_hi = lo_sum, hi_sum
     w_lo, w_hi = w_lo - 2 * coarse, w_hi + 2 * coarse
     widest_step = max((len(pmf.probs) * coarse for pmf, _ in pmfs), default=coarse)
     # 2. The fine grid: fft_points across the window, but never so fine that one step's PMF
@@ -400,7 +461,10 @@ def _compose_on_window(
     # Position m of the circular result holds total index offset_total + m (mod n_fft).
     probs = np.roll(circular, (offset_total - start) % n_fft)[:size]
     probs = np.maximum(probs, 0.0)
-    constant = -math.expm1(sum(n * math.log1p(-pmf.infinity) for pmf, n in pmfs)) if pmfs else 0.0
+    if any(pmf.infinity >= 1.0 for pmf, _ in pmfs):
+        constant = 1.0  # a step that certainly lands at +∞
+    else:
+        constant = -math.expm1(sum(n * math.log1p(-pmf.infinity) for pmf, n in pmfs)) if pmfs else 0.0
     if not exact_top:
         constant += _upper_tail_bound(pmfs, interval, (start + size) * interval, t_star)
     # Float64 round-off of the FFTs and the repeated squaring (errors of ~1e-16·log n per Fourier

@@ -243,13 +243,17 @@ def bound_from_scores(
     delta: float = 0.0,
     guess_counts: Sequence[tuple[int, int]] | None = None,
     share: int = 1,
+    threshold: float | None = None,
 ) -> OneRunBound:
     """The best bound over ``guess_counts`` (default :func:`default_guess_counts`), Bonferroni-corrected.
 
     Higher score = "more likely included". For each (k_in, k_out) the k_in highest-scoring canaries
-    are guessed included and the k_out lowest excluded (ties broken by index, a fixed rule). Each try
-    is tested at β / (tries · share); ``share`` > 1 reserves room for other bounds reported jointly
-    (e.g. input and gradient canaries of one run, each audited at β / 2).
+    are guessed included and the k_out lowest excluded (ties broken by index, a fixed rule). With a
+    ``threshold`` (fixed before training, never from the bits), one more try guesses every canary:
+    included iff its score exceeds the threshold (e.g. 0.5 for scores that count inclusions exactly,
+    where the top-k menu would have to guess the number of included canaries). Each try is tested at
+    β / (tries · share); ``share`` > 1 reserves room for other bounds reported jointly (e.g. input
+    and gradient canaries of one run, each audited at β / 2).
     """
     s, inc = _check_scores(scores, included)
     conf = check_confidence(confidence)
@@ -265,12 +269,17 @@ def bound_from_scores(
                 f"the guessed canaries must be distinct and there are {m}",
                 "pass 1 ≤ k_in + k_out ≤ m",
             )
-    per_try = 1.0 - (1.0 - conf) / (len(pairs) * share)
+    tries = len(pairs) + (threshold is not None)
+    per_try = 1.0 - (1.0 - conf) / (tries * share)
     order = np.argsort(-s, kind="stable")  # highest first, ties by index
+    rules: list[tuple[np.ndarray, np.ndarray]] = [
+        (order[:k_in], order[m - k_out :] if k_out else order[:0]) for k_in, k_out in pairs
+    ]
+    if threshold is not None:
+        rules.append((np.flatnonzero(s > threshold), np.flatnonzero(s <= threshold)))
     best: OneRunBound | None = None
-    for k_in, k_out in pairs:
-        top = order[:k_in]
-        bottom = order[m - k_out :] if k_out else order[:0]
+    for top, bottom in rules:
+        k_in, k_out = len(top), len(bottom)
         v = int(inc[top].sum() + (~inc[bottom]).sum())
         r = k_in + k_out
         eps = epsilon_lower_bound(r, v, per_try, delta=delta, m=m if delta > 0 else None)
@@ -283,7 +292,7 @@ def bound_from_scores(
             correct=v,
             guessed_in=k_in,
             guessed_out=k_out,
-            tries=len(pairs),
+            tries=tries,
         )
         if best is None or eps > best.epsilon:
             best = candidate

@@ -1,7 +1,13 @@
-"""``veil epsilon``: the ε of a DP-SGD run, for a sampling rate, noise multiplier and steps."""
+"""``veil epsilon``: the ε of a DP-SGD run, for a sampling rate, noise multiplier and steps.
+
+The printed ε is always a finite number: σ > 0 is required, and at tiny σ (per-step losses beyond
+the PLD grid) the PLD accountant returns a sound but loose bound rather than ∞ (see
+:mod:`veil.accounting.pld`). Bad input is one line on stderr and exit status 2.
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import typer
@@ -10,6 +16,7 @@ from veil.accounting.base import AccountantName
 from veil.cli import _privacy_args as args
 from veil.cli._output import emit
 from veil.cli._privacy_args import resolve_sampling
+from veil.errors import InvalidParameterError
 
 
 def epsilon_report(
@@ -23,6 +30,13 @@ def epsilon_report(
     from veil.accounting.calibrate import dpsgd_epsilon
 
     eps = dpsgd_epsilon(sampling_rate, noise_multiplier, steps, delta, accountant)
+    if not math.isfinite(eps):  # never for σ > 0 (the accountants bound even tiny σ); kept as a guard
+        raise InvalidParameterError(
+            "noise_multiplier",
+            noise_multiplier,
+            f"the {accountant} accountant cannot bound ε for this run",
+            "use a larger noise multiplier",
+        )
     return {
         "epsilon": eps,
         "delta": delta,

@@ -13,15 +13,31 @@ from veil.cli._output import emit
 
 
 def run_train(
-    config_file: str | None, flags: dict[str, Any], resume: str | None = None, json_output: bool = False
-) -> dict[str, Any]:
-    """The work of ``veil train``: resolve the config (defaults < file < flags), train, return the report."""
+    config_file: str | None,
+    flags: dict[str, Any],
+    resume: str | None = None,
+    json_output: bool = False,
+    nproc_per_node: int | None = None,
+) -> dict[str, Any] | None:
+    """The work of ``veil train``: resolve the config (defaults < file < flags), train, return the report.
+
+    Across processes (``nproc_per_node``, or started by torchrun): :mod:`veil.distributed.job`; then
+    None on every rank but rank 0."""
     from veil.config import load_config_file, make_config, resolve_config, snake_keys
+    from veil.distributed.launch import launched_by_torchrun
     from veil.training import train
 
     given = {k: v for k, v in flags.items() if v is not None}
     if json_output:
         given["progress"] = False
+    if launched_by_torchrun():
+        from veil.distributed.job import train_as_rank
+
+        return train_as_rank(config_file, given, resume)
+    if nproc_per_node is not None:
+        from veil.distributed.job import launch_train
+
+        return launch_train(config_file, given, resume, nproc_per_node)
     if resume is not None:
         values: dict[str, Any] = {}
         if config_file is not None:
@@ -41,7 +57,13 @@ def register(app: typer.Typer) -> None:
             None, metavar="[CONFIG.toml]", help="TOML file of settings (flags override it)."
         ),
         dataset: str = opts.DATASET,
+        schema: str = opts.SCHEMA,
+        table: str = opts.TABLE,
+        query: str = opts.QUERY,
         data_dir: str = opts.DATA_DIR,
+        dataset_id: str = typer.Option(
+            None, "--dataset-id", help="Declared dataset identity in the budget registry (veil budget)."
+        ),
         target: str = opts.TARGET,
         model: str = opts.MODEL,
         text_column: str = typer.Option(
@@ -84,11 +106,20 @@ def register(app: typer.Typer) -> None:
         json_output: bool = typer.Option(
             False, "--json", help="Print the report JSON on stdout (no progress bar)."
         ),
+        nproc_per_node: int = typer.Option(
+            None,
+            "--nproc-per-node",
+            help="Train data-parallel on N local processes (torch.distributed; see docs/distributed.md).",
+        ),
     ) -> None:
         """Train a model with differential privacy and write a report a data-protection officer can file."""
         flags: dict[str, Any] = {
             "dataset": dataset,
+            "table_schema": schema,
+            "table": table,
+            "query": query,
             "data_dir": data_dir,
+            "dataset_id": dataset_id,
             "target": target,
             "model": model,
             "text_column": text_column,
@@ -112,7 +143,11 @@ def register(app: typer.Typer) -> None:
             "out": out,
             "audit": audit,
         }
-        report = run_train(config, flags, resume=resume, json_output=json_output)
+        report = run_train(
+            config, flags, resume=resume, json_output=json_output, nproc_per_node=nproc_per_node
+        )
+        if report is None:  # a rank other than 0 of a distributed run: rank 0 speaks for the run
+            return
         if json_output:
             emit(report, True)
             return

@@ -80,7 +80,14 @@ def load_data(cfg: TrainConfig) -> Dataset:
             preset="text" if cfg.fine_tune == "head" else "text-finetune",
         )
     return load_dataset(
-        cfg.dataset, data_dir=cfg.data_dir, target=cfg.target, test_fraction=cfg.test_fraction, seed=cfg.seed
+        cfg.dataset,
+        data_dir=cfg.data_dir,
+        target=cfg.target,
+        test_fraction=cfg.test_fraction,
+        seed=cfg.seed,
+        schema=cfg.table_schema,
+        table=cfg.table,
+        query=cfg.query,
     )
 
 

@@ -46,10 +46,15 @@ def build_net(cfg: TrainConfig, data: Dataset, seed: int) -> nn.Module:
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
+        embeddings = data.encoder.embeddings if data.encoder is not None else []
         if cfg.model.startswith("hf:"):
             from veil.hf.finetune import pipeline_net
 
             net = pipeline_net(cfg, data.num_classes)
+        elif embeddings:  # wide categoricals: learned embeddings in front of the model (veil.tables)
+            from veil.tables.model import build_table_net
+
+            net = build_table_net(cfg.model, data.input_shape[0], embeddings, data.num_classes)
         else:
             net = build_model(cfg.model, data.input_shape, data.num_classes, data.kind)
     if validate(net):

@@ -72,6 +72,8 @@ class Report(BaseModel):
     veil_version: str
     duration_s: float
     resumes: int = 0
+    world_size: int = 1
+    """Processes that trained the model together (data parallel, veil.distributed); 1 without."""
     checks: list[Check]
     audit: dict[str, Any] | None = None
     history: dict[str, list[dict[str, float]]]

@@ -1,0 +1,188 @@
+"""``veil budget set|show``: a dataset's total privacy budget across runs, and what was spent on it.
+
+The registry (``veil.registry``) is a database: ``--db URL`` or ``VEIL_BUDGET_DB`` (a path or a
+SQLAlchemy URL), by default a SQLite file in the user's data directory. Needs the ``tables`` extra.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from typing import Any
+
+import typer
+
+from veil.cli._output import _jsonable
+
+DATASET = typer.Option(None, "--dataset", help="Dataset spec: csv:PATH, parquet:PATH, sql:URL, digits, ...")
+DATASET_ID = typer.Option(
+    None, "--dataset-id", help="Declared dataset identity (keeps one budget across file versions)."
+)
+TABLE = typer.Option(None, "--table", help="Table of a sql: dataset.")
+QUERY = typer.Option(None, "--query", help="Query of a sql: dataset.")
+DATA_DIR = typer.Option(None, "--data-dir", help="Folder of a built-in image dataset's files.")
+DB = typer.Option(None, "--db", help="Registry database: a path or URL (default: $VEIL_BUDGET_DB, else XDG).")
+JSON_OUTPUT = typer.Option(False, "--json", help="Print one JSON object.")
+
+
+def _identity(
+    dataset: str | None, dataset_id: str | None, table: str | None, query: str | None, data_dir: str | None
+) -> Any:
+    from veil.registry.identity import dataset_identity
+
+    return dataset_identity(dataset, dataset_id=dataset_id, table=table, query=query, data_dir=data_dir)
+
+
+def set_budget(
+    dataset: str | None,
+    epsilon: float,
+    delta: float,
+    *,
+    dataset_id: str | None = None,
+    table: str | None = None,
+    query: str | None = None,
+    data_dir: str | None = None,
+    accountant: str | None = None,
+    neighbouring: str | None = None,
+    db: str | None = None,
+) -> dict[str, Any]:
+    """The work of ``veil budget set``: the dataset's status after the budget is set."""
+    from veil.registry.charge import open_registry
+
+    identity = _identity(dataset, dataset_id, table, query, data_dir)
+    with open_registry(db) as registry:
+        status = registry.set_budget(identity, epsilon, delta, accountant, neighbouring)  # type: ignore[arg-type]
+        return {"registry": registry.shown_url, **status.to_dict()}
+
+
+def show_budget(
+    dataset: str | None = None,
+    *,
+    dataset_id: str | None = None,
+    table: str | None = None,
+    query: str | None = None,
+    data_dir: str | None = None,
+    db: str | None = None,
+) -> dict[str, Any]:
+    """The work of ``veil budget show``: every dataset (or one) with its budget, spend and runs."""
+    from veil.registry.charge import open_registry
+
+    with open_registry(db) as registry:
+        if dataset is None and dataset_id is None:
+            statuses = registry.statuses()
+        else:
+            statuses = [registry.status(_identity(dataset, dataset_id, table, query, data_dir))]
+        return {"registry": registry.shown_url, "datasets": [s.to_dict() for s in statuses]}
+
+
+def _eps(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return "∞" if math.isinf(value) else f"{value:.4g}"
+
+
+def _print_status(status: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    budget = (
+        f"ε = {_eps(status['epsilon_budget'])}, δ = {status['delta_budget']:g}"
+        if status["epsilon_budget"] is not None
+        else "none set"
+    )
+    at = f" at δ = {status['delta']:g}" if status["delta"] is not None else ""
+    remaining = _eps(status["remaining_epsilon"])
+    if status["over_budget"]:
+        remaining += " (over budget)"
+    console.print(f"[bold]{status['label']}[/bold]  ({status['dataset_id']})")
+    console.print(
+        f"  budget {budget}; spent ε = {_eps(status['spent_epsilon'])}{at} "
+        f"({status['accountant']}, composed over all charged runs); remaining ε = {remaining}"
+    )
+    if not status["runs"]:
+        console.print("  no runs recorded")
+        return
+    table = Table(box=None, padding=(0, 2))
+    for name in ("run", "job", "status", "ε alone", "started", "finished"):
+        table.add_column(name, overflow="fold")
+    for run in status["runs"]:
+        state = run["status"] + (" (charged as planned)" if run["status"] == "reserved" else "")
+        table.add_row(
+            run["run_id"],
+            run["job"],
+            state,
+            _eps(run["epsilon"]) if run["charged"] else "0",
+            run["created_at"],
+            run["finished_at"] or "-",
+        )
+    console.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    budget_app = typer.Typer(
+        name="budget",
+        help="A dataset's total privacy budget across runs: set it, show what was spent.",
+        no_args_is_help=True,
+    )
+
+    @budget_app.command("set")
+    def set_command(
+        epsilon: float = typer.Option(
+            ..., "--epsilon", help="Total ε allowed on the dataset, all runs together."
+        ),
+        delta: float = typer.Option(..., "--delta", help="The δ the total is stated at."),
+        dataset: str = DATASET,
+        dataset_id: str = DATASET_ID,
+        table: str = TABLE,
+        query: str = QUERY,
+        data_dir: str = DATA_DIR,
+        accountant: str = typer.Option(None, "--accountant", help="pld (default) or rdp: composes the runs."),
+        neighbouring: str = typer.Option(
+            None, "--neighbouring", help="add_or_remove_one (default) or replace_one."
+        ),
+        db: str = DB,
+        json_output: bool = JSON_OUTPUT,
+    ) -> None:
+        """Set a dataset's total budget; a run that would exceed it is refused before reading data."""
+        result = set_budget(
+            dataset,
+            epsilon,
+            delta,
+            dataset_id=dataset_id,
+            table=table,
+            query=query,
+            data_dir=data_dir,
+            accountant=accountant,
+            neighbouring=neighbouring,
+            db=db,
+        )
+        if json_output:
+            sys.stdout.write(json.dumps(_jsonable(result)) + "\n")
+            return
+        _print_status(result)
+
+    @budget_app.command("show")
+    def show_command(
+        dataset: str = DATASET,
+        dataset_id: str = DATASET_ID,
+        table: str = TABLE,
+        query: str = QUERY,
+        data_dir: str = DATA_DIR,
+        db: str = DB,
+        json_output: bool = JSON_OUTPUT,
+    ) -> None:
+        """Each dataset's budget, composed spend, remaining budget and run history."""
+        result = show_budget(
+            dataset, dataset_id=dataset_id, table=table, query=query, data_dir=data_dir, db=db
+        )
+        if json_output:
+            sys.stdout.write(json.dumps(_jsonable(result)) + "\n")
+            return
+        if not result["datasets"]:
+            sys.stdout.write(f"no dataset recorded in {result['registry']}\n")
+        for status in result["datasets"]:
+            _print_status(status)
+
+    app.add_typer(budget_app, name="budget")

@@ -1,0 +1,101 @@
+"""The DP optimizer across ranks: local clipped sums, one all-reduce, noise added once, global divisor.
+
+Guarantee (per logical step, add/remove-one neighbouring, the same release as one process). Every rank
+holds the clipped sum ``S_r = Σ_{i ∈ local batch of r} clip_C(g_i)`` of its own local batch. One
+``all_reduce(SUM)`` per step (one per parameter dtype/device group, normally exactly one) gives every
+rank
+
+    ḡ = (Σ_r S_r + Z) / B,        Z ~ N(0, σ²Δ²·I),  B = q·N (the global expected batch size),
+
+where ``Z`` enters exactly once, in one of two ways fixed by the noise source:
+
+* secure source (OS CSPRNG, the default): the coordinates are cut into W contiguous slices and rank
+  ``r`` draws ``N(0, σ²Δ²)`` for slice ``r`` only (zeros elsewhere), from its own OS entropy, before
+  the reduction; each coordinate thus gets exactly one independent draw, so the summed noise is
+  ``N(0, σ²Δ²·I)``, and each rank draws only 1/W of it (secure draws are costly);
+* seeded source (research mode): rank 0 alone draws ``Z`` from its generator, the stream a single
+  process with that seed would use; the other ranks add none, so ranks with identically seeded
+  generators can never add correlated copies.
+
+Because
+the local batches partition a Poisson sample of the whole dataset
+(:class:`~veil.distributed.sampler.ShardedPoissonBatchSampler`), ``Σ_r S_r`` is the clipped sum one
+process would form, with sensitivity ``Δ``; the divisor is the constant global ``B``, never a local or
+realised batch size. Ranks then apply the same update from the same all-reduced bytes, so replicas
+stay identical.
+
+Assumptions: every rank calls ``step()`` once per physical batch and the logical steps line up (the
+sharded sampler gives every rank ``steps_per_epoch`` logical batches, empty ones included); the
+collective's result is the same on every rank (true of gloo's and NCCL's all-reduce).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.optim import Optimizer
+
+from veil.optimizer import DPOptimizer
+
+__all__ = ["DistributedDPOptimizer"]
+
+
+class DistributedDPOptimizer(DPOptimizer):
+    """:class:`~veil.optimizer.DPOptimizer` whose logical step all-reduces the clipped sums (see module)."""
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        *,
+        rank: int,
+        world_size: int,
+        group: dist.ProcessGroup | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(optimizer, **kwargs)
+        self.rank = int(rank)  # rank within ``group``
+        self.world_size = int(world_size)
+        self.group = group
+        self.reductions = 0  # all-reduce calls made, for tests and logs
+
+    @property
+    def shares_noise(self) -> bool:
+        """True when each rank draws one slice of the noise (secure source); False: rank 0 draws it all."""
+        return bool(self._noise.secure)
+
+    def noise_slice(self, numel: int) -> tuple[int, int]:
+        """The coordinates ``[lo, hi)`` of a group of ``numel`` whose noise this rank draws."""
+        if not self.shares_noise:
+            return (0, numel) if self.rank == 0 else (0, 0)
+        return numel * self.rank // self.world_size, numel * (self.rank + 1) // self.world_size
+
+    @torch.no_grad()
+    def _write_private_grads(self) -> None:
+        """``p.grad = (Σ_r S_r + N(0, σ²Δ²I)) / B`` on every rank, from one all-reduce per group."""
+        std = self.noise_std
+        inverse = 1.0 / self.expected_batch_size
+        sums = self.clipper.clipped_sum()
+        params = self.clipper.parameters
+        for (work, device), members in _groups(params).items():
+            numels = [params[i].numel() for i in members]
+            flat = torch.cat([sums[i].reshape(-1).to(dtype=work, device=device) for i in members])
+            flat.mul_(inverse)
+            lo, hi = self.noise_slice(flat.numel())
+            if std > 0 and hi > lo:
+                flat[lo:hi].add_(self._noise.normal((hi - lo,), std * inverse, dtype=work, device=device))
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
+            self.reductions += 1
+            for i, piece in zip(members, flat.split(numels), strict=True):
+                p = params[i]
+                g = piece.view(p.shape)
+                p.grad = g if g.dtype == p.dtype else g.to(p.dtype)
+
+
+def _groups(params: list[torch.nn.Parameter]) -> dict[tuple[torch.dtype, torch.device], list[int]]:
+    """Indices of the parameters per (reduction dtype ≥ float32, device), in a fixed order."""
+    groups: dict[tuple[torch.dtype, torch.device], list[int]] = {}
+    for i, p in enumerate(params):
+        groups.setdefault((torch.promote_types(p.dtype, torch.float32), p.device), []).append(i)
+    return groups

@@ -1,0 +1,127 @@
+"""How a job charges a dataset's budget: check before reading, reserve before releasing, settle at the end.
+
+A job that spends privacy on a dataset (``veil train``, a DP schema release, ...) uses one
+:class:`DatasetCharge`:
+
+1. :meth:`DatasetCharge.before_reading` — the dataset's identity (raw bytes hashed, nothing parsed) and
+   a first check: a dataset whose recorded runs already spend its whole budget admits nothing, so the
+   job is refused before it reads a row. (Composition never lowers ε, so no run can fit then.)
+2. :meth:`DatasetCharge.reserve` — the job's planned events, once it knows them (a DP-SGD plan needs N
+   for its sampling rate), *before* anything computed from the data is released or written: the
+   atomic admission of :meth:`veil.registry.store.BudgetRegistry.reserve`.
+3. :meth:`DatasetCharge.settle` — the events the job's ledger holds, when it ends (normally or by an
+   error after the first release); :meth:`DatasetCharge.release` instead when it ended before releasing
+   anything. A job killed in between stays charged with its plan.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from veil.accounting.events import Neighbouring, PrivacyEvent
+from veil.errors import BudgetExhaustedError, ConfigError
+from veil.registry.identity import DatasetIdentity, dataset_identity
+
+if TYPE_CHECKING:
+    from veil.registry.store import BudgetRegistry
+
+__all__ = ["DatasetCharge", "open_registry"]
+
+
+def open_registry(db: str | os.PathLike[str] | None = None) -> BudgetRegistry:
+    """A :class:`~veil.registry.store.BudgetRegistry`, or a one-line error if SQLAlchemy is missing."""
+    try:
+        from veil.registry.store import BudgetRegistry
+    except ModuleNotFoundError as exc:
+        raise ConfigError(
+            "budget registry",
+            exc.name,
+            "every run's spend is recorded per dataset in the budget registry, which needs SQLAlchemy; "
+            "without it the run's spend could not be checked against the dataset's budget",
+            "reinstall veil (SQLAlchemy is one of its dependencies): pip install veil",
+        ) from None
+    return BudgetRegistry(db)
+
+
+class DatasetCharge:
+    """One job's account with the registry for one dataset (see the module doc for the order of calls)."""
+
+    def __init__(self, registry: BudgetRegistry, identity: DatasetIdentity, job: str) -> None:
+        self.registry = registry
+        self.identity = identity
+        self.job = job
+        self.run_id: str | None = None
+
+    @classmethod
+    def before_reading(
+        cls,
+        spec: str,
+        *,
+        job: str,
+        data_dir: str | Path | None = None,
+        table: str | None = None,
+        query: str | None = None,
+        dataset_id: str | None = None,
+        db: str | os.PathLike[str] | None = None,
+        refuse_if_spent: bool = True,
+    ) -> DatasetCharge:
+        """Identify the dataset and refuse at once if its budget is already spent.
+
+        ``refuse_if_spent=False`` (a resume, whose own reservation is part of the spend) only opens the
+        account; :meth:`resume` then checks the run's plan with its old record left out.
+        """
+        identity = dataset_identity(spec, dataset_id=dataset_id, table=table, query=query, data_dir=data_dir)
+        charge = cls(open_registry(db), identity, job)
+        if not refuse_if_spent:
+            return charge
+        status = charge.registry.status(identity, per_run=False)
+        spent, budget = status.spent_epsilon, status.epsilon_budget
+        if budget is not None and spent is not None and spent >= budget:
+            charge.close()
+            raise BudgetExhaustedError(
+                "dataset",
+                identity.label,
+                f"its recorded runs already spend ε = {spent:.4g} of its budget ε = {budget:.4g} at "
+                f"δ = {status.delta_budget:.3g}, so no further run can fit; refused before reading a row",
+                "see veil budget show; only the data owner can raise the budget (veil budget set)",
+            )
+        return charge
+
+    def reserve(
+        self,
+        events: Sequence[PrivacyEvent],
+        run_id: str,
+        delta: float,
+        neighbouring: Neighbouring | str = Neighbouring.ADD_OR_REMOVE_ONE,
+    ) -> None:
+        """Admit the planned events or raise :class:`~veil.errors.BudgetExhaustedError` (nothing recorded)."""
+        self.registry.reserve(
+            self.identity, events, run_id, job=self.job, delta=delta, neighbouring=neighbouring
+        )
+        self.run_id = run_id
+
+    def resume(self, run_id: str, events: Sequence[PrivacyEvent], delta: float) -> None:
+        """Continue a run with ``events`` as its whole plan (a run the registry never saw is reserved)."""
+        if self.registry.run(run_id) is None:
+            self.reserve(events, run_id, delta)
+            return
+        self.registry.reopen(run_id, events)
+        self.run_id = run_id
+
+    def settle(self, events: Sequence[PrivacyEvent]) -> None:
+        """Charge what the job actually released (its ledger's events) in place of the plan."""
+        if self.run_id is not None:
+            self.registry.commit(self.run_id, events)
+            self.run_id = None
+
+    def release(self) -> None:
+        """Un-charge the reservation: only when nothing computed from the data was released."""
+        if self.run_id is not None:
+            self.registry.release(self.run_id)
+            self.run_id = None
+
+    def close(self) -> None:
+        self.registry.close()

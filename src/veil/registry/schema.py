@@ -1,0 +1,48 @@
+"""The registry's two tables (SQLAlchemy Core), portable between SQLite and PostgreSQL.
+
+``veil_budget_datasets``: one row per dataset identity: the budget (ε, δ, or none), the accountant
+and neighbouring relation its runs are composed under, a label (the spec as typed, no password).
+``veil_budget_runs``: one row per run: its dataset, job, status and events (JSON, as the ledger
+writes them), the run's own δ, timestamps. Nothing else: no row, statistic or path of the data
+beyond the label. Timestamps are ISO 8601 UTC strings, identical on both databases.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Column, Float, ForeignKey, Index, MetaData, String, Table, Text
+
+__all__ = ["SCHEMA_VERSION", "datasets", "metadata", "runs"]
+
+SCHEMA_VERSION = 1
+
+metadata = MetaData()
+
+datasets = Table(
+    "veil_budget_datasets",
+    metadata,
+    Column("dataset_id", String(255), primary_key=True),
+    Column("label", String(1000), nullable=False),
+    Column("epsilon", Float, nullable=True),
+    Column("delta", Float, nullable=True),
+    Column("accountant", String(16), nullable=False),
+    Column("neighbouring", String(32), nullable=False),
+    Column("created_at", String(32), nullable=False),
+    Column("updated_at", String(32), nullable=False),
+)
+
+runs = Table(
+    "veil_budget_runs",
+    metadata,
+    Column("run_id", String(255), primary_key=True),
+    Column("dataset_id", String(255), ForeignKey("veil_budget_datasets.dataset_id"), nullable=False),
+    Column("job", String(32), nullable=False),
+    # reserved: charged with planned_events (a run in progress, or one that died: it stays charged);
+    # committed: charged with events (what the run's ledger recorded); released: never read a row.
+    Column("status", String(16), nullable=False),
+    Column("planned_events", Text, nullable=False),
+    Column("events", Text, nullable=True),
+    Column("delta", Float, nullable=True),
+    Column("created_at", String(32), nullable=False),
+    Column("finished_at", String(32), nullable=True),
+    Index("ix_veil_budget_runs_dataset", "dataset_id"),
+)

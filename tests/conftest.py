@@ -1,0 +1,26 @@
+"""Shared test setup: runs record their spend in a test registry, never in the user's own.
+
+Every test gets its own privacy-budget registry (a SQLite file in its tmp folder), so a budget one test
+sets cannot refuse another test's run. Module- and session-scoped fixtures run before any function-scoped
+fixture, so a session-wide registry covers the runs they make.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _session_budget_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    patch = pytest.MonkeyPatch()
+    patch.setenv("VEIL_BUDGET_DB", str(tmp_path_factory.mktemp("registry") / "veil-budget.db"))
+    yield
+    patch.undo()
+
+
+@pytest.fixture(autouse=True)
+def _own_budget_registry(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("VEIL_BUDGET_DB", str(tmp_path / "veil-budget.db"))
