@@ -212,7 +212,7 @@ def _private_step(model, loss_fn, batch, c, sigma, lr, seed=0):
     ids, mask, y = batch
     data = TensorDataset(torch.stack([ids, mask], dim=1), y)
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
-    engine = PrivacyEngine(seed=seed)
+    engine = PrivacyEngine(seed=seed, reproducible=True)
     model, optimizer, loader = engine.make_private(
         module=model,
         optimizer=optimizer,
@@ -289,7 +289,7 @@ def test_model_keeps_generate_and_save_pretrained(tmp_path) -> None:
     ids = torch.randint(0, VOCAB, (8, 6), generator=torch.Generator().manual_seed(0))
     data = TensorDataset(ids, ids)
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
-    private, optimizer, loader = PrivacyEngine(seed=0).make_private(
+    private, optimizer, loader = PrivacyEngine(seed=0, reproducible=True).make_private(
         module=model,
         optimizer=optimizer,
         data_loader=DataLoader(data, batch_size=4),
