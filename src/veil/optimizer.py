@@ -134,7 +134,7 @@ class DPOptimizer(Optimizer):
         of std ``σΔ/B``, independent across coordinates and steps.
 
         The noisy gradient is then rounded to a fixed grid (a power of two near ``σΔ/B / 256``, see
-        :func:`_release_grid`): a post-processing, so no privacy is lost. Without it, float32
+        :func:`release_grid`): a post-processing, so no privacy is lost. Without it, float32
         addition leaks: an output near 0 produced from a sum of 0 can carry finer float bits than
         any ``fl(v + Δ/B)`` can, which certifies the input (the floating-point attack; a test
         reruns it on this release). On the grid every output is reachable from both neighbours.
@@ -150,7 +150,7 @@ class DPOptimizer(Optimizer):
                 p.grad = g if g.dtype == p.dtype else g.to(p.dtype)
             return
         inverse = 1.0 / self._denominator
-        grid = _release_grid(std * inverse)
+        grid = release_grid(std * inverse)
         for (work, device), members in self._noise_groups().items():
             numels = [self.clipper.parameters[i].numel() for i in members]
             flat = self._noise.normal((sum(numels),), std * inverse, dtype=work, device=device)
@@ -176,7 +176,7 @@ class DPOptimizer(Optimizer):
         )
 
 
-def _release_grid(std: float) -> float:
+def release_grid(std: float) -> float:
     """The power of two ``2^(⌊log2 std⌋ − 8)``: a rounding step ≤ std/256 (utility: nothing), coarse
     enough that float32 resolves every grid point within ±2¹⁴·std of 0 from any neighbouring input."""
     return math.ldexp(1.0, math.floor(math.log2(std)) - 8)

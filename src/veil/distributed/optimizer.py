@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 from torch.optim import Optimizer
 
-from veil.optimizer import DPOptimizer
+from veil.optimizer import DPOptimizer, release_grid
 
 __all__ = ["DistributedDPOptimizer"]
 
@@ -73,12 +73,18 @@ class DistributedDPOptimizer(DPOptimizer):
 
     @torch.no_grad()
     def _write_private_grads(self) -> None:
-        """``p.grad = (Σ_r S_r + N(0, σ²Δ²I)) / B`` on every rank, from one all-reduce per group."""
+        """``p.grad = (Σ_r S_r + N(0, σ²Δ²I)) / B`` on every rank, from one all-reduce per group.
+
+        The reduced noisy gradient is rounded to the same release grid as the single-process
+        optimizer's (:func:`veil.optimizer.release_grid`, post-processing against the floating-point
+        attack); every rank holds the same reduced values, so the rounding keeps replicas identical.
+        """
         std = self.noise_std
         inverse = 1.0 / self.expected_batch_size
         sums = self.clipper.clipped_sum()
         params = self.clipper.parameters
-        for (work, device), members in _groups(params).items():
+        grid = release_grid(std * inverse) if std > 0 else None
+        for (work, device), members in self._noise_groups().items():
             numels = [params[i].numel() for i in members]
             flat = torch.cat([sums[i].reshape(-1).to(dtype=work, device=device) for i in members])
             flat.mul_(inverse)
@@ -87,15 +93,9 @@ class DistributedDPOptimizer(DPOptimizer):
                 flat[lo:hi].add_(self._noise.normal((hi - lo,), std * inverse, dtype=work, device=device))
             dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
             self.reductions += 1
+            if grid is not None:
+                flat.div_(grid).round_().mul_(grid)  # exact: grid is a power of two
             for i, piece in zip(members, flat.split(numels), strict=True):
                 p = params[i]
                 g = piece.view(p.shape)
                 p.grad = g if g.dtype == p.dtype else g.to(p.dtype)
-
-
-def _groups(params: list[torch.nn.Parameter]) -> dict[tuple[torch.dtype, torch.device], list[int]]:
-    """Indices of the parameters per (reduction dtype ≥ float32, device), in a fixed order."""
-    groups: dict[tuple[torch.dtype, torch.device], list[int]] = {}
-    for i, p in enumerate(params):
-        groups.setdefault((torch.promote_types(p.dtype, torch.float32), p.device), []).append(i)
-    return groups
