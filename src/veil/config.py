@@ -54,7 +54,14 @@ class TrainConfig(BaseModel):
     # -- data --------------------------------------------------------------------------------
     dataset: str = "digits"
     """``digits`` | ``breast-cancer`` | ``fashion-mnist`` | "
-    "``mnist`` | ``csv:PATH`` | ``parquet:PATH`` | ``npz:PATH``."""
+    "``mnist`` | ``csv:PATH`` | ``parquet:PATH`` | ``npz:PATH`` | ``sql:URL`` (with ``table_schema``)."""
+    table_schema: str | None = None
+    """(``--schema``) A table's reviewed schema (TOML, see docs/tables.md): csv/parquet/sql data is read
+    and encoded through it (levels, bounds, missing values; the label set is its target's classes)."""
+    table: str | None = None
+    """Table name of a ``sql:`` dataset."""
+    query: str | None = None
+    """SQL query of a ``sql:`` dataset (instead of ``table``)."""
     data_dir: str | None = None
     """Folder of the IDX files (fashion-mnist, mnist)."""
     target: str | None = None
@@ -213,6 +220,9 @@ class TrainConfig(BaseModel):
 PRIVACY_KEYS = frozenset(
     {
         "dataset",
+        "table_schema",
+        "table",
+        "query",
         "data_dir",
         "target",
         "test_fraction",

@@ -7,8 +7,13 @@ import typer
 DATASET = typer.Option(
     None,
     "--dataset",
-    help="digits (default), breast-cancer, fashion-mnist, mnist, csv:PATH, parquet:PATH, npz:PATH.",
+    help="digits (default), breast-cancer, fashion-mnist, mnist, csv:PATH, parquet:PATH, npz:PATH, sql:URL.",
 )
+SCHEMA = typer.Option(
+    None, "--schema", help="Reviewed table schema (TOML) for csv:, parquet: or sql: data (docs/tables.md)."
+)
+TABLE = typer.Option(None, "--table", help="Table of a sql:URL dataset.")
+QUERY = typer.Option(None, "--query", help="SQL query of a sql:URL dataset (instead of --table).")
 DATA_DIR = typer.Option(None, "--data-dir", help="Folder of the IDX files (fashion-mnist, mnist).")
 TARGET = typer.Option(None, "--target", help="Label column (csv, parquet) or label array (npz).")
 MODEL = typer.Option(

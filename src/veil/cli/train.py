@@ -41,6 +41,9 @@ def register(app: typer.Typer) -> None:
             None, metavar="[CONFIG.toml]", help="TOML file of settings (flags override it)."
         ),
         dataset: str = opts.DATASET,
+        schema: str = opts.SCHEMA,
+        table: str = opts.TABLE,
+        query: str = opts.QUERY,
         data_dir: str = opts.DATA_DIR,
         target: str = opts.TARGET,
         model: str = opts.MODEL,
@@ -74,6 +77,9 @@ def register(app: typer.Typer) -> None:
         """Train a model with differential privacy and write a report a data-protection officer can file."""
         flags: dict[str, Any] = {
             "dataset": dataset,
+            "table_schema": schema,
+            "table": table,
+            "query": query,
             "data_dir": data_dir,
             "target": target,
             "model": model,

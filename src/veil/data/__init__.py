@@ -10,7 +10,10 @@ Names accepted by :func:`load_dataset`:
 * ``digits`` (default) and ``breast-cancer``: shipped with scikit-learn, nothing to download;
 * ``fashion-mnist`` and ``mnist``: IDX files (gzipped or not) from ``data_dir`` (default for
   fashion-mnist: the Debian package ``dataset-fashion-mnist``'s ``/usr/share/datasets/fashion-mnist``);
-* ``csv:PATH``, ``parquet:PATH`` (needs pyarrow), ``npz:PATH``: the user's data, labels in ``target``.
+* ``csv:PATH``, ``parquet:PATH`` (needs pyarrow), ``npz:PATH``: the user's data, labels in ``target``;
+* with ``schema`` (a reviewed table schema, :mod:`veil.tables`): ``csv:PATH``, ``parquet:PATH`` or
+  ``sql:URL`` (with ``table`` or ``query``), read and encoded through the schema, whose target column and
+  classes are the labels.
 """
 
 from __future__ import annotations
@@ -56,6 +59,10 @@ class Dataset:
     sha256: str
     preset: str
     feature_names: list[str] | None = None
+    encoder: Any = None
+    """The table encoder (:class:`veil.tables.encoder.TableEncoder`) when the data was read through a
+    schema: its features are already clipped and scaled by public declarations, and it is saved with
+    the model so that new rows are encoded the same way."""
     pixel_max: float | None = None
     """Public maximum pixel value (images): the documented range of the format, not a data statistic."""
     notes: list[str] = field(default_factory=list)
@@ -173,8 +180,13 @@ def load_dataset(
     target: str | None = None,
     test_fraction: float = 0.2,
     seed: int = 0,
+    schema: str | None = None,
+    table: str | None = None,
+    query: str | None = None,
 ) -> Dataset:
     """Load, check and split the dataset called ``name`` (see the module docstring)."""
+    if schema is not None or name.startswith("sql:"):
+        return _load_with_schema(name, schema, target, table, query, test_fraction, seed)
     if ":" in name:
         scheme, _, path = name.partition(":")
         if scheme not in USER_SCHEMES or not path:
@@ -203,4 +215,72 @@ def load_dataset(
         name,
         "unknown dataset name",
         f"{hint}use one of {', '.join(BUILTIN)}, or csv:PATH, parquet:PATH, npz:PATH with --target",
+    )
+
+
+def _load_with_schema(
+    name: str,
+    schema: str | None,
+    target: str | None,
+    table: str | None,
+    query: str | None,
+    test_fraction: float,
+    seed: int,
+) -> Dataset:
+    """A table read and encoded through its reviewed schema (see :mod:`veil.tables.dataset`)."""
+    from veil.tables.sources import hide_password, url_has_password
+
+    shown = "sql:" + hide_password(name[4:]) if name.startswith("sql:") else name
+    if schema is None:
+        raise ConfigError(
+            "dataset",
+            shown,
+            "a SQL table's columns, levels, bounds and classes must be declared before it is read",
+            "pass --schema SCHEMA.toml (draft one with `veil schema infer`, then review it)",
+        )
+    if name.startswith("sql:") and url_has_password(name[4:]):
+        raise ConfigError(
+            "dataset",
+            shown,
+            "the run folder records the dataset (config.toml, report), and a password in the URL would "
+            "be written there beside the released model",
+            "leave the password out of the URL and give it to the driver another way (PostgreSQL: the "
+            "PGPASSWORD environment variable or ~/.pgpass)",
+        )
+    if name.partition(":")[0] not in ("csv", "parquet", "sql"):
+        raise ConfigError(
+            "dataset",
+            name,
+            "a schema describes a table",
+            "use csv:PATH, parquet:PATH or sql:URL with --schema",
+        )
+    from veil.tables.dataset import load_schema_table
+    from veil.tables.schema import load_schema
+
+    declared = load_schema(schema).target
+    if target is not None and (declared is None or declared.name != target):
+        raise ConfigError(
+            "target",
+            target,
+            f"the schema's target column is {declared.name if declared else 'not declared'}",
+            "drop --target (the schema says which column is the label) or fix the schema",
+        )
+    loaded = load_schema_table(name, schema, table=table, query=query)
+    x, y, classes = loaded.encoded.x, loaded.encoded.y, loaded.encoded.classes
+    assert y is not None
+    check_labels(y, classes, "target")
+    x_tr, y_tr, x_te, y_te = split(x, y, test_fraction, seed)
+    return Dataset(
+        name=loaded.name,
+        kind="table",
+        x_train=x_tr,
+        y_train=y_tr,
+        x_test=x_te,
+        y_test=y_te,
+        classes=classes,
+        sha256=loaded.fingerprint,
+        preset="table",
+        feature_names=list(loaded.encoder.feature_names),
+        notes=loaded.notes,
+        encoder=loaded.encoder,
     )

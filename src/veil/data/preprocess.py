@@ -7,6 +7,8 @@ Guarantee. The preprocessing applied before a model sees the private training da
 * ``as-given`` — images of unknown range (float npz): used unchanged. Public; no privacy cost.
 * ``bounds`` — tables with ``feature_bounds`` declared by the user: clip each feature to its public
   ``[low, high]`` and map it linearly onto ``[-1, 1]``. Public; no privacy cost.
+* ``schema`` — tables read through a reviewed schema (:mod:`veil.tables`): already encoded by public
+  declarations (levels, bounds, missing-value indicators); used as given. Public; no privacy cost.
 * ``dp-center`` — tables without declared bounds: a public per-value transform
   ``t(x) = asinh(x/r) − asinh(1/r)`` (``r = feature_resolution``: log-like for |x| ≫ r, so that
   features on any scale land on a few units, with x = 1 at 0), then a **DP estimate of the mean of
@@ -50,7 +52,7 @@ __all__ = [
     "transform_numpy",
 ]
 
-Method = Literal["pixels", "as-given", "bounds", "dp-center"]
+Method = Literal["pixels", "as-given", "bounds", "dp-center", "schema"]
 
 
 class PreprocessingSettings(Protocol):
@@ -141,6 +143,27 @@ def plan_preprocessing(config: PreprocessingSettings, dataset: Dataset) -> Prepr
                 "pixels", f"pixels / {pm:g} (the format's documented range) into [0, 1]", scale=1 / pm
             )
         return PreprocessingPlan("as-given", "image values used as given")
+    if dataset.encoder is not None:
+        if config.feature_bounds is not None:
+            raise ConfigError(
+                "feature_bounds",
+                "given with a schema",
+                "the schema already declares each column's public bounds; two declarations could disagree",
+                "declare the bounds in the schema only",
+            )
+        schema = dataset.encoder.schema
+        if schema.reviewed == "dp":
+            source = (
+                f"released with DP by veil schema infer (ε = {schema.dp.get('epsilon', '?')}, "
+                f"δ = {schema.dp.get('delta', '?')}, charged to the dataset apart from this run's ε)"
+            )
+        else:
+            source = "declared public by its reviewer (reviewed = true)"
+        return PreprocessingPlan(
+            "schema",
+            f"features encoded by the table's schema, {source}: levels one-hot or embedded, numeric "
+            "values clipped to the declared bounds and scaled to [-1, 1], missing values as indicators",
+        )
     if config.feature_bounds is not None:
         lo, hi = _bounds_arrays(config, dataset)
         return PreprocessingPlan(

@@ -67,7 +67,14 @@ def load_data(cfg: TrainConfig) -> Dataset:
     from veil.data import load_dataset
 
     return load_dataset(
-        cfg.dataset, data_dir=cfg.data_dir, target=cfg.target, test_fraction=cfg.test_fraction, seed=cfg.seed
+        cfg.dataset,
+        data_dir=cfg.data_dir,
+        target=cfg.target,
+        test_fraction=cfg.test_fraction,
+        seed=cfg.seed,
+        schema=cfg.table_schema,
+        table=cfg.table,
+        query=cfg.query,
     )
 
 

@@ -46,7 +46,13 @@ def build_net(cfg: TrainConfig, data: Dataset, seed: int) -> nn.Module:
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        net = build_model(cfg.model, data.input_shape, data.num_classes, data.kind)
+        embeddings = data.encoder.embeddings if data.encoder is not None else []
+        if embeddings:  # wide categoricals: learned embeddings in front of the model (veil.tables)
+            from veil.tables.model import build_table_net
+
+            net = build_table_net(cfg.model, data.input_shape[0], embeddings, data.num_classes)
+        else:
+            net = build_model(cfg.model, data.input_shape, data.num_classes, data.kind)
     if validate(net):
         net = fix(net)
         problems = validate(net)

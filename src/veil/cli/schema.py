@@ -1,0 +1,136 @@
+"""``veil schema infer FILE --target COL --out SCHEMA.toml [--epsilon E]``: draft or DP-release a schema."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from veil.cli._output import emit
+from veil.errors import ConfigError
+
+
+def run_infer(
+    dataset: str,
+    target: str,
+    out: str,
+    *,
+    epsilon: float | None = None,
+    delta: float = 1e-7,
+    table: str | None = None,
+    query: str | None = None,
+    ignore: list[str] | None = None,
+    max_levels: int = 100,
+    force: bool = False,
+) -> dict[str, Any]:
+    """The work of ``veil schema infer``; writes ``out`` (atomically) and returns a summary."""
+    from veil.tables.infer import MAX_LEVELS, describe, infer_schema
+    from veil.tables.schema import write_schema
+    from veil.tables.sources import parse_source
+
+    path = Path(out).expanduser()
+    if path.exists() and not force:
+        raise ConfigError(
+            "--out",
+            str(path),
+            "the file exists and a reviewed schema must not be overwritten by a draft",
+            "choose another path, or pass --force",
+        )
+    if not path.parent.is_dir():
+        raise ConfigError("--out", str(path), "its folder does not exist", "create the folder first")
+    source = parse_source(dataset, table=table, query=query)
+    ignored = list(ignore or [])
+    result = infer_schema(
+        source,
+        target=target,
+        epsilon=epsilon,
+        delta=delta,
+        ignore=ignored,
+        max_levels=max_levels or MAX_LEVELS,
+    )
+    write_schema(result.schema, path, result.header, result.notes)
+    return {"schema": str(path), "source": source.describe(), **describe(result)}
+
+
+def run_check(
+    schema_path: str, dataset: str, *, table: str | None = None, query: str | None = None
+) -> dict[str, Any]:
+    """The work of ``veil schema check``: read and encode the whole table, refuse the first bad value."""
+    from veil.tables.encoder import TableEncoder
+    from veil.tables.schema import load_schema
+    from veil.tables.sources import iter_source, parse_source, source_columns
+
+    schema = load_schema(schema_path)
+    source = parse_source(dataset, table=table, query=query)
+    has_target = schema.target is not None and schema.target.name in source_columns(source)
+    rows, batches = iter_source(source, schema, need_target=has_target)
+    encoded = TableEncoder(schema).encode_batches(
+        rows, batches, with_target=has_target, where=source.describe()
+    )
+    return {
+        "schema": schema_path,
+        "reviewed": schema.reviewed,
+        "source": source.describe(),
+        "rows (not private: for your eyes only)": int(encoded.x.shape[0]),
+        "features": int(encoded.x.shape[1]),
+        "classes": ", ".join(encoded.classes) or "-",
+    }
+
+
+def register(app: typer.Typer) -> None:
+    schema_app = typer.Typer(
+        help="Table schemas: the public facts (types, bounds, levels, classes) a model may use.",
+        no_args_is_help=True,
+    )
+
+    @schema_app.command("infer")
+    def infer_command(
+        dataset: str = typer.Argument(..., metavar="FILE", help="csv:PATH, parquet:PATH, sql:URL or a path."),
+        target: str = typer.Option(..., "--target", help="The label column."),
+        out: str = typer.Option(..., "--out", help="Where to write the schema TOML."),
+        epsilon: float = typer.Option(
+            None, "--epsilon", help="Release bounds and levels with DP at this ε (else: a non-private draft)."
+        ),
+        delta: float = typer.Option(1e-7, "--delta", help="δ of the DP release's thresholds."),
+        table: str = typer.Option(None, "--table", help="Table name (sql: sources)."),
+        query: str = typer.Option(None, "--query", help="SQL query (sql: sources)."),
+        ignore: list[str] = typer.Option(None, "--ignore", help="A column not to read (repeatable)."),
+        max_levels: int = typer.Option(100, "--max-levels", help="Most levels a categorical may get."),
+        force: bool = typer.Option(False, "--force", help="Overwrite --out."),
+        json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    ) -> None:
+        """Draft a schema from the data (reviewed = false) or release it with DP (reviewed = "dp")."""
+        summary = run_infer(
+            dataset,
+            target,
+            out,
+            epsilon=epsilon,
+            delta=delta,
+            table=table,
+            query=query,
+            ignore=ignore,
+            max_levels=max_levels,
+            force=force,
+        )
+        emit(summary, json_output, title="schema")
+        if not json_output and summary["reviewed"] is False:
+            sys.stdout.write(
+                "This draft is NOT private: review every bound, level and class, then set reviewed = true.\n"
+            )
+
+    @schema_app.command("check")
+    def check_command(
+        schema: str = typer.Argument(
+            ..., metavar="SCHEMA.toml", help="The schema to check the data against."
+        ),
+        dataset: str = typer.Option(..., "--dataset", help="csv:PATH, parquet:PATH, sql:URL or a path."),
+        table: str = typer.Option(None, "--table", help="Table name (sql: sources)."),
+        query: str = typer.Option(None, "--query", help="SQL query (sql: sources)."),
+        json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    ) -> None:
+        """Read and encode the whole table with the schema; the first value it does not allow is refused."""
+        emit(run_check(schema, dataset, table=table, query=query), json_output, title="schema check")
+
+    app.add_typer(schema_app, name="schema")

@@ -1,0 +1,425 @@
+"""The table encoder: columns → a float32 feature matrix, fixed entirely by the schema.
+
+Guarantee (data independence). The encoding of a row depends only on that row and the schema: the
+output width, the position of every feature and the value written there are functions of the
+declared levels, bounds and policies, never of other rows. So encoding is a public, per-record
+transformation: it costs no privacy, and a model trained on encoded rows is protected exactly as if
+it were trained on the rows themselves (one record in, one encoded record out; neighbouring tables
+stay neighbouring). Nothing is imputed from other rows and no row is dropped: a value the schema
+does not allow is refused with its row and column.
+
+Per column type (``x`` the output block, in schema order):
+
+* numeric — ``clip(v, lo, hi)`` mapped linearly onto ``[-1, 1]``; ``outside = "error"`` refuses a
+  value outside ``[lo, hi]`` instead. A missing value (null or NaN) becomes ``0`` plus a 1 in the
+  column's ``:missing`` indicator (``missing = "indicator"``), or is refused (``"error"``).
+* categorical (one-hot) — one 0/1 feature per declared level, then ``:unknown`` (a value not among
+  the levels, when ``unknown = "level"``) and ``:missing``.
+* categorical (embedding) — one feature holding the level's code ``0..L-1``, ``L`` for unknown,
+  ``L+1`` for missing (as a float; the model's embedding layer reads it). For wide categoricals.
+* ordinal — the level's rank mapped onto ``[-1, 1]`` (0 if unknown or missing), plus ``:unknown``
+  and ``:missing`` indicators as declared.
+* boolean — ``+1`` true, ``-1`` false, ``0`` otherwise, plus indicators as declared; spellings
+  ``true/false, t/f, yes/no, y/n, 1/0`` (any case).
+* text and ignored columns are not encoded; the target becomes class indices in the order of the
+  declared classes, and a label outside them (or missing) is refused.
+
+The encoder is a plain JSON document (:meth:`TableEncoder.to_dict`), saved beside ``model.pt`` so that
+predictions on new rows use the same mapping.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from veil.errors import DataError
+from veil.tables.schema import BOOLEAN_FALSE, BOOLEAN_TRUE, ColumnSpec, TableSchema, parse_schema
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from veil.tables.sources import RawTable
+
+__all__ = ["EncodedTable", "TableEncoder"]
+
+ENCODER_FORMAT = "veil-table-encoder/1"
+_SLICE = 1 << 18
+
+
+@dataclass
+class EncodedTable:
+    """Encoded features (float32, N×d), class indices (or ``None`` without a target column)."""
+
+    x: np.ndarray
+    y: np.ndarray | None
+    feature_names: list[str]
+    classes: list[str]
+
+
+class TableEncoder:
+    """Encodes tables with the layout fixed by a reviewed (or DP-released) schema."""
+
+    def __init__(self, schema: TableSchema) -> None:
+        self.schema = schema
+        self.feature_names: list[str] = []
+        self.embeddings: list[tuple[int, int]] = []
+        """(feature position, number of codes) of every embedding-encoded column."""
+        for c in schema.features:
+            start = len(self.feature_names)
+            self.feature_names += _block_names(c)
+            if c.type == "categorical" and c.encoding == "embedding":
+                self.embeddings.append((start, len(c.levels) + 2))
+
+    @property
+    def width(self) -> int:
+        return len(self.feature_names)
+
+    @property
+    def classes(self) -> list[str]:
+        t = self.schema.target
+        return list(t.levels) if t is not None else []
+
+    # -- serialisation ----------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        from veil.tables.schema import _loads, schema_to_toml
+
+        return {
+            "format": ENCODER_FORMAT,
+            "schema": _loads(schema_to_toml(self.schema)),
+            "feature_names": self.feature_names,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TableEncoder:
+        if not isinstance(data, dict) or data.get("format") != ENCODER_FORMAT:
+            raise DataError(
+                "encoder",
+                data.get("format") if isinstance(data, dict) else type(data).__name__,
+                "this is not a veil table encoder, so new rows cannot be encoded as in training",
+                "use the encoder.json written beside model.pt by veil train",
+            )
+        enc = cls(parse_schema(data["schema"], "encoder"))
+        if enc.feature_names != data.get("feature_names"):
+            raise DataError(
+                "encoder",
+                "feature layout",
+                "the saved layout differs from the one its schema gives",
+                "re-train, or restore the encoder.json written with the model",
+            )
+        return enc
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, ensure_ascii=False) + "\n"
+
+    def save(self, path: str | Path) -> None:
+        from veil.accounting.ledger import atomic_write_text
+
+        atomic_write_text(Path(path), self.to_json())
+
+    @classmethod
+    def load(cls, path: str | Path) -> TableEncoder:
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise DataError(
+                "encoder", str(path), f"it cannot be read ({exc.__class__.__name__})", "check the run folder"
+            ) from None
+        return cls.from_dict(data)
+
+    # -- encoding ---------------------------------------------------------------------------------
+
+    def encode(self, raw: RawTable, *, with_target: bool = True) -> EncodedTable:
+        """Encode every row (all or nothing: the first disallowed value is refused)."""
+        return self.encode_batches(
+            raw.table.num_rows, iter([raw]), with_target=with_target, where=raw.source.describe()
+        )
+
+    def encode_batches(
+        self, rows: int | None, batches: Iterator[RawTable], *, with_target: bool = True, where: str = "table"
+    ) -> EncodedTable:
+        """Encode a table given in batches into one float32 matrix.
+
+        With ``rows`` (an upper bound on the row count) the result is allocated once, zero pages
+        untouched until written, so the peak is the result plus one batch; without it the encoded
+        batches are concatenated at the end.
+        """
+        x = np.zeros((rows, self.width), dtype=np.float32) if rows is not None else None
+        y = np.zeros(rows, dtype=np.int64) if rows is not None and with_target else None
+        blocks: list[tuple[np.ndarray, np.ndarray | None]] = []
+        n = 0
+        target = self.schema.require_target("training") if with_target else None
+        for raw in batches:
+            m = raw.table.num_rows
+            if x is not None and n + m > x.shape[0]:  # pragma: no cover - the bound is an upper bound
+                raise RuntimeError(f"more rows than the bound {x.shape[0]}")
+            xb = x[n : n + m] if x is not None else np.zeros((m, self.width), dtype=np.float32)
+            self._encode_into(raw, xb)
+            yb = _encode_target(target, raw.table.column(target.name), raw, self.schema) if target else None
+            if y is not None and yb is not None:
+                y[n : n + m] = yb
+            if x is None:
+                blocks.append((xb, yb))
+            n += m
+        if n == 0:
+            raise DataError("dataset", where, "the table has no data rows", "provide a table with rows")
+        if x is None:
+            x = np.concatenate([b[0] for b in blocks])
+            y = np.concatenate([b[1] for b in blocks if b[1] is not None]) if target else None
+        else:
+            x, y = x[:n], (y[:n] if y is not None else None)
+        return EncodedTable(x=x, y=y, feature_names=list(self.feature_names), classes=self.classes)
+
+    def _encode_into(self, raw: RawTable, x: np.ndarray) -> None:
+        pos = 0
+        for c in self.schema.features:
+            width = len(_block_names(c))
+            _encode_column(c, raw.table.column(c.name), x[:, pos : pos + width], raw, self.schema)
+            pos += width
+
+
+# -- per column ---------------------------------------------------------------------------------
+
+
+def _block_names(c: ColumnSpec) -> list[str]:
+    names: list[str] = []
+    if c.type == "numeric" or c.type == "ordinal" or c.type == "boolean":
+        names.append(c.name)
+    elif c.type == "categorical":
+        names += [c.name] if c.encoding == "embedding" else [f"{c.name}={lv}" for lv in c.levels]
+    if (
+        c.type != "numeric"
+        and c.unknown == "level"
+        and not (c.type == "categorical" and c.encoding == "embedding")
+    ):
+        names.append(f"{c.name}:unknown")
+    if c.missing == "indicator" and not (c.type == "categorical" and c.encoding == "embedding"):
+        names.append(f"{c.name}:missing")
+    return names
+
+
+def _refuse(c: ColumnSpec, raw: RawTable, index: int, value: Any, reason: str, fix: str) -> None:
+    raise DataError(f"{raw.row_label(index)} column '{c.name}'", value, reason, fix)
+
+
+def _first(mask: np.ndarray) -> int:
+    return int(np.flatnonzero(mask)[0])
+
+
+def _numbers(c: ColumnSpec, column: pa.ChunkedArray, raw: RawTable, missing: list[str]) -> np.ndarray:
+    """float64 values with NaN for missing; a text cell is a type mismatch."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = column.type
+    if pa.types.is_dictionary(kind):
+        column = column.cast(kind.value_type)
+        kind = column.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        trimmed = pc.utf8_trim_whitespace(column)
+        is_missing = pc.fill_null(pc.is_in(trimmed, pa.array(missing, pa.string())), False)
+        trimmed = pc.if_else(is_missing, pa.scalar(None, pa.string()), trimmed)
+        try:
+            column = pc.cast(trimmed, pa.float64())
+        except pa.ArrowInvalid:
+            values = trimmed.to_pylist()
+            for i, v in enumerate(values):
+                try:
+                    if v is not None:
+                        float(v)
+                except ValueError:
+                    _refuse(
+                        c,
+                        raw,
+                        i,
+                        v,
+                        "the schema declares the column numeric but this cell is not a number (a type "
+                        "mismatch); veil neither guesses nor drops rows",
+                        "fix the cell, list it in missing_values if it means 'missing', or declare the "
+                        "column categorical",
+                    )
+            raise
+    elif pa.types.is_boolean(kind) or pa.types.is_integer(kind) or pa.types.is_floating(kind):
+        pass
+    elif pa.types.is_decimal(kind):
+        column = pc.cast(column, pa.float64())
+    else:
+        _refuse(
+            c,
+            raw,
+            0,
+            str(kind),
+            "the schema declares the column numeric but the data stores it as another type (a type mismatch)",
+            "convert the column to numbers, or declare its real type in the schema",
+        )
+    return (
+        np.asarray(column.to_numpy(), dtype=np.float64)
+        if column.null_count == 0
+        else np.asarray(pc.fill_null(pc.cast(column, pa.float64()), np.nan).to_numpy(), dtype=np.float64)
+    )
+
+
+def _strings(column: pa.ChunkedArray, missing: list[str]) -> tuple[pa.ChunkedArray, np.ndarray]:
+    """Values as trimmed text (numbers written as integers when integral), and the missing mask."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = column.type
+    if pa.types.is_dictionary(kind):
+        column = column.cast(kind.value_type)
+        kind = column.type
+    if pa.types.is_boolean(kind):
+        column = pc.if_else(column, pa.scalar("true"), pa.scalar("false"))
+    elif pa.types.is_floating(kind) or pa.types.is_decimal(kind):
+        as_float = pc.cast(column, pa.float64())
+        nan = pc.fill_null(pc.is_nan(as_float), False)
+        as_float = pc.if_else(nan, pa.scalar(None, pa.float64()), as_float)
+        values = as_float.to_numpy(zero_copy_only=False)
+        finite = values[np.isfinite(values)]
+        if finite.size and np.all(finite == np.round(finite)) and np.all(np.abs(finite) < 2**53):
+            column = pc.cast(pc.cast(as_float, pa.int64()), pa.string())
+        else:
+            column = pc.cast(as_float, pa.string())
+    elif not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        column = pc.cast(column, pa.string())
+    column = pc.utf8_trim_whitespace(column)
+    null = pc.is_null(column)
+    if missing:
+        null = pc.or_(null, pc.fill_null(pc.is_in(column, pa.array(missing)), False))
+    return column, np.asarray(null.to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _codes(column: pa.ChunkedArray, levels: tuple[str, ...]) -> np.ndarray:
+    """Index of each value among ``levels``; -1 for any other value."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    idx = pc.index_in(column, value_set=pa.array(list(levels), pa.string()))
+    return np.asarray(pc.fill_null(idx, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _encode_column(
+    c: ColumnSpec, column: pa.ChunkedArray, out: np.ndarray, raw: RawTable, schema: TableSchema
+) -> None:
+    missing_tokens = [v.strip() for v in schema.missing_values]
+    if c.type == "numeric":
+        _encode_numeric(c, _numbers(c, column, raw, missing_tokens), out, raw)
+        return
+    text, miss = _strings(column, missing_tokens)
+    if c.type == "boolean":
+        codes = _codes(_lower(text), BOOLEAN_FALSE + BOOLEAN_TRUE)
+        value = np.where(codes < 0, 0.0, np.where(codes >= len(BOOLEAN_FALSE), 1.0, -1.0))
+    else:
+        codes = _codes(text, c.levels)
+        value = np.zeros(len(codes))
+    unknown = (codes < 0) & ~miss
+    if unknown.any() and c.unknown == "error":
+        i = _first(unknown)
+        _refuse(
+            c,
+            raw,
+            i,
+            text[i].as_py(),
+            "the value is not among the column's declared levels and the schema says unknown = 'error'",
+            "fix the value, add it to the public levels, or set unknown = 'level'",
+        )
+    if c.type == "boolean":
+        out[:, 0] = np.where(miss, 0.0, value)
+        col = 1
+    elif c.type == "ordinal":
+        rank = codes.astype(np.float64)
+        span = max(len(c.levels) - 1, 1)
+        out[:, 0] = np.where(codes >= 0, rank * (2.0 / span) - (1.0 if len(c.levels) > 1 else 0.0), 0.0)
+        col = 1
+    elif c.encoding == "embedding":
+        L = len(c.levels)
+        if miss.any() and c.missing == "error":
+            _missing_block(c, miss, out, raw, 0)
+        out[:, 0] = np.where(miss, L + 1, np.where(codes >= 0, codes, L))
+        return
+    else:
+        known = codes >= 0
+        rows = np.flatnonzero(known)
+        out[rows, codes[rows]] = 1.0
+        col = len(c.levels)
+    if c.unknown == "level":
+        out[:, col] = unknown
+        col += 1
+    _missing_block(c, miss, out, raw, col)
+
+
+def _encode_numeric(c: ColumnSpec, v: np.ndarray, out: np.ndarray, raw: RawTable) -> None:
+    """Clip to the bounds and map onto [-1, 1], in slices so that float64 temporaries stay small."""
+    assert c.bounds is not None
+    lo, hi = c.bounds
+    mid, scale = (lo + hi) / 2, 2 / (hi - lo)
+    for start in range(0, len(v), _SLICE):
+        part = v[start : start + _SLICE].astype(np.float64)
+        miss = np.isnan(part)
+        if c.outside == "error":
+            bad = ~miss & ((part < lo) | (part > hi))
+            if bad.any():
+                i = _first(bad)
+                _refuse(
+                    c,
+                    raw,
+                    start + i,
+                    float(part[i]),
+                    f"the value is outside the declared bounds [{lo:g}, {hi:g}] and the schema says "
+                    "outside = 'error'",
+                    "fix the value, widen the public bounds, or set outside = 'clip'",
+                )
+        np.clip(part, lo, hi, out=part)
+        part -= mid
+        part *= scale
+        part[miss] = 0.0
+        out[start : start + _SLICE, 0] = part
+        _missing_block(c, miss, out[start : start + _SLICE], raw, 1, offset=start)
+
+
+def _lower(text: pa.ChunkedArray) -> pa.ChunkedArray:
+    import pyarrow.compute as pc
+
+    return pc.utf8_lower(text)
+
+
+def _missing_block(
+    c: ColumnSpec, miss: np.ndarray, out: np.ndarray, raw: RawTable, col: int, offset: int = 0
+) -> None:
+    if not miss.any():
+        return
+    if c.missing == "error":
+        _refuse(
+            c,
+            raw,
+            offset + _first(miss),
+            None,
+            "the value is missing and the schema says missing = 'error' (veil never imputes or drops rows)",
+            "fill in the value, or set missing = 'indicator' to encode missingness as its own feature",
+        )
+    out[:, col] = miss
+
+
+def _encode_target(c: ColumnSpec, column: pa.ChunkedArray, raw: RawTable, schema: TableSchema) -> np.ndarray:
+    text, miss = _strings(column, [v.strip() for v in schema.missing_values])
+    codes = _codes(text, c.levels)
+    bad = (codes < 0) | miss
+    if bad.any():
+        i = _first(bad)
+        value = None if miss[i] else text[i].as_py()
+        _refuse(
+            c,
+            raw,
+            i,
+            value,
+            "the label is missing" if miss[i] else "the label is not among the target's declared classes",
+            "fix the label, or declare the class in the schema's classes (a public list); rows are never "
+            "dropped silently",
+        )
+    return codes

@@ -1,0 +1,372 @@
+"""``veil schema infer``: draft a table's schema from the data, or release it with DP.
+
+Two modes, told apart in the written file by its ``reviewed`` key:
+
+* Draft (``reviewed = false``, no privacy cost, **not private**): types from the stored column
+  types, bounds = the observed min and max, levels and classes = the observed values. Each column
+  carries a comment with what was read. Training refuses the draft until a person has replaced every
+  data-derived fact by public knowledge and set ``reviewed = true``.
+* DP release (``--epsilon E``, ``reviewed = "dp"``): every fact is released by an accounted mechanism
+  of :mod:`veil.tables.release` under add/remove-one-row neighbouring. The budget ``E`` is split
+  evenly over the ``k`` columns read (one row touches all of them, so the costs add up): a feature
+  column spends ``E/(4k)`` on its noisy kind counts (number/text/missing: a column is numeric when
+  its noisy number count is at least its noisy text count) and ``3E/(4k)`` on either DP bounds
+  (numeric) or a thresholded histogram of levels (text); the target spends ``E/k`` on its classes'
+  histogram. The histograms' threshold δ is split evenly too (``δ/k`` each). Total: pure ε ≤ E plus
+  δ — the ``[dp]`` table of the schema records both and the events. Missing values always get an
+  indicator (that choice reads nothing). A rare value is not released: it falls into the column's
+  unknown level, and a rare class is left out (training then refuses rows of that class, by name).
+
+Columns passed with ``ignore`` are written as ``type = "ignored"`` and never read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from veil.accounting.events import Composed, Laplace, PrivacyEvent, SelfComposed
+from veil.errors import DataError, InvalidParameterError
+from veil.tables.schema import BOOLEAN_FALSE, BOOLEAN_TRUE, DEFAULT_MISSING_VALUES, ColumnSpec, TableSchema
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from veil.mechanisms.rng import RandomSource
+    from veil.tables.sources import TableSource
+
+__all__ = ["InferResult", "infer_schema"]
+
+MAX_LEVELS = 100
+"""A text column with more distinct values than this is not drafted as categorical."""
+EMBED_ABOVE = 30
+"""Categoricals with more levels than this are drafted with ``encoding = "embedding"``."""
+TEXT_MEAN_LENGTH = 20
+_NUMBER_RE = r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$"
+
+
+@dataclass
+class InferResult:
+    schema: TableSchema
+    header: list[str]
+    notes: dict[str, str] = field(default_factory=dict)
+    event: PrivacyEvent | None = None
+    epsilon: float = 0.0
+    delta: float = 0.0
+
+
+def infer_schema(
+    source: TableSource,
+    *,
+    target: str,
+    epsilon: float | None = None,
+    delta: float = 1e-7,
+    ignore: Sequence[str] = (),
+    max_levels: int = MAX_LEVELS,
+    rng: RandomSource | None = None,
+) -> InferResult:
+    """Draft (``epsilon=None``) or DP-release (``epsilon=E``) the schema of ``source``."""
+    from veil.tables.sources import source_columns
+
+    names = source_columns(source)
+    _check_names(names, target, ignore, source.describe())
+    read = [n for n in names if n not in ignore]
+    if epsilon is not None:
+        return _infer_dp(source, names, read, target, epsilon, delta, ignore, max_levels, rng)
+    table = _read(source, read)
+    columns: list[ColumnSpec] = []
+    notes: dict[str, str] = {}
+    for name in names:
+        if name in ignore:
+            columns.append(ColumnSpec(name, "ignored"))
+            continue
+        spec, note = _draft_column(name, table.column(name), name == target, max_levels)
+        columns.append(spec)
+        notes[name] = note
+    header = [
+        f"Drafted by `veil schema infer` from {source.describe()}.",
+        "NOT PRIVATE: the bounds, levels and classes below were read from the data itself.",
+        "Training refuses this draft. Review every column: keep only facts that are public knowledge",
+        "(a codebook, a form, a standard), widen bounds to their public range, add or remove levels,",
+        'mark columns not to be used as type = "ignored"; then set reviewed = true.',
+        "Or let veil release them privately: veil schema infer ... --epsilon E.",
+    ]
+    return InferResult(TableSchema(tuple(columns), reviewed=False), header, notes)
+
+
+def _check_names(names: list[str], target: str, ignore: Sequence[str], where: str) -> None:
+    import difflib
+
+    for n in [target, *ignore]:
+        if n not in names:
+            close = difflib.get_close_matches(n, names, n=1)
+            hint = f"did you mean '{close[0]}'? " if close else ""
+            raise DataError(
+                "column", n, f"there is no such column in {where}", f"{hint}columns: {', '.join(names[:20])}"
+            )
+    if target in ignore:
+        raise DataError("target", target, "the target cannot also be ignored", "drop it from --ignore")
+
+
+class _Columns:
+    """One column at a time: Parquet columns are read on demand (a table larger than memory is
+    inferred column by column); CSV and SQL sources are read once."""
+
+    def __init__(self, source: TableSource, columns: list[str]) -> None:
+        self.source = source
+        self.table: pa.Table | None = None
+        if source.kind == "parquet":
+            import pyarrow.parquet as pq
+
+            self.parquet = pq.ParquetFile(source.location)
+            rows = int(self.parquet.metadata.num_rows)
+        else:
+            from veil.tables.sources import read_source
+
+            self.table = read_source(source).table.select(columns)
+            rows = self.table.num_rows
+        if rows == 0:
+            raise DataError(
+                "dataset", source.describe(), "the table has no data rows", "provide a table with rows"
+            )
+
+    def column(self, name: str) -> pa.ChunkedArray:
+        if self.table is not None:
+            return self.table.column(name)
+        return self.parquet.read(columns=[name]).column(0)
+
+
+def _read(source: TableSource, columns: list[str]) -> _Columns:
+    return _Columns(source, columns)
+
+
+# -- column views -------------------------------------------------------------------------------
+
+
+def _cells(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str | None], np.ndarray]:
+    """(finite numbers, text cells or None, missing mask): each cell is a number, a text or missing."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = column.type
+    if pa.types.is_dictionary(kind):
+        column = column.cast(kind.value_type)
+        kind = column.type
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind):
+        v = np.asarray(pc.fill_null(pc.cast(column, pa.float64()), math.nan).to_numpy(), dtype=np.float64)
+        missing = np.isnan(v)
+        return v[~missing & np.isfinite(v)], [], missing
+    if pa.types.is_null(kind):
+        return np.array([]), [], np.ones(len(column), dtype=bool)
+    if pa.types.is_boolean(kind):
+        column = pc.if_else(column, pa.scalar("true"), pa.scalar("false"))
+    elif not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        column = pc.cast(column, pa.string())
+    text = pc.utf8_trim_whitespace(column)
+    missing = np.asarray(
+        pc.or_(
+            pc.is_null(text), pc.fill_null(pc.is_in(text, pa.array(list(DEFAULT_MISSING_VALUES))), False)
+        ).to_numpy(zero_copy_only=False),
+        dtype=bool,
+    )
+    is_number = (
+        np.asarray(
+            pc.fill_null(pc.match_substring_regex(text, _NUMBER_RE), False).to_numpy(zero_copy_only=False),
+            dtype=bool,
+        )
+        & ~missing
+    )
+    values = text.to_pylist()
+    numbers = np.array([float(values[i]) for i in np.flatnonzero(is_number)], dtype=np.float64)
+    words = [None if (missing[i] or is_number[i]) else values[i] for i in range(len(values))]
+    return numbers[np.isfinite(numbers)], words, missing
+
+
+def _value_counts(numbers: np.ndarray, words: list[str | None]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for v in numbers.tolist():
+        key = str(int(v)) if float(v).is_integer() and abs(v) < 2**53 else repr(float(v))
+        counts[key] = counts.get(key, 0) + 1
+    for w in words:
+        if w is not None:
+            counts[w] = counts.get(w, 0) + 1
+    return counts
+
+
+def _sorted_levels(levels: Sequence[str]) -> tuple[str, ...]:
+    def key(v: str) -> tuple[int, float, str]:
+        try:
+            return (0, float(v), v)
+        except ValueError:
+            return (1, 0.0, v)
+
+    return tuple(sorted(levels, key=key))
+
+
+def _boolean(levels: Sequence[str]) -> bool:
+    low = {v.lower() for v in levels}
+    return 1 <= len(low) <= 2 and (low <= set(BOOLEAN_TRUE + BOOLEAN_FALSE)) and not low <= {"0", "1"}
+
+
+def _text_column(name: str, levels: tuple[str, ...], missing: str) -> ColumnSpec:
+    if _boolean(levels):
+        return ColumnSpec(name, "boolean", missing=missing)  # type: ignore[arg-type]
+    encoding = "embedding" if len(levels) > EMBED_ABOVE else "onehot"
+    return ColumnSpec(name, "categorical", levels=levels, missing=missing, encoding=encoding)  # type: ignore[arg-type]
+
+
+# -- draft --------------------------------------------------------------------------------------
+
+
+def _draft_column(
+    name: str, column: pa.ChunkedArray, is_target: bool, max_levels: int
+) -> tuple[ColumnSpec, str]:
+    numbers, words, missing = _cells(column)
+    n_missing = int(missing.sum())
+    policy = "indicator" if n_missing else "error"
+    seen = f"{n_missing} missing" if n_missing else "no missing value"
+    n_words = sum(w is not None for w in words)
+    if is_target:
+        classes = _sorted_levels(list(_value_counts(numbers, words)))
+        return ColumnSpec(name, "categorical", "target", levels=classes, unknown="error"), (
+            f"target: {len(classes)} classes seen ({seen})"
+        )
+    if numbers.size and n_words == 0:
+        lo, hi = float(numbers.min()), float(numbers.max())
+        if not lo < hi:
+            hi = lo + 1.0
+        spec = ColumnSpec(name, "numeric", bounds=(lo, hi), missing=policy)  # type: ignore[arg-type]
+        return spec, f"numeric: seen min {lo:g}, max {float(numbers.max()):g} ({seen})"
+    counts = _value_counts(numbers, words)
+    if not counts:
+        return ColumnSpec(name, "ignored"), "every value is missing"
+    if len(counts) <= max_levels:
+        levels = _sorted_levels(list(counts))
+        return _text_column(name, levels, policy), f"{len(levels)} distinct values seen ({seen})"
+    mean_len = float(np.mean([len(k) for k in counts]))
+    if mean_len >= TEXT_MEAN_LENGTH:
+        return ColumnSpec(
+            name, "text"
+        ), f"{len(counts)} distinct values, mean length {mean_len:.0f}: free text?"
+    return ColumnSpec(name, "ignored"), (
+        f"{len(counts)} distinct values: an identifier? (declare it categorical with public levels to use it)"
+    )
+
+
+# -- DP release ---------------------------------------------------------------------------------
+
+
+def _infer_dp(
+    source: TableSource,
+    names: list[str],
+    read: list[str],
+    target: str,
+    epsilon: float,
+    delta: float,
+    ignore: Sequence[str],
+    max_levels: int,
+    rng: RandomSource | None,
+) -> InferResult:
+    from veil.mechanisms.rng import make_source
+    from veil.tables.release import dp_bounds, noisy_kind_counts, scale_for, thresholded_levels
+
+    if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
+        raise InvalidParameterError(
+            "epsilon", epsilon, "the release needs a finite budget ε > 0", "pass ε > 0"
+        )
+    if not (0 < delta < 1):
+        raise InvalidParameterError("delta", delta, "the thresholds' δ must lie in (0, 1)", "pass e.g. 1e-7")
+    rng = rng or make_source(True)
+    table = _read(source, read)
+    k = len(read)
+    eps_col, delta_col = epsilon / k, delta / k
+    kind_scale = scale_for(eps_col / 4, rng.secure)
+    events: list[PrivacyEvent] = []
+    columns: list[ColumnSpec] = []
+    notes: dict[str, str] = {}
+    for name in names:
+        if name in ignore:
+            columns.append(ColumnSpec(name, "ignored"))
+            continue
+        numbers, words, missing = _cells(table.column(name))
+        if name == target:
+            release = thresholded_levels(_value_counts(numbers, words), eps_col, delta_col, rng, max_levels)
+            events.append(release.event)
+            columns.append(ColumnSpec(name, "categorical", "target", levels=_sorted_levels(release.levels)))
+            notes[name] = f"target: classes released by a thresholded noisy histogram (ε = {eps_col:.4g})"
+            continue
+        n_words = sum(w is not None for w in words)
+        noisy, event = noisy_kind_counts(numbers.size, n_words, int(missing.sum()), kind_scale, rng)
+        events.append(event)
+        rest = eps_col * 3 / 4
+        if noisy[0] >= noisy[1]:
+            bounds = dp_bounds(numbers, rest, rng)
+            events.append(bounds.event)
+            columns.append(ColumnSpec(name, "numeric", bounds=(bounds.low, bounds.high)))
+            notes[name] = f"numeric: bounds by DP binary search on a grid of round numbers (ε = {rest:.4g})"
+            continue
+        release = thresholded_levels(_value_counts(np.array([]), words), rest, delta_col, rng, max_levels)
+        events.append(release.event)
+        if not release.levels:
+            columns.append(ColumnSpec(name, "ignored"))
+            notes[name] = "text: no value frequent enough to be released; ignored"
+            continue
+        columns.append(_text_column(name, _sorted_levels(release.levels), "indicator"))
+        notes[name] = f"text: levels released by a thresholded noisy histogram (ε = {rest:.4g})"
+    target_spec = next(c for c in columns if c.role == "target")
+    if len(target_spec.levels) < 2:
+        raise DataError(
+            "target",
+            target,
+            f"the DP release found {len(target_spec.levels)} class(es) frequent enough to publish "
+            f"(the budget ε = {epsilon:g} was spent)",
+            "declare the public list of classes by hand in a reviewed schema, or use more data",
+        )
+    composed = Composed(events)
+    spent = _pure_epsilon(composed)
+    dp = {
+        "epsilon": spent,
+        "delta": delta,
+        "neighbouring": "add_or_remove_one",
+        "mechanisms": "noisy kind counts, DP binary-search bounds, thresholded noisy histograms (Laplace)",
+        "randomness": "secure" if rng.secure else "seeded",
+        "events": json.dumps(composed.to_dict(), sort_keys=True),
+    }
+    schema = TableSchema(tuple(columns), reviewed="dp", dp=dp)
+    header = [
+        f"Released by `veil schema infer --epsilon {epsilon:g}` from {source.describe()}.",
+        f"DP: pure ε = {spent:.6g} plus δ = {delta:g} (thresholds), add/remove one row; see [dp].",
+        "Usable as it is. Editing it with public knowledge keeps the guarantee; adding facts read from",
+        "the data does not (then it is a draft again: set reviewed = false).",
+    ]
+    return InferResult(schema, header, notes, composed, spent, delta)
+
+
+def _pure_epsilon(event: PrivacyEvent) -> float:
+    if isinstance(event, Laplace):
+        return event.pure_epsilon
+    if isinstance(event, SelfComposed):
+        return event.count * _pure_epsilon(event.event)
+    if isinstance(event, Composed):
+        return math.fsum(_pure_epsilon(e) for e in event.events)
+    raise TypeError(type(event).__name__)
+
+
+def describe(result: InferResult) -> dict[str, Any]:
+    """A summary for the CLI: what was written and at what cost."""
+    kinds: dict[str, int] = {}
+    for c in result.schema.columns:
+        key = "target" if c.role == "target" else c.type
+        kinds[key] = kinds.get(key, 0) + 1
+    return {
+        "reviewed": result.schema.reviewed,
+        "columns": len(result.schema.columns),
+        **{f"{k} columns": v for k, v in kinds.items()},
+        "epsilon": result.epsilon if result.event is not None else "not private (a draft to review)",
+        "delta": result.delta if result.event is not None else "-",
+    }

@@ -1,0 +1,113 @@
+"""SQL sources on a real PostgreSQL server (started by the test session, stopped at its end)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pa = pytest.importorskip("pyarrow")
+sqlalchemy = pytest.importorskip("sqlalchemy")
+pytest.importorskip("psycopg")
+
+from tables_support import PostgresServer, gbsg2, postgres_bin  # noqa: E402
+from test_tables_sources import GBSG2_SCHEMA, load_into_sql  # noqa: E402
+from veil.cli.main import main  # noqa: E402
+from veil.tables import load_table  # noqa: E402
+from veil.tables.schema import parse_schema  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    bindir = postgres_bin()
+    if bindir is None:
+        pytest.skip("PostgreSQL server binaries are not installed (make test installs Debian's postgresql)")
+    server = PostgresServer(bindir).start()
+    try:
+        import pyarrow.csv as pcsv
+
+        engine = sqlalchemy.create_engine(server.url())
+        load_into_sql(engine, "gbsg2", pcsv.read_csv(gbsg2()))
+        engine.dispose()
+        yield server
+    finally:
+        server.stop()
+
+
+def _schema():
+    import tomllib
+
+    return parse_schema(tomllib.loads(GBSG2_SCHEMA))
+
+
+def test_postgres_table_and_query_encode_like_the_csv(postgres: PostgresServer) -> None:
+    schema = _schema()
+    csv = load_table(f"csv:{gbsg2()}", schema)
+    for kwargs in ({"table": "gbsg2"}, {"query": "SELECT * FROM gbsg2"}):
+        got = load_table(f"sql:{postgres.url()}", schema, **kwargs)
+        np.testing.assert_array_equal(got.x, csv.x)
+        np.testing.assert_array_equal(got.y, csv.y)
+
+
+def test_schema_infer_from_postgres(postgres: PostgresServer, capsys, tmp_path: Path) -> None:
+    out = tmp_path / "s.toml"
+    code = main(["schema", "infer", f"sql:{postgres.url()}", "--table", "gbsg2", "--target", "cens",
+                 "--ignore", "time", "--out", str(out), "--json"])  # fmt: skip
+    _, err = capsys.readouterr()
+    assert code == 0, err
+    assert 'levels = ["I", "II", "III"]' in out.read_text()
+
+
+@pytest.mark.parametrize(
+    ("url", "extra", "match"),
+    [
+        ("wrong-password", ["--table", "gbsg2"], "refused the user name or password"),
+        ("unreachable", ["--table", "gbsg2"], "cannot be reached"),
+        ("ok", ["--table", "no_such_table"], "no such table"),
+        ("ok", ["--query", "SELECT * FROM gbsg2 WHERE age < 0"], "returned no rows"),
+        ("ok", ["--query", "SELECT * FROM no_such_table"], "refused it"),
+    ],
+)
+def test_bad_postgres_input_is_one_line_exit_2_nothing_written(
+    postgres: PostgresServer, capsys, tmp_path: Path, url: str, extra: list[str], match: str
+) -> None:
+    if url == "wrong-password":
+        spec = f"sql:{postgres.url(password='not-the-password')}"
+    elif url == "unreachable":
+        from tables_support import _free_port
+
+        spec = f"sql:{postgres.url()}".replace(f":{postgres.port}/", f":{_free_port()}/")
+    else:
+        spec = f"sql:{postgres.url()}"
+    out = tmp_path / "s.toml"
+    code = main(["schema", "infer", spec, *extra, "--target", "cens", "--out", str(out)])
+    _, err = capsys.readouterr()
+    assert code == 2 and match in err and err.count("\n") == 1 and "Traceback" not in err, err
+    assert "veil-test-pw" not in err and "not-the-password" not in err  # passwords are never printed
+    assert not out.exists()
+
+
+def test_train_from_postgres_with_the_password_outside_the_url(
+    postgres: PostgresServer, capsys, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run folder records the dataset URL, so the password travels through PGPASSWORD instead."""
+    import json
+
+    import tomllib
+
+    from tables_support import PG_PASSWORD
+
+    schema = tmp_path / "s.toml"
+    schema.write_text(GBSG2_SCHEMA)
+    monkeypatch.setenv("PGPASSWORD", PG_PASSWORD)
+    url = postgres.url().replace(f":{PG_PASSWORD}@", "@")
+    run = tmp_path / "run"
+    code = main(["train", "--dataset", f"sql:{url}", "--table", "gbsg2", "--schema", str(schema),
+                 "--epochs", "2", "--no-baseline", "--json", "--out", str(run)])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert json.loads(out)["dataset"]["n_train"] + json.loads(out)["dataset"]["n_test"] == 686
+    assert PG_PASSWORD not in "".join(p.read_text(errors="ignore") for p in run.rglob("*") if p.is_file())
+    assert tomllib.loads((run / "config.toml").read_text())["table"] == "gbsg2"

@@ -1,0 +1,119 @@
+"""DP release of a schema: the mechanisms' guarantees, checked against closed forms and seeded statistics."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+from veil.accounting.events import Composed, Laplace, SelfComposed, event_from_json  # noqa: E402
+from veil.accounting.pld import PLDAccountant  # noqa: E402
+from veil.mechanisms.laplace import laplace_mechanism  # noqa: E402
+from veil.mechanisms.rng import make_source  # noqa: E402
+from veil.tables.infer import infer_schema  # noqa: E402
+from veil.tables.release import (  # noqa: E402
+    bound_grid,
+    dp_bounds,
+    release_event,
+    scale_for,
+    search_steps,
+    threshold_for,
+    thresholded_levels,
+)
+from veil.tables.sources import TableSource  # noqa: E402
+
+
+@pytest.mark.parametrize("epsilon", [1e-3, 0.05, 1.0, 7.0])
+@pytest.mark.parametrize("secure", [False, True])
+def test_scale_for_never_charges_more_than_asked(epsilon: float, secure: bool) -> None:
+    b = scale_for(epsilon, secure)
+    assert release_event(b, secure).pure_epsilon <= epsilon
+    assert release_event(b, secure).pure_epsilon > epsilon * (1 - 1e-9)  # and not wastefully less
+
+
+@pytest.mark.parametrize("coordinates", [1, 2, 3, 17, 1000])
+@pytest.mark.parametrize("scale", [0.37, 1.5 * 2**20, 240.0])
+def test_the_charged_event_dominates_the_secure_mechanism_for_any_width(
+    coordinates: int, scale: float
+) -> None:
+    """The event is fixed before the data is seen; it must dominate the lattice correction for every d."""
+    result = laplace_mechanism(np.zeros(coordinates), sensitivity=1.0, scale=scale, rng=make_source(True))
+    assert isinstance(result.event, Laplace)
+    assert result.event.sensitivity <= release_event(scale, True).sensitivity
+
+
+def test_a_value_held_by_one_row_is_released_with_probability_delta() -> None:
+    """Closed form: P[1 + Lap(b) > τ] = ½·exp(−(τ−1)/b) = δ. Binomial test, false-failure rate ≈ 1e-6."""
+    rng = make_source(False, 1234)
+    epsilon, delta, trials = 1.0, 0.05, 4000
+    hits = 0
+    for _ in range(trials):
+        hits += "rare" in thresholded_levels({"rare": 1, "common": 500}, epsilon, delta, rng, 10).levels
+    low, high = stats.binom.ppf([5e-7, 1 - 5e-7], trials, delta)
+    assert low <= hits <= high, hits
+    tau = threshold_for(1 / epsilon, delta)
+    assert math.isclose(0.5 * math.exp(-(tau - 1) * epsilon), delta)
+
+
+def test_frequent_values_are_released_and_capped_by_noisy_count() -> None:
+    rng = make_source(False, 7)
+    counts = {"a": 5000, "b": 3000, "c": 1000, "rare": 1}
+    release = thresholded_levels(counts, 1.0, 1e-6, rng, max_levels=2)
+    assert release.levels == ("a", "b")
+    assert isinstance(release.event, Laplace) and release.event.pure_epsilon <= 1.0
+
+
+def test_dp_bounds_bracket_the_bulk_and_charge_2s_comparisons() -> None:
+    """Seeded: with n = 10⁵ the comparison noise (scale 18/ε rows) is far below p·n = 1000 rows."""
+    rng = make_source(False, 3)
+    values = np.random.default_rng(0).normal(50, 10, 100_000)
+    release = dp_bounds(values, 1.0, rng)
+    q_lo, q_hi = np.quantile(values, [0.01, 0.99])
+    grid = bound_grid()
+    assert release.low <= q_lo and release.low >= grid[np.searchsorted(grid, q_lo) - 2]
+    assert release.high >= q_hi and release.high <= grid[np.searchsorted(grid, q_hi) + 1]
+    event = release.event
+    assert isinstance(event, SelfComposed) and event.count == 2 * search_steps(len(grid))
+    assert isinstance(event.event, Laplace) and event.count * event.event.pure_epsilon <= 1.0
+
+
+def test_dp_bounds_are_an_interval_even_for_a_constant_column() -> None:
+    release = dp_bounds(np.full(1000, 3.0), 0.5, make_source(False, 0))
+    assert release.low < release.high
+
+
+def _mixed_parquet(path: Path, n: int = 20_000) -> None:
+    g = np.random.default_rng(1)
+    colour = g.choice(["red", "green", "blue"], n, p=[0.5, 0.3, 0.2]).astype(object)
+    colour[0] = "ultraviolet"  # held by one row only: must not be released
+    income = g.lognormal(10, 0.5, n)
+    label = g.choice(["no", "yes"], n)
+    pq.write_table(pa.table({"colour": colour, "income": income, "id": np.arange(n), "label": label}), path)
+
+
+def test_dp_infer_releases_public_levels_not_rare_ones_and_accounts_every_release(tmp_path: Path) -> None:
+    path = tmp_path / "t.parquet"
+    _mixed_parquet(path)
+    result = infer_schema(
+        TableSource("parquet", str(path)), target="label", epsilon=2.0, ignore=["id"], rng=make_source(True)
+    )
+    schema = result.schema
+    assert schema.reviewed == "dp" and schema.column("id").type == "ignored"
+    assert schema.column("colour").levels == ("blue", "green", "red")
+    assert schema.column("label").levels == ("no", "yes")
+    low, high = schema.column("income").bounds or (0, 0)
+    assert 0 < low < 10_000 and 60_000 < high < 200_000
+    # Every release is an event; the composed pure ε is within the budget, and so is PLD's ε at the δ.
+    events = event_from_json(schema.dp["events"])
+    assert isinstance(events, Composed) and events == result.event
+    assert len(events.events) == 1 + 2 * 2  # target histogram; per feature: kind counts + bounds/histogram
+    assert result.epsilon <= 2.0
+    accountant = PLDAccountant()
+    accountant.compose(events)
+    assert accountant.epsilon(1e-9) <= 2.0
