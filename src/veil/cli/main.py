@@ -16,7 +16,7 @@ import typer
 from veil.errors import VeilError
 
 # Subcommand modules, in help order. A module missing here is simply not offered.
-SUBCOMMANDS = ("train", "epsilon", "calibrate", "pate", "audit", "schema", "predict", "env")
+SUBCOMMANDS = ("train", "epsilon", "calibrate", "pate", "audit", "schema", "predict", "synth", "env")
 
 EXIT_BAD_INPUT = 2
 
