@@ -31,8 +31,9 @@ def decode(codes: np.ndarray, domain: Domain, rng: RandomSource) -> dict[str, li
             assert a.bounds is not None
             lo, hi = a.bounds
             width = (hi - lo) / a.bins
-            values = lo + (np.minimum(col, a.bins - 1) + rng.uniform(col.size)) * width
-            values = np.minimum(values, hi)
+            # Inside the bin, away from its edges, so that re-reading the table gives the same bin.
+            inside = 0.001 + 0.998 * rng.uniform(col.size)
+            values = lo + (np.minimum(col, a.bins - 1) + inside) * width
             out[a.name] = [None if c >= a.bins else float(f"{v:.6g}") for c, v in zip(col, values, strict=True)]
         else:
             labels = [None if lab == MISSING else lab for lab in a.labels]
@@ -56,9 +57,10 @@ def _parquet(columns: dict[str, list[Any]], domain: Domain) -> bytes | None:
         import pyarrow.parquet as pq
     except ModuleNotFoundError:
         return None
+    numeric = {a.name for a in domain.attributes if a.kind == "numeric"}
     arrays = {
-        a.name: pa.array(columns[a.name], pa.float64() if a.kind == "numeric" else pa.string())
-        for a in domain.attributes
+        name: pa.array(values, pa.float64() if name in numeric else pa.string())
+        for name, values in columns.items()
     }
     sink = io.BytesIO()
     pq.write_table(pa.table(arrays), sink)
@@ -66,8 +68,13 @@ def _parquet(columns: dict[str, list[Any]], domain: Domain) -> bytes | None:
 
 
 def table_files(codes: np.ndarray, domain: Domain, schema: TableSchema, rng: RandomSource) -> dict[str, Any]:
-    """``synthetic.csv`` (missing cells written as the schema's first missing token) and Parquet."""
-    columns = decode(codes, domain, rng)
+    """``synthetic.csv`` (missing cells written as the schema's first missing token) and Parquet.
+
+    Every column of the schema is written, in its order, so the same schema reads the table back;
+    text and ignored columns (never read into the model) are left empty."""
+    decoded = decode(codes, domain, rng)
+    empty = [None] * codes.shape[0]
+    columns = {c.name: decoded.get(c.name, empty) for c in schema.columns}
     missing = "" if "" in schema.missing_values or not schema.missing_values else schema.missing_values[0]
     files: dict[str, Any] = {"synthetic.csv": _csv(columns, missing)}
     parquet = _parquet(columns, domain)
