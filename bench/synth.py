@@ -65,7 +65,7 @@ def table_path(key: str) -> Path:
     package, parts, _, _ = TABLES[key]
     spec = importlib.util.find_spec(package)  # locates the package without importing it
     assert spec is not None and spec.submodule_search_locations, f"{package} is not installed"
-    return Path(list(spec.submodule_search_locations)[0]).joinpath(*parts)
+    return Path(next(iter(spec.submodule_search_locations))).joinpath(*parts)
 
 
 def split_csv(path: Path, folder: Path, seed: int) -> tuple[Path, Path]:
@@ -142,7 +142,9 @@ def run_snsynth(python: str, codes: np.ndarray, mech: str, eps: float, delta: fl
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--table", default="german", choices=sorted(TABLES))
     parser.add_argument("--epsilons", default="1,3")
     parser.add_argument("--delta", type=float, default=1e-6)
@@ -169,14 +171,18 @@ def main(argv: list[str] | None = None) -> int:
             results.append({**base, "who": "real (train-on-real)", "tstr": tstr(real, test, sizes, target)})
             for eps in (float(e) for e in args.epsilons.split(",")):
                 for mech in args.mechanisms.split(","):
-                    syn, sec = run_veil(train_csv, schema, mech, eps, args.delta, len(real), seed, folder, args.bins)
+                    syn, sec = run_veil(
+                        train_csv, schema, mech, eps, args.delta, len(real), seed, folder, args.bins
+                    )
                     results.append({**base, "who": f"veil {mech}", "eps": eps, "seconds": sec,
                                     **scores(real, syn, test, sizes, target)})  # fmt: skip
                     print(json.dumps(results[-1]), file=sys.stderr, flush=True)
                     if args.no_smartnoise:
                         continue
                     try:
-                        syn, sec = run_snsynth(args.snsynth_python, real, mech, eps, args.delta, len(real), folder)
+                        syn, sec = run_snsynth(
+                            args.snsynth_python, real, mech, eps, args.delta, len(real), folder
+                        )
                         row = {**base, "who": f"smartnoise {mech}", "eps": eps, "seconds": sec,
                                **scores(real, syn, test, sizes, target)}  # fmt: skip
                     except (RuntimeError, OSError) as exc:
@@ -205,11 +211,14 @@ def summary(results: list[dict], args: argparse.Namespace, load_before: tuple[fl
         if not ok:
             rows.append([who, f"{eps:g}", "failed: " + rs[0]["error"], "", "", "", ""])
             continue
-        rows.append([who, f"{eps:g}", *(f"{np.mean([r[f'tv{k}'] for r in ok]):.4f}" for k in (1, 2, 3)),
-                     f"{np.mean([r['tstr'] for r in ok]):.3f}", f"{np.mean([r['seconds'] for r in ok]):.1f}"])  # fmt: skip
+        tv = [f"{np.mean([r[f'tv{k}'] for r in ok]):.4f}" for k in (1, 2, 3)]
+        acc = f"{np.mean([r['tstr'] for r in ok]):.3f}"
+        rows.append([who, f"{eps:g}", *tv, acc, f"{np.mean([r['seconds'] for r in ok]):.1f}"])
     head = ["synthesizer", "ε", "TV 1-way", "TV 2-way", "TV 3-way", "TSTR acc.", "fit s"]
-    note = (f"\n{args.table}, δ = {args.delta:g}, {len(seeds)} seed(s) (means), {args.bins} bins; load average "
-            f"before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f} (2 cores shared)")  # fmt: skip
+    note = (
+        f"\n{args.table}, δ = {args.delta:g}, {len(seeds)} seed(s) (means), {args.bins} bins; "
+        f"load average before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f} (2 cores shared)"
+    )
     return markdown_table(head, rows) + note
 
 

@@ -40,7 +40,10 @@ __all__ = [
     "DEFAULT_ORDERS",
     "RDPAccountant",
     "exponential_mechanism_rdp",
-    "rdp_to_delta", "rdp_to_epsilon", "subsampled_gaussian_rdp"]
+    "rdp_to_delta",
+    "rdp_to_epsilon",
+    "subsampled_gaussian_rdp",
+]
 
 # Dense at small orders (where large-σ, many-step runs are optimal), integer up to 63, then sparse.
 DEFAULT_ORDERS: tuple[float, ...] = (

@@ -36,9 +36,7 @@ def rho_for_epsilon(epsilon: float, delta: float) -> float:
     epsilon = check_epsilon(epsilon)
     delta = check_delta(delta)
     if epsilon == 0:
-        raise InvalidParameterError(
-            "epsilon", epsilon, "ε = 0 allows no release of the data", "pass ε > 0"
-        )
+        raise InvalidParameterError("epsilon", epsilon, "ε = 0 allows no release of the data", "pass ε > 0")
     lo, hi = 0.0, max(1.0, epsilon)
     while epsilon_of_rho(hi, delta) <= epsilon:
         lo, hi = hi, hi * 2

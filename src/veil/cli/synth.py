@@ -13,7 +13,9 @@ from veil.cli._output import emit
 def register(app: typer.Typer) -> None:
     @app.command("synth")
     def synth_command(
-        dataset: str = typer.Option(..., "--dataset", help="csv:PATH, parquet:PATH or sql:URL (with --table/--query)."),
+        dataset: str = typer.Option(
+            ..., "--dataset", help="csv:PATH, parquet:PATH or sql:URL (with --table/--query)."
+        ),
         schema: str = typer.Option(..., "--schema", help="The table's reviewed schema (TOML)."),
         epsilon: float = typer.Option(..., "--epsilon", help="Target ε of the whole run."),
         delta: float = typer.Option(..., "--delta", help="Target δ, well below 1/N."),
@@ -24,9 +26,13 @@ def register(app: typer.Typer) -> None:
         query: str = typer.Option(None, "--query", help="Query of a sql: source."),
         bins: int = typer.Option(16, "--bins", help="Bins of each numeric column's public bounds."),
         degree: int = typer.Option(3, "--degree", help="AIM's workload: all marginals of this many columns."),
-        max_cells: int = typer.Option(10_000_000, "--max-cells", help="Largest model, in cells (8 bytes each)."),
+        max_cells: int = typer.Option(
+            10_000_000, "--max-cells", help="Largest model, in cells (8 bytes each)."
+        ),
         iterations: int = typer.Option(1000, "--iterations", help="Mirror-descent steps of the final fit."),
-        secure_rng: bool = typer.Option(True, "--secure-rng/--no-secure-rng", help="Noise from the OS CSPRNG."),
+        secure_rng: bool = typer.Option(
+            True, "--secure-rng/--no-secure-rng", help="Noise from the OS CSPRNG."
+        ),
         seed: int = typer.Option(None, "--seed", help="Seed of a research run (--no-secure-rng only)."),
         json_output: bool = typer.Option(False, "--json", help="Print the report JSON on stdout."),
     ) -> None:

@@ -41,7 +41,10 @@ def exponential_mechanism(
     u = np.asarray(scores, dtype=np.float64)
     if u.ndim != 1 or u.size == 0 or not np.all(np.isfinite(u)):
         raise InvalidParameterError(
-            "scores", u.shape, "the exponential mechanism needs a finite score per candidate", "pass a 1-D array"
+            "scores",
+            u.shape,
+            "the exponential mechanism needs a finite score per candidate",
+            "pass a 1-D array",
         )
     event = ExponentialMechanism(epsilon)
     if not (isinstance(sensitivity, (int, float)) and math.isfinite(sensitivity) and sensitivity > 0):

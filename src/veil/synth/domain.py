@@ -91,7 +91,7 @@ def _attribute(c: ColumnSpec, bins: int) -> Attribute:
         labels = tuple(f"[{lo + i * width:.6g}, {lo + (i + 1) * width:.6g})" for i in range(bins))
         return Attribute(c.name, "numeric", labels + _extras(c, unknown=False), c.bounds, bins)
     if c.type == "boolean":
-        return Attribute(c.name, "boolean", ("false", "true") + _extras(c, unknown=True))
+        return Attribute(c.name, "boolean", ("false", "true", *_extras(c, unknown=True)))
     return Attribute(c.name, c.type, tuple(c.levels) + _extras(c, unknown=True))
 
 
@@ -99,12 +99,18 @@ def domain_from_schema(schema: TableSchema, bins: int) -> Domain:
     """The domain of every used column of ``schema`` (text and ignored columns are left out)."""
     if isinstance(bins, bool) or not isinstance(bins, int) or not 2 <= bins <= 1000:
         raise ConfigError(
-            "bins", bins, "numeric columns are modelled as bins of their public bounds", "pass 2 ≤ bins ≤ 1000"
+            "bins",
+            bins,
+            "numeric columns are modelled as bins of their public bounds",
+            "pass 2 ≤ bins ≤ 1000",
         )
     attrs = [_attribute(c, bins) for c in schema.columns if c.used]
     if not attrs:
         raise ConfigError(
-            "schema", "no used column", "there is nothing to synthesize", "declare at least one tabular column"
+            "schema",
+            "no used column",
+            "there is nothing to synthesize",
+            "declare at least one tabular column",
         )
     return Domain(tuple(attrs))
 

@@ -46,6 +46,7 @@ def _triangulate(n: int, cliques: Sequence[Clique], sizes: Sequence[int]) -> lis
     remaining = set(range(n))
     found: list[set[int]] = []
     while remaining:
+
         def cost(v: int) -> tuple[float, int]:
             nb = adj[v] & remaining
             return (math.prod(sizes[u] for u in nb | {v}), v)

@@ -46,8 +46,8 @@ class SynthFit:
 
     codes: np.ndarray
     spend: Spend
-    measured: list[tuple[Clique, float]] = field(default_factory=list)
-    """(clique, noise std per cell) of every measurement, in order."""
+    measured: list[tuple[Clique, float, int]] = field(default_factory=list)
+    """(clique, noise std per count, cells measured) of every measurement, in order."""
     model: GraphicalModel | None = None
     total: float = 0.0
 
@@ -81,7 +81,7 @@ def mst(
     csizes = comp.sizes
     measurements = [comp.measurement(i, m) for i, m in enumerate(one)]
     total = _total(measurements)
-    measured = [((i,), m.sigma) for i, m in enumerate(one)]
+    measured: list[tuple[Clique, float, int]] = [((i,), m.sigma, m.y.size) for i, m in enumerate(one)]
     if d > 1:
         eps = math.sqrt(8 * (rho / 3) / (d - 1))
         independent = estimate(csizes, measurements, total, iterations=50)
@@ -105,7 +105,7 @@ def mst(
         for p in chosen:
             m = measure(ccodes, csizes, p, sigma2, rng, spend, names)
             measurements.append(m)
-            measured.append((p, m.sigma))
+            measured.append((p, m.sigma, m.y.size))
         if progress:
             progress("fitting the model")
     model = estimate(csizes, measurements, total, iterations=iterations)
@@ -152,7 +152,9 @@ def aim(
     sigma = math.sqrt(rounds / (2 * alpha * rho))
     eps = math.sqrt(8 * (1 - alpha) * rho / rounds)
     measurements = [measure(codes, sizes, (i,), sigma, rng, spend, names) for i in range(d)]
-    measured = [((i,), m.sigma) for i, m in enumerate(measurements)]
+    measured: list[tuple[Clique, float, int]] = [
+        ((i,), m.sigma, m.y.size) for i, m in enumerate(measurements)
+    ]
     total = _total(measurements)
     model = estimate(sizes, measurements, total, iterations=round_iterations)
     candidates = _closure(workload)
@@ -169,7 +171,7 @@ def aim(
             terminate = True
         limit = max_cells * (rho - spend.remaining) / rho
         cliques = [m.attrs for m in measurements]
-        offered = [r for r in candidates if model_cells(d, cliques + [r], sizes) <= limit]
+        offered = [r for r in candidates if model_cells(d, [*cliques, r], sizes) <= limit]
         if not offered:
             offered = [m.attrs for m in measurements if len(m.attrs) == 1]
         scores = []
@@ -182,7 +184,7 @@ def aim(
         r = offered[select(scores, eps, sens, rng, spend, f"select marginal (round {t})")]
         m = measure(codes, sizes, r, sigma, rng, spend, names)
         measurements.append(m)
-        measured.append((r, m.sigma))
+        measured.append((r, m.sigma, m.y.size))
         before = model.marginal(r)
         model = estimate(sizes, measurements, total, iterations=round_iterations, warm=model)
         if progress:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from veil.mechanisms.rng import RandomSource
-from veil.synth.domain import MISSING, UNKNOWN_TEXT, Domain
+from veil.synth.domain import MISSING, Domain
 from veil.tables.schema import TableSchema
 
 __all__ = ["build_report", "decode", "render_report", "table_files"]
@@ -34,7 +34,9 @@ def decode(codes: np.ndarray, domain: Domain, rng: RandomSource) -> dict[str, li
             # Inside the bin, away from its edges, so that re-reading the table gives the same bin.
             inside = 0.001 + 0.998 * rng.uniform(col.size)
             values = lo + (np.minimum(col, a.bins - 1) + inside) * width
-            out[a.name] = [None if c >= a.bins else float(f"{v:.6g}") for c, v in zip(col, values, strict=True)]
+            out[a.name] = [
+                None if c >= a.bins else float(f"{v:.6g}") for c, v in zip(col, values, strict=True)
+            ]
         else:
             labels = [None if lab == MISSING else lab for lab in a.labels]
             out[a.name] = [labels[c] for c in col]
@@ -109,8 +111,7 @@ def build_report(
     sizes = domain.sizes
     total = fit.total
     marginals = []
-    for clique, std in fit.measured:
-        cells = math.prod(sizes[a] for a in clique)
+    for clique, std, cells in fit.measured:
         marginals.append(
             {
                 "columns": [names[a] for a in clique],
@@ -120,7 +121,9 @@ def build_report(
             }
         )
     secure = settings.secure_rng
-    randomness = "secure (OS CSPRNG)" if secure else f"seeded (research mode, not for release), seed {settings.seed}"
+    randomness = (
+        "secure (OS CSPRNG)" if secure else f"seeded (research mode, not for release), seed {settings.seed}"
+    )
     kinds = [e for _, e in fit.spend.events]
     guarantee = (
         f"({spent:.4g}, {settings.delta:g})-differential privacy for the synthetic table and this report's "
@@ -134,7 +137,7 @@ def build_report(
          "detail": f"composed ε = {spent:.6g} ≤ {settings.epsilon:g} at δ = {settings.delta:g}"},
         {"name": "δ below 1/N", "passed": True, "detail": "δ < 1/N checked before reading was finished"},
         {"name": "randomness", "passed": secure, "detail": randomness},
-        {"name": "ledger", "passed": True, "detail": "every event fsync'ed to ledger.jsonl as it was released"},
+        {"name": "ledger", "passed": True, "detail": "each event fsync'ed to ledger.jsonl on release"},
     ]  # fmt: skip
     limit = 500
     non_private = {
@@ -142,7 +145,7 @@ def build_report(
         "note": "computed from the real table without noise: NOT private, do not release",
         "rows": int(real.shape[0]),
         "mean_tv": {str(k): mean_tv(real, fit.codes, sizes, k, limit) for k in (1, 2, 3)},
-        "measured_tv": [marginal_tv(real, fit.codes, sizes, c) for c, _ in fit.measured],
+        "measured_tv": [marginal_tv(real, fit.codes, sizes, c) for c, _, _ in fit.measured],
     }
     files = {name: "the synthetic table" for name in table_names}
     files.update(
@@ -156,7 +159,9 @@ def build_report(
         "job": "synth",
         "veil_version": veil.__version__,
         "mechanism": settings.mechanism,
-        "dataset": settings.dataset.split("://")[-1] if settings.dataset.startswith("sql:") else settings.dataset,
+        "dataset": settings.dataset.split("://")[-1]
+        if settings.dataset.startswith("sql:")
+        else settings.dataset,
         "schema": str(settings.schema),
         "out_dir": str(out),
         "guarantee": guarantee,

@@ -141,15 +141,15 @@ class GraphicalModel:
         logp = self._eliminate(attrs)
         return self.total * np.exp(logp - logsumexp(logp))
 
+    def _union_size(self, v: int, factors: list[tuple[Clique, np.ndarray]]) -> int:
+        return math.prod(self.sizes[a] for a in {a for c, _ in factors if v in c for a in c})
+
     def _eliminate(self, keep: Clique) -> np.ndarray:
         factors = [(c, t) for c, t in zip(self.tree.cliques, self.theta, strict=True)]
         todo = {a for c in self.tree.cliques for a in c} - set(keep)
         while todo:
-            def size(v: int) -> int:
-                union = {a for c, _ in factors if v in c for a in c}
-                return math.prod(self.sizes[a] for a in union)
-
-            v = min(todo, key=size)
+            current = factors
+            v = min(todo, key=lambda u: self._union_size(u, current))
             todo.discard(v)
             hit = [(c, t) for c, t in factors if v in c]
             factors = [(c, t) for c, t in factors if v not in c]
@@ -214,7 +214,7 @@ def _fill(
     values = np.repeat(np.tile(np.arange(k), g), cell_counts.ravel())
     key = rng.uniform(rows)
     order = np.lexsort((key, group))
-    new_codes = np.unravel_index(values[: rows], [sizes[a] for a in new])
+    new_codes = np.unravel_index(values[:rows], [sizes[a] for a in new])
     for a, v in zip(new, new_codes, strict=True):
         out[order, a] = v
 

@@ -40,9 +40,7 @@ def check_domain(domain: Domain, settings: SynthSettings) -> None:
     d = len(sizes)
     if d < 2:
         return
-    pairs = sorted(
-        ((sizes[i] * sizes[j], i, j) for i in range(d) for j in range(i + 1, d)), reverse=True
-    )
+    pairs = sorted(((sizes[i] * sizes[j], i, j) for i in range(d) for j in range(i + 1, d)), reverse=True)
     big, i, j = pairs[0]
     tree = sum(p for p, _, _ in pairs[: d - 1]) + sum(sizes)
     if big > limit or (settings.mechanism == "mst" and tree > limit):
@@ -76,7 +74,9 @@ def read_codes(settings: SynthSettings, schema: Any, domain: Domain) -> np.ndarr
     assert isinstance(encoded, EncodedTable)
     if encoded.x.shape[0] >= 2**30:
         raise DataError(
-            "dataset", encoded.x.shape[0], "tables above 2^30 rows exceed the selection's float margin",
+            "dataset",
+            encoded.x.shape[0],
+            "tables above 2^30 rows exceed the selection's float margin",
             "sample the table first",
         )
     return codes_from_features(encoded.x, encoded.y, encoded.feature_names, schema, domain)
@@ -143,7 +143,9 @@ def run_synth(settings: SynthSettings) -> dict[str, Any]:
     return report
 
 
-def _fit(settings: SynthSettings, codes: np.ndarray, domain: Domain, rho: float, rng: Any, ledger: Any) -> Any:
+def _fit(
+    settings: SynthSettings, codes: np.ndarray, domain: Domain, rho: float, rng: Any, ledger: Any
+) -> Any:
     from veil.synth.mechanisms import aim, mst, workload_cliques
 
     def charge(label: str, event: Any) -> None:

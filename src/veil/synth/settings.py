@@ -43,7 +43,9 @@ class SynthSettings:
         for name in ("epsilon", "delta"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-                raise InvalidParameterError(name, v, f"{name} sets the guarantee and must be > 0", f"pass --{name}")
+                raise InvalidParameterError(
+                    name, v, f"{name} sets the guarantee and must be > 0", f"pass --{name}"
+                )
         if self.delta >= 1:
             raise InvalidParameterError("delta", self.delta, "δ is a probability below 1/N", "pass e.g. 1e-6")
         for name, low in (("rows", 1), ("iterations", 1), ("max_cells", 1), ("degree", 1)):

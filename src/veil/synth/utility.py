@@ -16,7 +16,9 @@ from veil.synth.pgm import marginal_counts
 __all__ = ["marginal_tv", "mean_tv"]
 
 
-def marginal_tv(real: np.ndarray, synthetic: np.ndarray, sizes: Sequence[int], attrs: tuple[int, ...]) -> float:
+def marginal_tv(
+    real: np.ndarray, synthetic: np.ndarray, sizes: Sequence[int], attrs: tuple[int, ...]
+) -> float:
     """½‖p_real − p_synthetic‖₁ of the marginal over ``attrs`` (each table normalised)."""
     a = marginal_counts(real, sizes, attrs).ravel()
     b = marginal_counts(synthetic, sizes, attrs).ravel()
