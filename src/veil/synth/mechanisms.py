@@ -59,6 +59,15 @@ def _total(one_way: Sequence[Measurement]) -> float:
     return max(1.0, sum(s * wi for (s, _), wi in zip(est, w, strict=True)) / sum(w))
 
 
+def _simplex(y: np.ndarray, total: float) -> np.ndarray:
+    """The closest (L2) non-negative vector summing to ``total``: the independent model's 1-way fit."""
+    u = np.sort(y)[::-1]
+    css = np.cumsum(u) - total
+    k = np.arange(1, y.size + 1)
+    rho = int(np.nonzero(u - css / k > 0)[0][-1])
+    return np.maximum(y - css[rho] / (rho + 1), 0.0)
+
+
 def mst(
     codes: np.ndarray,
     sizes: tuple[int, ...],
@@ -84,9 +93,12 @@ def mst(
     measured: list[tuple[Clique, float, int]] = [((i,), m.sigma, m.y.size) for i, m in enumerate(one)]
     if d > 1:
         eps = math.sqrt(8 * (rho / 3) / (d - 1))
-        independent = estimate(csizes, measurements, total, iterations=50)
+        one_way = [_simplex(m.y, total) for m in measurements]
         pairs = list(itertools.combinations(range(d), 2))
-        score = {p: l1(marginal_counts(ccodes, csizes, p), independent.marginal(p)) for p in pairs}
+        score = {
+            (i, j): l1(marginal_counts(ccodes, csizes, (i, j)), np.outer(one_way[i], one_way[j]) / total)
+            for i, j in pairs
+        }
         comp_of = list(range(d))
 
         def find(i: int) -> int:

@@ -87,7 +87,8 @@ class GraphicalModel:
         """Copy the potentials of a smaller model onto this one's cliques (AIM's rounds)."""
         for c_old, t_old in zip(other.tree.cliques, other.theta, strict=True):
             i = self.tree.containing(c_old)
-            assert i is not None
+            if i is None:  # a fill-in clique the new triangulation does not keep: start it from zero
+                continue
             self.theta[i] = self.theta[i] + _expand(t_old, c_old, self.tree.cliques[i], self.sizes)
         self._beliefs = None
 
