@@ -146,7 +146,10 @@ def test_synth_writes_a_private_table_and_a_report(
     encoded = load_table(f"csv:{out / 'synthetic.csv'}", load_schema(files["schema"]))
     assert encoded.x.shape[0] == 500  # type: ignore[attr-defined]
     html = (out / "report.html").read_text()
-    assert "Non-private" in html and "do not release" in html
+    assert "Non-private" in html and "do not release" in html and "<script" not in html
+    from test_report import SKELETON, _sections
+
+    assert _sections(html) == SKELETON  # the one page skeleton of every job
 
 
 def test_aim_spends_exactly_its_budget(files: dict[str, Path], tmp_path: Path) -> None:
