@@ -135,7 +135,7 @@ def build_report(
     checks = [
         {"name": "ε within target", "passed": spent <= settings.epsilon * (1 + 1e-9),
          "detail": f"composed ε = {spent:.6g} ≤ {settings.epsilon:g} at δ = {settings.delta:g}"},
-        {"name": "δ below 1/N", "passed": True, "detail": "δ < 1/N (N rows of the table) checked before any release"},
+        {"name": "δ below 1/N", "passed": True, "detail": "δ < 1/N checked before any release"},
         {"name": "randomness", "passed": secure, "detail": randomness},
         {"name": "ledger", "passed": True, "detail": "each event fsync'ed to ledger.jsonl on release"},
     ]  # fmt: skip
