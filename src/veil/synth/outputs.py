@@ -106,6 +106,7 @@ def build_report(
     """The report: guarantee, what was measured (private) and utility against the real data (internal)."""
     import veil
     from veil.synth.utility import marginal_tv, mean_tv
+    from veil.tables.sources import parse_source  # describe(): the password of a SQL URL hidden
 
     names = domain.names
     sizes = domain.sizes
@@ -159,9 +160,7 @@ def build_report(
         "job": "synth",
         "veil_version": veil.__version__,
         "mechanism": settings.mechanism,
-        "dataset": settings.dataset.split("://")[-1]
-        if settings.dataset.startswith("sql:")
-        else settings.dataset,
+        "dataset": parse_source(settings.dataset, table=settings.table, query=settings.query).describe(),
         "schema": str(settings.schema),
         "out_dir": str(out),
         "guarantee": guarantee,
