@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -89,6 +90,21 @@ def codes_of(csv: Path, schema_path: Path, bins: int) -> tuple[np.ndarray, list[
     domain = domain_from_schema(schema, bins)
     settings = SynthSettings(dataset=f"csv:{csv}", schema=str(schema_path), epsilon=1, delta=1e-9, rows=1)
     return read_codes(settings, schema, domain), domain.names, domain.sizes
+
+
+def strict_schema(path: Path, folder: Path) -> Path:
+    """The schema with ``unknown = "error"`` and ``missing = "error"`` on every tabular feature."""
+    from veil.tables.schema import load_schema, write_schema
+
+    schema = load_schema(path)
+    columns = []
+    for c in schema.columns:
+        if c.role == "feature" and c.type in ("categorical", "ordinal", "boolean", "numeric"):
+            c = replace(c, unknown="error", missing="error")
+        columns.append(c)
+    out = folder / "strict.toml"
+    write_schema(replace(schema, columns=tuple(columns)), out)
+    return out
 
 
 def tstr(train: np.ndarray, test: np.ndarray, sizes: tuple[int, ...], target: int) -> float:
@@ -154,6 +170,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--snsynth-python", default="/tmp/snsynth-venv/bin/python")
     parser.add_argument("--no-smartnoise", action="store_true")
     parser.add_argument("--no-veil", action="store_true", help="smartnoise-synth only")
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="declare in the schema that no value is missing or unknown (no such cells in the domain)",
+    )
     parser.add_argument("--json", default=None, help="Also write the raw results here.")
     args = parser.parse_args(argv)
 
@@ -163,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
+        if args.strict:
+            schema = strict_schema(schema, folder)
         for seed in (int(s) for s in args.seeds.split(",")):
             train_csv, test_csv = split_csv(table_path(args.table), folder, seed)
             real, names, sizes = codes_of(train_csv, schema, args.bins)
@@ -218,7 +241,8 @@ def summary(results: list[dict], args: argparse.Namespace, load_before: tuple[fl
         rows.append([who, f"{eps:g}", *tv, acc, f"{np.mean([r['seconds'] for r in ok]):.1f}"])
     head = ["synthesizer", "ε", "TV 1-way", "TV 2-way", "TV 3-way", "TSTR acc.", "fit s"]
     note = (
-        f"\n{args.table}, δ = {args.delta:g}, {len(seeds)} seed(s) (means), {args.bins} bins; "
+        f"\n{args.table}{' (strict schema)' if args.strict else ''}, δ = {args.delta:g}, {len(seeds)} "
+        f"seed(s) (means), {args.bins} bins; "
         f"load average before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f} (2 cores shared)"
     )
     return markdown_table(head, rows) + note
