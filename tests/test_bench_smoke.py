@@ -46,3 +46,14 @@ def test_utility_bench_takes_config_overrides(
     assert "| logreg |" in row and "6 × q=" in row  # one epoch of logistic regression, as set
     with pytest.raises(SystemExit):
         bench.main([*args, "--set", "no-equals-sign"])
+
+
+def test_synth_bench_runs_veil_alone(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("pyarrow")
+    bench = _load("synth", monkeypatch)
+    args = ["--epsilons", "3", "--seeds", "0", "--mechanisms", "mst", "--bins", "4", "--no-smartnoise"]
+    assert bench.main(args) == 0
+    out = capsys.readouterr().out
+    assert "| veil mst | 3 |" in out and "| train on real |" in out

@@ -34,6 +34,7 @@ from veil.errors import InvalidParameterError
 
 __all__ = [
     "Composed",
+    "ExponentialMechanism",
     "Gaussian",
     "Laplace",
     "Neighbouring",
@@ -154,6 +155,33 @@ class Laplace(PrivacyEvent):
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": self.kind, "scale": self.scale, "sensitivity": self.sensitivity}
+
+
+@dataclass(frozen=True)
+class ExponentialMechanism(PrivacyEvent):
+    """One selection by the exponential mechanism with parameter ``epsilon``.
+
+    The mechanism picks candidate ``i`` with probability ∝ ``exp(ε·u_i/(2Δ))``, where ``Δ`` bounds
+    how much any score ``u_i`` moves between neighbouring datasets (under the relation used). It is
+    ε-DP and, more usefully for composition, ε-*bounded range* (every output's log-probability moves
+    within an interval of width ε), hence ``ε²/8``-zCDP (Cesar & Rogers 2021, Lemma 3.2): Rényi
+    divergence ``≤ α·ε²/8`` at every order α, and never above the pure-DP bound ε.
+    """
+
+    epsilon: float
+    kind: ClassVar[str] = "exponential_mechanism"
+
+    def __post_init__(self) -> None:
+        _check_finite_positive("epsilon", self.epsilon, "pass the selection's ε > 0")
+        object.__setattr__(self, "epsilon", float(self.epsilon))
+
+    @property
+    def rho(self) -> float:
+        """The zCDP parameter ε²/8 of one selection (bounded range)."""
+        return self.epsilon**2 / 8
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.kind, "epsilon": self.epsilon}
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,9 @@ the conversion of Canonne, Kamath & Steinke (2020, Prop. 12) / Asoodeh et al. (2
 
 which is valid for every α > 1 and never looser than the classic ``rdp + log(1/δ)/(α − 1)``.
 
-Supported leaves: Gaussian (α/2σ²), Laplace (Mironov 2017, Prop. 6) and Poisson-sampled Gaussian
+Supported leaves: Gaussian (α/2σ²), Laplace (Mironov 2017, Prop. 6), the exponential mechanism
+(``min(α·ε²/8, ε)``: ε-bounded range is ε²/8-zCDP, Cesar & Rogers 2021; any ε-DP mechanism has Rényi
+divergence ≤ ε) and Poisson-sampled Gaussian
 (Mironov, Talwar & Zhang 2019: exact binomial expansion at integer α, a convergent series at
 fractional α). Poisson-sampled Laplace has no tight RDP bound here and is refused.
 """
@@ -23,6 +25,7 @@ import numpy as np
 
 from veil.accounting.events import (
     Composed,
+    ExponentialMechanism,
     Gaussian,
     Laplace,
     NonPrivate,
@@ -33,7 +36,14 @@ from veil.accounting.events import (
 )
 from veil.accounting.interface import PrivacyAccountant, check_delta, check_epsilon
 
-__all__ = ["DEFAULT_ORDERS", "RDPAccountant", "rdp_to_delta", "rdp_to_epsilon", "subsampled_gaussian_rdp"]
+__all__ = [
+    "DEFAULT_ORDERS",
+    "RDPAccountant",
+    "exponential_mechanism_rdp",
+    "rdp_to_delta",
+    "rdp_to_epsilon",
+    "subsampled_gaussian_rdp",
+]
 
 # Dense at small orders (where large-σ, many-step runs are optimal), integer up to 63, then sparse.
 DEFAULT_ORDERS: tuple[float, ...] = (
@@ -133,6 +143,15 @@ def laplace_rdp(scale_over_sensitivity: float, orders: Sequence[float]) -> np.nd
     return out
 
 
+def exponential_mechanism_rdp(epsilon: float, orders: Sequence[float]) -> np.ndarray:
+    """RDP of one ε exponential-mechanism selection: ``min(α·ε²/8, ε)`` at each order α.
+
+    ε-bounded range gives ε²/8-zCDP (Cesar & Rogers 2021); ε-DP gives D_α ≤ D_∞ ≤ ε.
+    """
+    a = np.asarray(orders, dtype=float)
+    return np.minimum(a * epsilon * epsilon / 8.0, epsilon)
+
+
 def rdp_to_epsilon(orders: Sequence[float], rdp: Sequence[float] | np.ndarray, delta: float) -> float:
     """Smallest ε over the orders for the given δ (tight conversion; never below 0)."""
     a = np.asarray(orders, dtype=float)
@@ -170,7 +189,7 @@ class RDPAccountant(PrivacyAccountant):
 
     def _supports_leaf(self, event: PrivacyEvent) -> bool:
         # Exact types: an unknown subclass may mean something else and is refused, not guessed.
-        if type(event) in (Gaussian, Laplace):
+        if type(event) in (Gaussian, Laplace, ExponentialMechanism):
             return True
         return type(event) is PoissonSampled and type(event.event) is Gaussian
 
@@ -190,6 +209,8 @@ class RDPAccountant(PrivacyAccountant):
             return np.asarray(self.orders) / (2 * event.noise_multiplier**2)
         if isinstance(event, Laplace):
             return laplace_rdp(event.noise_multiplier, self.orders)
+        if isinstance(event, ExponentialMechanism):
+            return exponential_mechanism_rdp(event.epsilon, self.orders)
         assert isinstance(event, PoissonSampled) and isinstance(event.event, Gaussian)
         return subsampled_gaussian_rdp(event.sampling_rate, event.event.noise_multiplier, self.orders)
 

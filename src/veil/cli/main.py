@@ -24,6 +24,9 @@ SUBCOMMANDS = (
     "audit",
     "schema",
     "predict",
+    "synth",
+    "tune",
+    "federated",
     "budget",
     "env",
 )

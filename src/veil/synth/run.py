@@ -1,0 +1,204 @@
+"""``veil synth``: a differentially private synthetic table from a table and its reviewed schema.
+
+Order of work (everything that can refuse runs before anything is written or charged):
+
+1. settings, schema (reviewed), public domain from the schema, size checks on the domain;
+2. the run folder must be new; the table is read and encoded (a column the schema does not declare
+   is refused by the reader); δ < 1/N; the 1-way noise must be below N;
+3. the ledger is created, then the mechanism runs, each event appended to the ledger (fsync'ed)
+   as it is released; the (ε, δ) is the RDP accountant's composition of the ledger's events and is
+   checked against the target before any output is written;
+4. outputs: ``synthetic.csv`` (and ``synthetic.parquet`` with pyarrow), ``report.json``,
+   ``report.html``, written atomically.
+
+Guarantee: (ε, δ)-DP for the synthetic table and the report's private sections, under add/remove-one
+row, for the columns the schema uses (text and ignored columns are neither read into the model nor
+written). The report's ``non_private`` section compares the synthetic table with the real one: it is
+computed from the private data without noise and is internal.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from veil.errors import DataError, InvalidParameterError
+from veil.synth.domain import Domain, codes_from_features, domain_from_schema
+from veil.synth.settings import SynthSettings
+
+__all__ = ["check_domain", "read_codes", "run_synth"]
+
+
+def check_domain(domain: Domain, settings: SynthSettings) -> None:
+    """Refuse a domain whose model cannot fit in ``max_cells`` (sizes are public: the schema's)."""
+    sizes = domain.sizes
+    limit = settings.max_cells
+    d = len(sizes)
+    if d < 2:
+        return
+    pairs = sorted(((sizes[i] * sizes[j], i, j) for i in range(d) for j in range(i + 1, d)), reverse=True)
+    big, i, j = pairs[0]
+    tree = sum(p for p, _, _ in pairs[: d - 1]) + sum(sizes)
+    if big > limit or (settings.mechanism == "mst" and tree > limit):
+        names = domain.names
+        what = (
+            f"the 2-way marginal {names[i]} × {names[j]} has {big:,} cells"
+            if big > limit
+            else f"a spanning tree of 2-way marginals may hold {tree:,} cells"
+        )
+        raise DataError(
+            "domain",
+            f"{domain.cells:.3g} cells",
+            f"{what}, over the model limit of {limit:,} cells; it cannot be measured and modelled",
+            "use fewer --bins, merge levels or mark wide columns type = 'ignored' in the schema, "
+            "or raise --max-cells",
+        )
+
+
+def read_codes(settings: SynthSettings, schema: Any, domain: Domain) -> np.ndarray:
+    """The table as integer codes over ``domain`` (through the schema's encoder: per-row, public)."""
+    from veil.tables import load_table
+    from veil.tables.encoder import EncodedTable
+
+    encoded = load_table(
+        settings.dataset,
+        schema,
+        table=settings.table,
+        query=settings.query,
+        with_target=schema.target is not None,
+    )
+    assert isinstance(encoded, EncodedTable)
+    if encoded.x.shape[0] >= 2**30:
+        raise DataError(
+            "dataset",
+            encoded.x.shape[0],
+            "tables above 2^30 rows exceed the selection's float margin",
+            "sample the table first",
+        )
+    return codes_from_features(encoded.x, encoded.y, encoded.feature_names, schema, domain)
+
+
+def _check_noise(sigma1: float, n: int, settings: SynthSettings) -> None:
+    if sigma1 >= n:
+        raise InvalidParameterError(
+            "epsilon",
+            settings.epsilon,
+            f"the 1-way marginals would get noise of std {sigma1:.3g} per count, above the table's "
+            f"{n} rows, so not even one column's distribution could be measured",
+            "raise --epsilon (or --delta), or synthesize a larger table",
+        )
+
+
+def _first_sigma(settings: SynthSettings, d: int, rho: float) -> float:
+    if settings.mechanism == "mst":
+        return math.sqrt((3 if d > 1 else 1) * d / (2 * rho))
+    return math.sqrt(16 * d / (2 * 0.9 * rho))
+
+
+def run_synth(settings: SynthSettings) -> dict[str, Any]:
+    """Run ``veil synth``; returns the report (also written to ``out/report.json``)."""
+    from veil.accounting.ledger import Ledger
+    from veil.accounting.zcdp import rho_for_epsilon
+    from veil.mechanisms.rng import make_source
+    from veil.pipeline.data import check_delta
+    from veil.pipeline.run_folder import LEDGER, check_out, default_out
+    from veil.tables.schema import load_schema
+
+    start = time.perf_counter()
+    schema = load_schema(settings.schema)
+    schema.require_reviewed(settings.schema)
+    domain = domain_from_schema(schema, settings.bins)
+    check_domain(domain, settings)
+    out = Path(settings.out) if settings.out is not None else default_out(settings.dataset, "synth")
+    check_out(out)
+    rho = rho_for_epsilon(settings.epsilon, settings.delta)
+    codes = read_codes(settings, schema, domain)
+    n = codes.shape[0]
+    check_delta(settings.delta, n)
+    _check_noise(_first_sigma(settings, len(domain), rho), n, settings)
+    rng = make_source(settings.secure_rng, settings.seed)
+
+    out.mkdir(parents=True, exist_ok=True)
+    ledger = Ledger.create(
+        out / LEDGER,
+        {
+            "job": "synth",
+            "mechanism": settings.mechanism,
+            "epsilon": settings.epsilon,
+            "delta": settings.delta,
+            "rho": rho,
+            "accountant": "rdp",
+            "neighbouring": "add_or_remove_one",
+        },
+    )
+    try:
+        fit = _fit(settings, codes, domain, rho, rng, ledger)
+        report = _finish(settings, schema, domain, codes, fit, rho, rng, ledger, out, start)
+    finally:
+        ledger.close()
+    return report
+
+
+def _fit(
+    settings: SynthSettings, codes: np.ndarray, domain: Domain, rho: float, rng: Any, ledger: Any
+) -> Any:
+    from veil.synth.mechanisms import aim, mst, workload_cliques
+
+    def charge(label: str, event: Any) -> None:
+        ledger.append("event", label=label, event=event.to_dict())
+
+    progress = (lambda msg: print(f"veil synth: {msg}", flush=True)) if settings.progress else None
+    if settings.mechanism == "mst":
+        return mst(
+            codes, domain.sizes, rho, rng, domain.names, rows=settings.rows,
+            iterations=settings.iterations, progress=progress, on_event=charge,
+        )  # fmt: skip
+    return aim(
+        codes, domain.sizes, rho, rng, domain.names, rows=settings.rows,
+        workload=workload_cliques(len(domain), settings.degree), max_cells=settings.max_cells,
+        iterations=settings.iterations, progress=progress, on_event=charge,
+    )  # fmt: skip
+
+
+def _finish(
+    settings: SynthSettings,
+    schema: Any,
+    domain: Domain,
+    codes: np.ndarray,
+    fit: Any,
+    rho: float,
+    rng: Any,
+    ledger: Any,
+    out: Path,
+    start: float,
+) -> dict[str, Any]:
+    from veil.accounting.rdp import RDPAccountant
+    from veil.pipeline.run_folder import write_files
+    from veil.synth.outputs import build_report, render_report, table_files
+
+    accountant = RDPAccountant()
+    for event in ledger.events():
+        accountant.compose(event)
+    spent = accountant.epsilon(settings.delta)
+    if spent > settings.epsilon * (1 + 1e-9):  # pragma: no cover - the plan keeps ρ below budget
+        raise InvalidParameterError(
+            "epsilon", spent, "the composed events exceed the target; nothing is released", "report this bug"
+        )
+    fit_seconds = time.perf_counter() - start
+    files = table_files(fit.codes, domain, schema, rng)
+    report = build_report(settings, domain, codes, fit, rho, spent, fit_seconds, out, list(files))
+    write_files(out, {**files, "report.json": _json(report), "report.html": render_report(report)})
+    ledger.append("end", epsilon=spent, files=sorted([*files, "report.json", "report.html"]))
+    return report
+
+
+def _json(report: dict[str, Any]) -> str:
+    import json
+
+    from veil.pipeline.outputs import finite
+
+    return json.dumps(finite(report), indent=1, ensure_ascii=False) + "\n"
