@@ -16,7 +16,7 @@ import typer
 from veil.errors import VeilError
 
 # Subcommand modules, in help order. A module missing here is simply not offered.
-SUBCOMMANDS = ("train", "epsilon", "calibrate", "pate", "audit", "budget", "env")
+SUBCOMMANDS = ("train", "epsilon", "calibrate", "pate", "audit", "budget", "env", "tune")
 
 EXIT_BAD_INPUT = 2
 

@@ -26,7 +26,7 @@ from veil.errors import UnreachableTargetError
 __all__ = ["ORDERS", "BudgetSplit", "ShapePlan", "split_budget"]
 
 # Integer orders (exact, fast RDP of the sampled Gaussian) and a few large ones.
-ORDERS: tuple[float, ...] = tuple(float(a) for a in range(2, 65)) + (80.0, 96.0, 128.0, 192.0, 256.0)
+ORDERS: tuple[float, ...] = (*(float(a) for a in range(2, 65)), 80.0, 96.0, 128.0, 192.0, 256.0)
 SIGMA_MIN, SIGMA_MAX = 0.3, 500.0
 
 
@@ -60,7 +60,9 @@ class BudgetSplit:
 
     def trial_curve(self) -> np.ndarray:
         """The pointwise largest RDP curve over the shapes: one trial's bound."""
-        return np.max([trial_rdp(s.events(self.prefix, self.score_event), ORDERS) for s in self.shapes], axis=0)
+        return np.max(
+            [trial_rdp(s.events(self.prefix, self.score_event), ORDERS) for s in self.shapes], axis=0
+        )
 
     def trial_epsilon(self, events: Sequence[PrivacyEvent]) -> float:
         """ε at δ of one set of events alone (for the report's split, never the total)."""
@@ -117,7 +119,9 @@ def split_budget(
     level, best = target, None
     for _ in range(6):
         sigmas = [sigma_for(q, steps, level) for (_, _, q, steps) in shapes]
-        plans = tuple(ShapePlan(e, b, q, steps, s) for (e, b, q, steps), s in zip(shapes, sigmas, strict=True))
+        plans = tuple(
+            ShapePlan(e, b, q, steps, s) for (e, b, q, steps), s in zip(shapes, sigmas, strict=True)
+        )
         split = BudgetSplit(plans, count, score_event, tuple(prefix), delta, math.inf)
         # Each candidate answer checked on the events themselves.
         total = rdp_to_epsilon(ORDERS, tuning_rdp(ORDERS, split.trial_curve(), count), delta)
@@ -127,5 +131,7 @@ def split_budget(
             break
         level *= (target / total) * (0.998 if total > target else 1.0)
     if best is None:  # pragma: no cover - the level search converges in one or two rounds
-        raise UnreachableTargetError("epsilon", target, "no σ split fits the tuning budget", "report this as a bug")
+        raise UnreachableTargetError(
+            "epsilon", target, "no σ split fits the tuning budget", "report this as a bug"
+        )
     return best

@@ -42,7 +42,9 @@ def _validation_mask(n: int, fraction: float) -> np.ndarray:
     """A held-out share of the training split, drawn from the OS CSPRNG (independent of the data)."""
     if not (0 < fraction < 1):
         raise InvalidParameterError(
-            "validation_fraction", fraction, "the validation split must leave data to train on and score",
+            "validation_fraction",
+            fraction,
+            "the validation split must leave data to train on and score",
             "pass a share in (0, 1), e.g. 0.2",
         )
     n_val = max(1, round(fraction * n))
@@ -52,7 +54,11 @@ def _validation_mask(n: int, fraction: float) -> np.ndarray:
 
 
 def _plan(
-    base: dict[str, Any], space: SearchSpace, mask: np.ndarray, epsilon: float, count: TrialCount,
+    base: dict[str, Any],
+    space: SearchSpace,
+    mask: np.ndarray,
+    epsilon: float,
+    count: TrialCount,
     score_noise: float,
 ) -> BudgetSplit:
     """Every shape's (q, steps) on the reduced training split, the preprocessing events of every model
@@ -94,7 +100,13 @@ def tune(
     t0 = time.monotonic()
     space = space or SearchSpace()
     count = TrialCount(trials_mean, trials_law, trials_shape)  # type: ignore[arg-type]
-    base: dict[str, Any] = {"dataset": dataset, "delta": delta, "seed": seed, "secure_rng": True, **(extra or {})}
+    base: dict[str, Any] = {
+        "dataset": dataset,
+        "delta": delta,
+        "seed": seed,
+        "secure_rng": True,
+        **(extra or {}),
+    }
     make_config({**base, "epsilon": epsilon})  # typos and wrong types refused before anything else
     out_dir = Path(out if out is not None else default_out(dataset, job="tune"))
     check_out(out_dir)

@@ -56,12 +56,16 @@ def prepare_trial(cfg: TrainConfig, validation: np.ndarray | None) -> tuple[Prep
         return prepared, prepared.data.x_train[:0], prepared.data.y_train[:0]
     data = prepared.data
     x_val, y_val = data.x_train[validation], data.y_train[validation]
-    prepared.data = dataclasses.replace(data, x_train=data.x_train[~validation], y_train=data.y_train[~validation])
+    prepared.data = dataclasses.replace(
+        data, x_train=data.x_train[~validation], y_train=data.y_train[~validation]
+    )
     prepared.prep = plan_preprocessing(prepared.cfg, prepared.data)
     return prepared, x_val, y_val
 
 
-def trial_config(base: dict[str, Any], cand: Candidate, shape: ShapePlan, cap: float, out: Path) -> TrainConfig:
+def trial_config(
+    base: dict[str, Any], cand: Candidate, shape: ShapePlan, cap: float, out: Path
+) -> TrainConfig:
     """The train job's config for one trial: the candidate, the shape's σ, a per-trial cap that lets
     every planned step run (the tuning total is what limits the procedure), RDP accounting."""
     from veil.config import make_config
@@ -96,13 +100,17 @@ def run_trial(
     steps = plan_steps(cfg, prepared.data.n_train, prepared.pre_events)
     if (steps.q, steps.steps_planned, steps.sigma) != (shape.q, shape.steps, shape.sigma):
         raise BudgetExhaustedError(  # pragma: no cover - the plan and the trial size the data alike
-            "trial", cfg.batch_size, "the trial would not run the steps its budget share was planned for",
+            "trial",
+            cfg.batch_size,
+            "the trial would not run the steps its budget share was planned for",
             "report this as a bug",
         )
     allowed = allowed_steps(cfg, steps.sigma, steps.q, steps.steps_planned, prepared.pre_events)
     net = build_net(cfg, prepared.data, cfg.seed)
     plan = RunPlan(prepared, net, steps, allowed, out)
-    refuse_example_mixing(assemble(plan.prep, plan.data.input_shape, net), plan.data.x_train, plan.data.y_train)
+    refuse_example_mixing(
+        assemble(plan.prep, plan.data.input_shape, net), plan.data.x_train, plan.data.y_train
+    )
     out.mkdir(parents=True, exist_ok=False)
     with RunLock(out):
         ledger = Ledger.create(out / LEDGER, {**_header(plan), "job": "tune-trial"})
@@ -119,7 +127,7 @@ def run_trial(
             ledger.append("event", label="validation_score", event=event.to_dict())
             noisy = gaussian_mechanism(correct, sensitivity=1.0, std=score_noise, rng=make_source(True))
             assert noisy.event == event
-            ledger.append("score", noisy_correct=float(noisy.value), n_validation=int(len(y_val)))
+            ledger.append("score", noisy_correct=float(noisy.value), n_validation=len(y_val))
             events = ledger.events()
         finally:
             ledger.close()
