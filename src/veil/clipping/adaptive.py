@@ -1,0 +1,82 @@
+"""Adaptive clipping (Andrew, Thakkar, McMahan & Ramaswamy, NeurIPS 2021): the clip norm C follows
+a target quantile γ of the per-example gradient norms, learned from a noisy count.
+
+Each logical step, besides the noisy clipped sum, releases the noisy count of examples whose norm
+was within C, centred so that its add/remove-one sensitivity is 1/2::
+
+    b = (Σ_{i ∈ batch} (1[‖g_i‖ ≤ C] − 1/2) + N(0, σ_b²)) / B + 1/2,      C ← C · exp(−η (b − γ))
+
+with B the expected batch size (a constant, never the realised one), so b estimates the share of
+examples not clipped and C grows while fewer than γ are within it.
+
+Guarantee (add/remove-one, per step). The clipped sum (sensitivity C, noise σ_g·C) and the centred
+count (sensitivity 1/2, noise σ_b) are computed on the same Poisson sample; scaled by their noise
+they form one Gaussian mechanism of L2 sensitivity √(σ_g⁻² + (2σ_b)⁻²), so the step is exactly one
+Poisson-sampled Gaussian with multiplier σ = (σ_g⁻² + (2σ_b)⁻²)^(−1/2) (:func:`step_event`). A run
+planned for σ keeps its budget by drawing the gradient noise at σ_g = (σ⁻² − (2σ_b)⁻²)^(−1/2)
+(:func:`gradient_noise`): the count is paid for by slightly more gradient noise, and the ledger
+charges the same event as a fixed-C step. The update of C is post-processing of released values.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from veil.accounting.calibrate import dpsgd_event
+from veil.accounting.events import PrivacyEvent
+from veil.errors import InvalidParameterError
+
+__all__ = ["AdaptiveClip", "gradient_noise", "step_event"]
+
+
+def gradient_noise(sigma: float, count_std: float) -> float:
+    """σ_g for the gradient so that gradient + count together cost exactly multiplier ``sigma``."""
+    if not (count_std > sigma / 2):
+        raise InvalidParameterError(
+            "count_noise",
+            count_std,
+            f"the count's noise must exceed σ/2 = {sigma / 2:g}: below it the count alone would spend "
+            "more than the step's whole budget",
+            f"pass a count noise well above {sigma / 2:g} (Andrew et al. use about B/20)",
+        )
+    return (sigma**-2 - (2 * count_std) ** -2) ** -0.5
+
+
+def step_event(sampling_rate: float, gradient_sigma: float, count_std: float) -> PrivacyEvent:
+    """The event of one adaptive-clipping step: one Poisson-sampled Gaussian, the two noises combined."""
+    return dpsgd_event(sampling_rate, (gradient_sigma**-2 + (2 * count_std) ** -2) ** -0.5)
+
+
+@dataclass
+class AdaptiveClip:
+    """The clip norm's state: current ``clip``, target quantile, geometric learning rate, count noise."""
+
+    clip: float
+    target_quantile: float
+    count_std: float
+    expected_batch_size: float
+    lr: float = 0.2
+
+    def __post_init__(self) -> None:
+        if not (0 < self.target_quantile < 1):
+            raise InvalidParameterError(
+                "target_quantile",
+                self.target_quantile,
+                "a quantile lies strictly between 0 and 1",
+                "pass 0.5",
+            )
+        if not (self.clip > 0 and math.isfinite(self.clip)):
+            raise InvalidParameterError(
+                "max_grad_norm", self.clip, "the initial clip must be > 0", "pass 1.0"
+            )
+
+    def update(self, norms: np.ndarray, noise: float) -> float:
+        """One step: ``norms`` of the sampled examples (before clipping), ``noise`` a draw of
+        N(0, count_std²) from the run's noise source; returns the released share b (new C kept)."""
+        centred = float(np.sum(np.asarray(norms) <= self.clip)) - len(norms) / 2
+        b = (centred + noise) / self.expected_batch_size + 0.5
+        self.clip *= math.exp(-self.lr * (b - self.target_quantile))
+        return b
