@@ -44,3 +44,37 @@ def test_too_little_count_noise_is_refused() -> None:
         gradient_noise(2.0, 0.9)
     with pytest.raises(InvalidParameterError):
         AdaptiveClip(clip=1.0, target_quantile=1.0, count_std=10, expected_batch_size=100)
+
+
+def test_engine_run_moves_the_clip_and_charges_the_planned_event() -> None:
+    """A seeded engine run: C moves towards the median norm; the accountant's events are the planned
+    σ steps (the count is inside them), while the gradient noise is the raised σ_g."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from veil import PrivacyEngine
+    from veil.clipping.adaptive import enable_adaptive_clipping
+
+    torch.manual_seed(0)
+    x, y = torch.randn(2000, 10), torch.randint(0, 3, (2000,))
+    model = torch.nn.Linear(10, 3)
+    engine = PrivacyEngine(accountant="rdp", seed=1, reproducible=True)
+    model, opt, loader = engine.make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(TensorDataset(x, y), batch_size=200),
+        noise_multiplier=1.0,
+        max_grad_norm=50.0,
+        criterion=torch.nn.CrossEntropyLoss(),
+    )
+    hook = enable_adaptive_clipping(opt, target_quantile=0.5)
+    assert opt.noise_multiplier == pytest.approx(gradient_noise(1.0, 10.0))
+    for _ in range(3):
+        for xb, yb in loader:
+            torch.nn.functional.cross_entropy(model(xb), yb).backward()
+            opt.step()
+            opt.zero_grad()
+    assert len(hook.history) == 30 and hook.state.clip < 10.0  # from 50 towards the median (~1-2)
+    assert engine.plan is not None and engine.plan.event == dpsgd_event(0.1, 1.0)
+    expected = epsilon_of([SelfComposed(dpsgd_event(0.1, 1.0), 30)], 1e-5, "rdp")
+    assert engine.get_epsilon(1e-5) == pytest.approx(expected, rel=1e-6)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -29,7 +30,7 @@ from veil.accounting.calibrate import dpsgd_event
 from veil.accounting.events import PrivacyEvent
 from veil.errors import InvalidParameterError
 
-__all__ = ["AdaptiveClip", "gradient_noise", "step_event"]
+__all__ = ["AdaptiveClip", "AdaptiveClipping", "enable_adaptive_clipping", "gradient_noise", "step_event"]
 
 
 def gradient_noise(sigma: float, count_std: float) -> float:
@@ -80,3 +81,49 @@ class AdaptiveClip:
         b = (centred + noise) / self.expected_batch_size + 0.5
         self.clip *= math.exp(-self.lr * (b - self.target_quantile))
         return b
+
+
+class AdaptiveClipping:
+    """The optimizer hook: collects each logical batch's norms, then releases the noisy count and
+    moves the clipper's flat bound. Enable with :func:`enable_adaptive_clipping`."""
+
+    def __init__(self, optimizer: Any, state: AdaptiveClip) -> None:
+        self.optimizer = optimizer
+        self.state = state
+        self.norms: list[np.ndarray] = []
+        self.history: list[dict[str, float]] = []
+
+    def observe(self, norms: Any) -> None:
+        self.norms.append(norms.detach().double().cpu().numpy())
+
+    def release(self) -> None:
+        import torch
+
+        norms = np.concatenate(self.norms) if self.norms else np.zeros(0)
+        self.norms = []
+        noise = float(self.optimizer._noise.normal((1,), self.state.count_std, dtype=torch.float64)[0])
+        b = self.state.update(norms, noise)
+        self.optimizer.clipper._bounds[0] = self.state.clip
+        self.optimizer.max_grad_norm = self.state.clip
+        self.history.append({"released_share": b, "clip": self.state.clip})
+
+
+def enable_adaptive_clipping(
+    optimizer: Any, *, target_quantile: float, count_std: float | None = None, lr: float = 0.2
+) -> AdaptiveClipping:
+    """Turn a flat-clipping :class:`~veil.optimizer.DPOptimizer` adaptive, keeping its step's event.
+
+    The optimizer's multiplier σ (what the engine charges per step) becomes the *combined* one: the
+    gradient noise is raised to :func:`gradient_noise` (σ, count noise), so the ledger's step event
+    stays exact. ``count_std`` defaults to B/20 (Andrew et al.)."""
+    if len(optimizer.clipper.max_grad_norms) != 1 or optimizer.clipper.clipping != "flat":
+        raise InvalidParameterError(
+            "clipping", optimizer.clipper.clipping, "adaptive clipping tracks one flat clip norm", "use flat"
+        )
+    b = optimizer.expected_batch_size
+    std = count_std if count_std is not None else b / 20
+    sigma = optimizer.noise_multiplier
+    optimizer.noise_multiplier = gradient_noise(sigma, std)
+    hook = AdaptiveClipping(optimizer, AdaptiveClip(optimizer.max_grad_norm, target_quantile, std, b, lr))
+    optimizer.adaptive = hook
+    return hook
