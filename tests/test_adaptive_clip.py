@@ -78,3 +78,44 @@ def test_engine_run_moves_the_clip_and_charges_the_planned_event() -> None:
     assert engine.plan is not None and engine.plan.event == dpsgd_event(0.1, 1.0)
     expected = epsilon_of([SelfComposed(dpsgd_event(0.1, 1.0), 30)], 1e-5, "rdp")
     assert engine.get_epsilon(1e-5) == pytest.approx(expected, rel=1e-6)
+
+
+def test_train_clip_adaptive_records_its_cost_in_the_ledger(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from veil.accounting.ledger import Ledger
+    from veil.cli.main import main
+
+    out = tmp_path / "run"
+    args = ["train", "--dataset", "digits", "--model", "logreg", "--epochs", "1", "--batch-size", "256"]
+    code = main(
+        [
+            *args,
+            "--clip",
+            "adaptive",
+            "--target-quantile",
+            "0.5",
+            "--no-baseline",
+            "--out",
+            str(out),
+            "--json",
+        ]
+    )
+    assert code == 0
+    ledger = Ledger.open(out / "ledger.jsonl")
+    (record,) = list(ledger.of_kind("adaptive_clip"))
+    sigma = ledger.header["noise_multiplier"]
+    assert record["step_noise_multiplier"] == sigma
+    assert record["gradient_noise_multiplier"] == pytest.approx(
+        gradient_noise(sigma, record["count_noise_std"])
+    )
+    steps = list(ledger.of_kind("step"))
+    assert steps and all(
+        s["event"] == dpsgd_event(ledger.header["sampling_rate"], sigma).to_dict() for s in steps
+    )
+    report = json.loads((out / "report.json").read_text())
+    assert report["epsilon_spent"] <= report["target_epsilon"]
+    assert (
+        main([*args, "--clip", "adaptive", "--target-quantile", "1.5", "--out", str(tmp_path / "bad")]) == 2
+    )
+    assert not (tmp_path / "bad").exists()

@@ -73,6 +73,10 @@ def register(app: typer.Typer) -> None:
         json_output: bool = typer.Option(
             False, "--json", help="Print the report JSON on stdout (no progress bar)."
         ),
+        clip: str = typer.Option(None, "--clip", help="fixed (default) or adaptive (follows a quantile)."),
+        target_quantile: float = typer.Option(
+            None, "--target-quantile", help="Share of examples left unclipped by --clip adaptive."
+        ),
     ) -> None:
         """Train a model with differential privacy and write a report a data-protection officer can file."""
         flags: dict[str, Any] = {
@@ -95,6 +99,8 @@ def register(app: typer.Typer) -> None:
             "baseline": False if no_baseline else None,
             "out": out,
             "audit": audit,
+            "clip": clip,
+            "target_quantile": target_quantile,
         }
         report = run_train(config, flags, resume=resume, json_output=json_output)
         if json_output:

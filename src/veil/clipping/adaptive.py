@@ -127,3 +127,22 @@ def enable_adaptive_clipping(
     hook = AdaptiveClipping(optimizer, AdaptiveClip(optimizer.max_grad_norm, target_quantile, std, b, lr))
     optimizer.adaptive = hook
     return hook
+
+
+def record_adaptive_clipping(optimizer: Any, target_quantile: float, ledger: Any) -> AdaptiveClipping:
+    """``veil train --clip adaptive``: enable the hook and record in the run's ledger how each step's
+    event pays for the count (the step events themselves stay the planned combined σ)."""
+    sigma = optimizer.noise_multiplier
+    hook = enable_adaptive_clipping(optimizer, target_quantile=target_quantile)
+    ledger.append(
+        "adaptive_clip",
+        target_quantile=target_quantile,
+        initial_clip=hook.state.clip,
+        count_noise_std=hook.state.count_std,
+        count_sensitivity=0.5,
+        gradient_noise_multiplier=optimizer.noise_multiplier,
+        step_noise_multiplier=sigma,
+        note="per step, the clipped sum and the noisy count form one Gaussian of multiplier "
+        "step_noise_multiplier on the same Poisson sample: each step record's event already charges it",
+    )
+    return hook

@@ -158,6 +158,10 @@ def start(plan: RunPlan, run_dir: Path, ledger: Ledger) -> Session:
         physical_batch_size=cfg.physical_batch_size,
     )
     assert engine.plan is not None
+    if cfg.clip == "adaptive":
+        from veil.clipping.adaptive import record_adaptive_clipping
+
+        record_adaptive_clipping(dp_optimizer, cfg.target_quantile, ledger)
     if (
         engine.plan.event != plan.steps.step_event
         or engine.plan.steps_per_epoch != plan.steps.steps_per_epoch
