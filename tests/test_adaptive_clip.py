@@ -119,3 +119,6 @@ def test_train_clip_adaptive_records_its_cost_in_the_ledger(tmp_path) -> None:  
         main([*args, "--clip", "adaptive", "--target-quantile", "1.5", "--out", str(tmp_path / "bad")]) == 2
     )
     assert not (tmp_path / "bad").exists()
+    # σ above twice the count noise (B/20 = 12.8): the count cannot fit in the step; refused up front.
+    loud = [*args, "--clip", "adaptive", "--noise-multiplier", "30", "--out", str(tmp_path / "loud")]
+    assert main(loud) == 2 and not (tmp_path / "loud").exists()
