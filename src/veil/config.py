@@ -124,6 +124,11 @@ class TrainConfig(BaseModel):
     ema_decay: float | None = None
     """Release an exponential moving average of the DP iterates with this decay (0: the last iterate).
     Post-processing: costs no privacy."""
+    clip: Literal["fixed", "adaptive"] = "fixed"
+    """``adaptive``: the clip norm follows ``target_quantile`` of the per-example gradient norms (Andrew
+    et al. 2021); the noisy count is paid inside each step's event (see veil.clipping.adaptive)."""
+    target_quantile: float = 0.5
+    """The share of examples the adaptive clip norm aims to leave unclipped, in (0, 1)."""
     physical_batch_size: int | None = None
     """Memory-only: split each logical batch into chunks of at most this many examples."""
     device: str = "cpu"
@@ -199,7 +204,7 @@ class TrainConfig(BaseModel):
             )
         return v
 
-    @field_validator("test_fraction", "preprocessing_budget")
+    @field_validator("test_fraction", "preprocessing_budget", "target_quantile")
     @classmethod
     def _fraction(cls, v: float, info: Any) -> float:
         if not (0 < v < 1):
@@ -238,6 +243,8 @@ class TrainConfig(BaseModel):
 # Settings whose change alters the privacy guarantee or its accounting: a resumed run must keep them.
 PRIVACY_KEYS = frozenset(
     {
+        "clip",
+        "target_quantile",
         "dataset",
         "table_schema",
         "table",

@@ -78,6 +78,7 @@ class DPOptimizer(Optimizer):
         self._signal = signal
         self._on_release = on_release
         self.pending_chunks = 0
+        self.adaptive: Any = None  # a veil.clipping.adaptive.AdaptiveClipping hook, when enabled
 
     @property
     def noise_std(self) -> float:
@@ -112,13 +113,17 @@ class DPOptimizer(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self.clipper.accumulate()
+        norms = self.clipper.accumulate()
+        if self.adaptive is not None:
+            self.adaptive.observe(norms)
         if not self._signal.last_chunk:
             self.pending_chunks += 1
             return loss
         self._on_release()  # account first: a failure below can only over-count
         self._write_private_grads()
         self.original_optimizer.step()
+        if self.adaptive is not None:
+            self.adaptive.release()  # the noisy count and the next C, after this step's clipping
         self.clipper.reset()
         self.pending_chunks = 0
         return loss

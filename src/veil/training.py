@@ -64,6 +64,10 @@ def _prepare(cfg: TrainConfig, out: Path | None, check: bool = True) -> RunPlan:
     net = build_net(cfg, data, cfg.seed)
     steps = plan_steps(cfg, data.n_train, prepared.pre_events)
     allowed = allowed_steps(cfg, steps.sigma, steps.q, steps.steps_planned, prepared.pre_events)
+    if cfg.clip == "adaptive":  # the count's noise must fit inside the step's σ: refused before writing
+        from veil.clipping.adaptive import gradient_noise
+
+        gradient_noise(steps.sigma, steps.q * data.n_train / 20)  # B/20, the hook's default
     if allowed == 0:
         raise BudgetExhaustedError(
             "noise_multiplier",

@@ -111,6 +111,10 @@ def register(app: typer.Typer) -> None:
             "--nproc-per-node",
             help="Train data-parallel on N local processes (torch.distributed; see docs/distributed.md).",
         ),
+        clip: str = typer.Option(None, "--clip", help="fixed (default) or adaptive (follows a quantile)."),
+        target_quantile: float = typer.Option(
+            None, "--target-quantile", help="Share of examples left unclipped by --clip adaptive."
+        ),
     ) -> None:
         """Train a model with differential privacy and write a report a data-protection officer can file."""
         flags: dict[str, Any] = {
@@ -142,6 +146,8 @@ def register(app: typer.Typer) -> None:
             "baseline": False if no_baseline else None,
             "out": out,
             "audit": audit,
+            "clip": clip,
+            "target_quantile": target_quantile,
         }
         report = run_train(
             config, flags, resume=resume, json_output=json_output, nproc_per_node=nproc_per_node

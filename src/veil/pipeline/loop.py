@@ -195,6 +195,10 @@ def start(plan: RunPlan, run_dir: Path, ledger: Ledger) -> Session:
         distributed=rank_and_world()[1] > 1,  # across ranks: veil.distributed
     )
     assert engine.plan is not None
+    if cfg.clip == "adaptive":
+        from veil.clipping.adaptive import record_adaptive_clipping
+
+        record_adaptive_clipping(dp_optimizer, cfg.target_quantile, ledger)
     if (
         engine.plan.event != plan.steps.step_event
         or engine.plan.steps_per_epoch != plan.steps.steps_per_epoch

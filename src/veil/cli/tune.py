@@ -1,0 +1,102 @@
+"""``veil tune [flags]``: private hyperparameter tuning, the whole procedure accounted (veil.tune)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from veil.cli._output import emit
+from veil.errors import InvalidParameterError
+
+
+def _values(name: str, text: str | None, kind: type) -> tuple[Any, ...] | None:
+    """A comma-separated flag value as a tuple of ``kind`` (``None``: the default)."""
+    if text is None:
+        return None
+    try:
+        return tuple(kind(v.strip()) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise InvalidParameterError(
+            name, text, f"each value must be a {kind.__name__}", f"pass e.g. --{name.replace('_', '-')} 1,2"
+        ) from None
+
+
+def run_tune(flags: dict[str, Any]) -> dict[str, Any]:
+    """The work of ``veil tune``: the search space from the flags, then :func:`veil.tune.run.tune`."""
+    from veil.tune.run import tune
+    from veil.tune.space import SearchSpace
+
+    dims = {
+        "lr": _values("lr", flags.pop("lr"), float),
+        "epochs": _values("epochs", flags.pop("epochs"), int),
+        "batch_size": _values("batch_size", flags.pop("batch_size"), int),
+        "max_grad_norm": _values("max_grad_norm", flags.pop("max_grad_norm"), float),
+        "model": _values("model", flags.pop("model"), str),
+    }
+    space = SearchSpace(**{k: v for k, v in dims.items() if v is not None})
+    return tune(space=space, **{k: v for k, v in flags.items() if v is not None})
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("tune")
+    def tune_command(
+        dataset: str = typer.Option("digits", "--dataset", help="digits (default), breast-cancer, ..."),
+        epsilon: float = typer.Option(3.0, "--epsilon", help="Target ε of the WHOLE tuning procedure."),
+        delta: float = typer.Option(1e-5, "--delta", help="Target δ, must be < 1/N."),
+        lr: str = typer.Option(None, "--lr", help="Learning rates to try, comma-separated."),
+        epochs: str = typer.Option(None, "--epochs", help="Epoch counts to try, comma-separated."),
+        batch_size: str = typer.Option(None, "--batch-size", help="Batch sizes to try, comma-separated."),
+        max_grad_norm: str = typer.Option(
+            None, "--max-grad-norm", help="Clip norms to try, comma-separated."
+        ),
+        model: str = typer.Option(None, "--model", help="Models to try, comma-separated (default auto)."),
+        trials_mean: float = typer.Option(3.0, "--trials-mean", help="Mean of the random number of trials."),
+        trials_law: str = typer.Option(
+            "negative_binomial", "--trials-law", help="negative_binomial (truncated, K ≥ 1) or poisson."
+        ),
+        trials_shape: float = typer.Option(0.5, "--trials-shape", help="Negative binomial shape η ≥ 0."),
+        score_noise: float = typer.Option(
+            5.0, "--score-noise", help="Std of the Gaussian noise on each validation count."
+        ),
+        validation_fraction: float = typer.Option(
+            0.2, "--validation-fraction", help="Share of the training split held out for scoring."
+        ),
+        seed: int = typer.Option(0, "--seed", help="Seed of the test split and initialisation."),
+        out: str = typer.Option(None, "--out", help="Output folder (default runs/<dataset>-tune-<time>)."),
+        json_output: bool = typer.Option(False, "--json", help="Print the report JSON on stdout."),
+    ) -> None:
+        """Tune hyperparameters privately: a random number of DP runs, the best by a DP score, accounted."""
+        report = run_tune(
+            {
+                "dataset": dataset,
+                "epsilon": epsilon,
+                "delta": delta,
+                "lr": lr,
+                "epochs": epochs,
+                "batch_size": batch_size,
+                "max_grad_norm": max_grad_norm,
+                "model": model,
+                "trials_mean": trials_mean,
+                "trials_law": trials_law,
+                "trials_shape": trials_shape,
+                "score_noise": score_noise,
+                "validation_fraction": validation_fraction,
+                "seed": seed,
+                "out": out,
+            }
+        )
+        if json_output:
+            emit(report, True)
+            return
+        folder = Path(report["out_dir"])
+        acc = report["test_accuracy"]
+        sys.stdout.write(
+            f"tuning spent ε = {report['epsilon']:.3f} in total (target {report['target_epsilon']:g}), "
+            f"δ = {report['delta']:g}; chosen model test accuracy "
+            + ("–" if acc is None else f"{acc:.4f}")
+            + " (non-private figure)\n"
+            + f"report: {folder / 'report.html'}\n        {folder / 'report.json'}\n"
+        )

@@ -1,0 +1,142 @@
+"""One ``veil tune`` trial: a full DP training run through the train job's pipeline, then its DP
+validation score.
+
+The trial trains on the private training split minus a held-out validation split (fixed for the
+whole tuning run, chosen independently of the data), with the σ the budget split gave its shape and
+every step charged to its own ledger (``trials/<i>/ledger.jsonl``) by the train job's loop. Its score
+is the number of validation examples the released model classifies correctly plus Gaussian noise
+(sensitivity 1 under add/remove-one: one record changes the count by at most one), drawn from the
+OS CSPRNG on the secure lattice; the score's event is appended to the trial's ledger before the noise
+is drawn.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from veil.accounting.ledger import Ledger, RunLock
+from veil.config import TrainConfig, write_config
+from veil.errors import BudgetExhaustedError
+from veil.mechanisms.gaussian import gaussian_event, gaussian_mechanism
+from veil.mechanisms.rng import make_source
+from veil.pipeline.budget import allowed_steps, plan_steps
+from veil.pipeline.data import Prepared, prepare
+from veil.pipeline.loop import RunPlan
+from veil.pipeline.model import assemble, build_net
+from veil.pipeline.run_folder import CONFIG, LEDGER
+
+if TYPE_CHECKING:
+    from veil.accounting.events import PrivacyEvent
+    from veil.tune.budget import ShapePlan
+    from veil.tune.space import Candidate
+
+__all__ = ["prepare_trial", "run_trial", "score_event"]
+
+
+def score_event(score_noise: float) -> PrivacyEvent:
+    """The event of one noisy correct-count (std ``score_noise``, sensitivity 1, secure lattice)."""
+    return gaussian_event(1.0, score_noise, coordinates=1, secure=True)
+
+
+def prepare_trial(cfg: TrainConfig, validation: np.ndarray | None) -> tuple[Prepared, np.ndarray, np.ndarray]:
+    """The train job's preparation, the training split then cut into (training, validation).
+
+    ``validation``: a boolean mask over the full training split (``None``: only load, for sizing).
+    Returns the prepared inputs (preprocessing planned on what the trial trains on) and the
+    validation features and labels."""
+    from veil.data.preprocess import plan_preprocessing
+
+    prepared = prepare(cfg)
+    if validation is None:
+        return prepared, prepared.data.x_train[:0], prepared.data.y_train[:0]
+    data = prepared.data
+    x_val, y_val = data.x_train[validation], data.y_train[validation]
+    prepared.data = dataclasses.replace(
+        data, x_train=data.x_train[~validation], y_train=data.y_train[~validation]
+    )
+    prepared.prep = plan_preprocessing(prepared.cfg, prepared.data)
+    return prepared, x_val, y_val
+
+
+def trial_config(
+    base: dict[str, Any], cand: Candidate, shape: ShapePlan, cap: float, out: Path
+) -> TrainConfig:
+    """The train job's config for one trial: the candidate, the shape's σ, a per-trial cap that lets
+    every planned step run (the tuning total is what limits the procedure), RDP accounting."""
+    from veil.config import make_config
+
+    return make_config(
+        {
+            **base,
+            **cand.to_dict(),
+            "noise_multiplier": shape.sigma,
+            "epsilon": cap,
+            "accountant": "rdp",
+            "baseline": False,
+            "progress": False,
+            "audit": False,
+            "out": str(out),
+        }
+    )
+
+
+def run_trial(
+    cfg: TrainConfig, validation: np.ndarray, shape: ShapePlan, score_noise: float, out: Path
+) -> dict[str, Any]:
+    """Train one candidate (every step charged to ``out/ledger.jsonl``), then release its noisy score."""
+    import torch
+
+    from veil.engine import refuse_example_mixing
+    from veil.training import _execute, _header
+
+    t0 = time.monotonic()
+    prepared, x_val, y_val = prepare_trial(cfg, validation)
+    cfg = prepared.cfg
+    steps = plan_steps(cfg, prepared.data.n_train, prepared.pre_events)
+    if (steps.q, steps.steps_planned, steps.sigma) != (shape.q, shape.steps, shape.sigma):
+        raise BudgetExhaustedError(  # pragma: no cover - the plan and the trial size the data alike
+            "trial",
+            cfg.batch_size,
+            "the trial would not run the steps its budget share was planned for",
+            "report this as a bug",
+        )
+    allowed = allowed_steps(cfg, steps.sigma, steps.q, steps.steps_planned, prepared.pre_events)
+    net = build_net(cfg, prepared.data, cfg.seed)
+    plan = RunPlan(prepared, net, steps, allowed, out)
+    refuse_example_mixing(
+        assemble(plan.prep, plan.data.input_shape, net), plan.data.x_train, plan.data.y_train
+    )
+    out.mkdir(parents=True, exist_ok=False)
+    with RunLock(out):
+        ledger = Ledger.create(out / LEDGER, {**_header(plan), "job": "tune-trial"})
+        try:
+            write_config(cfg, out / CONFIG)
+            report = _execute(plan, out, ledger, t0, False)
+            model = assemble(plan.prep, plan.data.input_shape, build_net(cfg, plan.data, cfg.seed))
+            model.load_state_dict(torch.load(out / "model.pt", weights_only=True))
+            model.eval()
+            with torch.no_grad():
+                pred = model(torch.from_numpy(x_val)).argmax(dim=1).numpy()
+            correct = float(np.sum(pred == y_val))
+            event = score_event(score_noise)
+            ledger.append("event", label="validation_score", event=event.to_dict())
+            noisy = gaussian_mechanism(correct, sensitivity=1.0, std=score_noise, rng=make_source(True))
+            assert noisy.event == event
+            ledger.append("score", noisy_correct=float(noisy.value), n_validation=len(y_val))
+            events = ledger.events()
+        finally:
+            ledger.close()
+    return {
+        "noisy_score": float(noisy.value) / max(len(y_val), 1),
+        "sigma": steps.sigma,
+        "steps": ledger.steps,
+        "sampling_rate": steps.q,
+        "test_accuracy": report.test_accuracy,
+        "events": events,
+        "duration_s": time.monotonic() - t0,
+    }
