@@ -16,7 +16,7 @@ import typer
 from veil.errors import VeilError
 
 # Subcommand modules, in help order. A module missing here is simply not offered.
-SUBCOMMANDS = ("train", "epsilon", "calibrate", "pate", "audit", "env")
+SUBCOMMANDS = ("train", "epsilon", "calibrate", "pate", "audit", "federated", "env")
 
 EXIT_BAD_INPUT = 2
 

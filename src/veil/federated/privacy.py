@@ -39,8 +39,10 @@ __all__ = [
 
 
 def sampling_rate(clients: int, rate: float | None, per_round: int | None) -> float:
-    """q from ``--client-sampling-rate`` or ``--clients-per-round`` (expected clients / clients)."""
-    if (rate is None) == (per_round is None):
+    """q from ``--client-sampling-rate`` or ``--clients-per-round`` (expected clients / clients); 1 if neither."""
+    if rate is None and per_round is None:
+        return 1.0
+    if rate is not None and per_round is not None:
         raise ConfigError(
             "client_sampling_rate",
             rate,

@@ -108,6 +108,31 @@ def report_files(run_dir: Path, duration_s: float | None) -> dict[str, Any]:
     return report
 
 
+def check_new_folder(run_dir: Path) -> None:
+    """A fresh run needs a new or empty folder: a run's ledger must never be overwritten."""
+    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+        raise ConfigError(
+            "out",
+            str(run_dir),
+            "the folder exists and is not empty; an earlier run's ledger and results must not be overwritten",
+            "pass a new --out, or continue that run with --resume",
+        )
+
+
+def deploy(s: FederatedSettings, timeout: float = 3600.0) -> dict[str, Any]:
+    """Plan, run as real processes on loopback (:func:`veil.federated.deploy.local_deployment`), report."""
+    from veil.federated.deploy import local_deployment
+
+    run_dir = Path(s.out)
+    check_new_folder(run_dir)
+    s = plan(s)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    local_deployment(s, run_dir / "deployment", timeout=timeout)
+    raise_if_failed(run_dir)
+    return report_files(run_dir, time.monotonic() - start)
+
+
 def saved_settings(run_dir: Path) -> FederatedSettings:
     """The settings a run folder was started with (its ledger header), for ``--resume``."""
     from veil.federated.server import LEDGER
@@ -129,11 +154,8 @@ def simulate(s: FederatedSettings, *, resume: bool = False, cpus: int = 2) -> di
         s = saved_settings(run_dir)
         (run_dir / "error.txt").unlink(missing_ok=True)
     else:
+        check_new_folder(run_dir)
         s = plan(s)
-        if run_dir.exists() and any(run_dir.iterdir()):
-            raise ConfigError(
-                "out", str(run_dir), "the folder is not empty; a run's ledger must never be overwritten", "pass a new --out, or --resume it"
-            )
         run_dir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     run_simulation_engine(s, cpus=cpus)

@@ -64,6 +64,9 @@ class FederatedSettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(name, value, "a count of clients, rounds or steps must be ≥ 1", f"pass --{name} ≥ 1")
+        from veil.federated.partition import parse_partition
+
+        parse_partition(self.partition)
         for name in ("clip", "server_lr", "local_lr"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and value > 0):
