@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 def _audited_run(setup, w, sigma: float, seed: int, canaries: int | None) -> int:  # type: ignore[no-untyped-def]
     """The one-run audit of a training run: the run with gradient canaries, then the bound."""
     from veil.audit.canaries import GradientCanaries
-    from veil.audit.run import _fit
+    from veil.audit.fit import fit
     from veil.mechanisms.rng import SeededSource
 
     data, cfg = setup.data, setup.cfg
@@ -47,7 +47,7 @@ def _audited_run(setup, w, sigma: float, seed: int, canaries: int | None) -> int
         c.attach(optimizer, sampling_rate=engine.sampling_rate)
         holder.append(c)
 
-    _fit(setup, data.x_train, data.y_train, w, sigma=sigma, seed=seed, before=attach)
+    fit(setup, data.x_train, data.y_train, w, sigma=sigma, seed=seed, before=attach)
     holder[0].detach()
     holder[0].bound(0.95, delta=cfg.delta)
     return holder[0].count
@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from common import machine_description
-    from veil.audit.run import AuditSettings, _fit, _prepare, _sigma, audit
+    from veil.audit.fit import fit, prepare_audit, sigma_for
+    from veil.audit.run import AuditSettings, audit
     from veil.config import make_config
 
     torch.set_num_threads(args.threads)
@@ -138,16 +139,16 @@ def main(argv: list[str] | None = None) -> int:
     cost_rows = []
     for eps_text in ("inf", "3"):
         cfg = make_config({**base, "seed": 0} | ({} if eps_text == "inf" else {"epsilon": float(eps_text)}))
-        setup = _prepare(cfg, private=eps_text != "inf")
+        setup = prepare_audit(cfg, private=eps_text != "inf")
         data = setup.data
         w = np.ones(data.n_train, np.float32)
-        sigma = _sigma(setup, data.n_train)
+        sigma = sigma_for(setup, data.n_train)
         assert setup.cfg.max_grad_norm is not None
         plain, audited = [], []
         count = 0
         for rep in range(args.repeats):
             t = time.perf_counter()
-            _fit(setup, data.x_train, data.y_train, w, sigma=sigma, seed=rep)
+            fit(setup, data.x_train, data.y_train, w, sigma=sigma, seed=rep)
             plain.append(time.perf_counter() - t)
             t = time.perf_counter()
             count = _audited_run(setup, w, sigma, rep, args.canaries)

@@ -52,6 +52,29 @@ def test_calibrate_json_lands_on_the_private_side(capsys: pytest.CaptureFixture[
     assert dpsgd_epsilon(0.01, result["noise_multiplier"], 2000, 1e-5) <= 3
 
 
+def test_calibrate_takes_epsilon_like_every_command_and_keeps_the_old_spelling(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    results = []
+    for flag in ("--epsilon", "--target-epsilon"):
+        code, out, _ = run(
+            capsys,
+            "calibrate",
+            flag,
+            "2",
+            "--sampling-rate",
+            "0.02",
+            "--steps",
+            "300",
+            "--delta",
+            "1e-5",
+            "--json",
+        )
+        assert code == 0
+        results.append(json.loads(out))
+    assert results[0] == results[1] and results[0]["target_epsilon"] == 2
+
+
 def test_human_output(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "epsilon", "--sampling-rate", "0.5", "--noise-multiplier", "2", "--steps", "3",
                        "--delta", "1e-6")  # fmt: skip

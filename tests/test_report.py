@@ -103,3 +103,49 @@ def test_html_is_self_contained_and_states_the_guarantee() -> None:
     assert "--secure-rng" in page  # seeded runs carry the research-mode caveat
     secure = render_html(_report(secure_rng=True), {})
     assert "--secure-rng" not in secure and "OS CSPRNG" in secure
+
+
+SKELETON = [
+    "<h2>The guarantee</h2>",
+    "<h2>Result</h2>",
+    "<h2>Verification checklist</h2>",
+    "<h2>Parameters</h2>",
+    "<h2>Plots</h2>",
+    "<h2>Files</h2>",
+]
+
+
+def _sections(page: str) -> list[str]:
+    """The skeleton's headings found in ``page``, in the order they appear."""
+    return [h for _, h in sorted((page.index(h), h) for h in SKELETON if h in page)]
+
+
+def test_every_job_page_has_the_same_skeleton_from_one_environment() -> None:
+    from veil.audit.report import render_html as render_audit
+    from veil.report.render import environment, render_page
+
+    train_page = render_html(_report(), {"ε spent": epsilon_png([(0, 0.0), (60, 2.97)], 3.0, 60, 1e-5)})
+    audit_page = render_audit(
+        {
+            "epsilon_lower_bound": 0.4,
+            "epsilon_theoretical": 3.0,
+            "confidence": 0.95,
+            "delta": 1e-5,
+            "verdict": "consistent",
+            "reading": "consistent <with> the promise",
+            "canaries": None,
+            "mia": None,
+            "source": "veil audit: a test",
+            "run": {"dataset": "digits"},
+            "files": {"report.json": "this report"},
+            "veil_version": "0.1.0",
+        },
+        {},
+    )
+    # A page any job (PATE included) can render through the same call.
+    generic = render_page("page.html.j2", {}, checks=[Check(name="c", passed=True, detail="d")], files={})
+    for page in (train_page, audit_page, generic):
+        assert _sections(page) == SKELETON
+        assert page.lstrip().startswith("<!DOCTYPE html>") and "<script" not in page
+    assert "consistent &lt;with&gt; the promise" in audit_page  # escaped like every value
+    assert environment() is environment()  # one Environment, cached

@@ -175,3 +175,36 @@ def test_train_with_one_run_audit(tmp_path: Path) -> None:
     # A sound lower bound stays below the promise (false alarm ≤ 5% by construction; seeded run).
     assert 0.0 <= audit["epsilon_lower_bound"] <= report["epsilon_spent"]
     assert "Empirical audit" in (out / "report.html").read_text()
+
+
+def test_npz_with_fewer_training_rows_than_the_preset_batch_trains_at_q_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The preset batch is cut to N, so q = 1: every step is accounted as the plain Gaussian, by the
+    engine and the ledger alike (they used to disagree and the run died after writing its ledger)."""
+    from veil.accounting.calibrate import dpsgd_epsilon
+    from veil.accounting.events import Gaussian, event_from_dict
+
+    rng = np.random.default_rng(0)
+    data = tmp_path / "small.npz"
+    np.savez(data, x=rng.integers(0, 256, (60, 8, 8), dtype=np.uint8), y=np.arange(60) % 3)
+    out = tmp_path / "run"
+    code, _, err = run_cli(
+        ["train", "--dataset", f"npz:{data}", "--epochs", "3", "--out", str(out), "--json", "--no-baseline"],
+        capsys,
+    )
+    assert code == 0, err
+    report = json.loads((out / "report.json").read_text())
+    n = report["dataset"]["n_train"]
+    assert n < 256 and report["batch_size"] == n and report["sampling_rate"] == 1.0
+    assert all(c["passed"] for c in report["checks"]), report["checks"]
+    sampling = next(c for c in report["checks"] if c["name"] == "poisson_sampling_matches_accountant")
+    assert "q = 1" in sampling["detail"]
+    ledger = Ledger.open(out / "ledger.jsonl")
+    steps = [event_from_dict(r["event"]) for r in ledger.of_kind("step")]
+    sigma = report["noise_multiplier"]
+    assert len(steps) == report["steps"] == 3 and set(steps) == {Gaussian(sigma)}
+    expected = dpsgd_epsilon(1.0, sigma, report["steps"], report["delta"])
+    assert report["epsilon_spent"] == pytest.approx(expected, rel=1e-9)
+    assert expected <= report["target_epsilon"] == 3.0
+    ledger.close()

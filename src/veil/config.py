@@ -39,6 +39,7 @@ __all__ = [
     "make_config",
     "preset_for",
     "resolve_config",
+    "snake_keys",
     "write_config",
 ]
 
@@ -313,6 +314,11 @@ def _type_name(value: Any) -> str:
         list: "a list",
         dict: "a table",
     }.get(type(value), type(value).__name__)
+
+
+def snake_keys(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` with dashes in the keys as underscores (``batch-size`` → ``batch_size``)."""
+    return {str(k).replace("-", "_"): v for k, v in values.items()}
 
 
 def _normalise_keys(values: Mapping[str, Any], source: str) -> dict[str, Any]:

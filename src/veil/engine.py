@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, overload
 
 import numpy as np
 import torch
@@ -39,6 +39,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from veil.accounting.base import AccountantName, PrivacyAccountant, make_accountant
 from veil.accounting.events import Gaussian, NonPrivate, PrivacyEvent, event_from_dict
+from veil.compat import opacus_args
 from veil.errors import (
     CheckpointError,
     ConfigError,
@@ -63,7 +64,7 @@ if TYPE_CHECKING:
     from veil.clipping import PerSampleClipper
     from veil.mechanisms.rng import RandomSource
 
-__all__ = ["PrivacyEngine", "PrivacyPlan", "PrivateTraining"]
+__all__ = ["PrivacyEngine", "PrivacyPlan", "PrivateTraining", "PrivateTrainingWithCriterion"]
 
 Sampling = Literal["poisson", "shuffled_not_amplified"]
 _STATE_FORMAT = "veil.engine/1"
@@ -74,6 +75,18 @@ class PrivateTraining(NamedTuple):
 
     model: nn.Module
     optimizer: DPOptimizer
+    data_loader: PrivateDataLoader
+
+
+class PrivateTrainingWithCriterion(NamedTuple):
+    """``make_private(grad_sample_mode="ghost")``'s return, the shape Opacus code unpacks there.
+
+    ``criterion`` is the loss itself: veil clips in the ordinary backward pass, so no wrapper is needed.
+    """
+
+    model: nn.Module
+    optimizer: DPOptimizer
+    criterion: nn.Module
     data_loader: PrivateDataLoader
 
 
@@ -293,12 +306,21 @@ class PrivacyEngine:
     ``accountant``: ``"pld"`` (default, tight) or ``"rdp"``. ``secure_rng=True`` draws noise *and*
     sampling from the operating system's CSPRNG (no seed accepted, not reproducible); otherwise both
     come from seeded generators (``seed`` or fresh entropy), reproducible and resumable. One engine
-    trains one model: call ``make_private`` once.
+    trains one model: call ``make_private`` once. Opacus's ``accountant="prv"``/``"rdp"`` and
+    ``secure_mode=`` are accepted (``gdp`` is refused); see ``docs/migrating-from-opacus.md``.
     """
 
     def __init__(
-        self, accountant: AccountantName = "pld", secure_rng: bool = False, seed: int | None = None
+        self,
+        accountant: AccountantName = "pld",
+        secure_rng: bool = False,
+        seed: int | None = None,
+        *,
+        secure_mode: bool | None = None,
     ) -> None:
+        # Opacus's names (accountant="prv"/"gdp", secure_mode=...): see veil.compat.opacus_args.
+        accountant = opacus_args.resolve_accountant(accountant)
+        secure_rng = opacus_args.resolve_secure_mode(secure_mode, secure_rng, seed)
         if secure_rng and seed is not None:
             raise InvalidParameterError(
                 "seed",
@@ -327,7 +349,17 @@ class PrivacyEngine:
         self._clipper: PerSampleClipper | None = None
 
     # -- the facade ----------------------------------------------------------------------------
+    @overload
     def make_private(
+        self, *, grad_sample_mode: Literal["ghost"], **kwargs: Any
+    ) -> PrivateTrainingWithCriterion: ...
+
+    @overload
+    def make_private(
+        self, *, grad_sample_mode: Literal["hooks", "functorch", "ew"] | None = None, **kwargs: Any
+    ) -> PrivateTraining: ...
+
+    def make_private(  # type: ignore[misc]  # the overloads only name the two return shapes
         self,
         *,
         module: nn.Module,
@@ -344,7 +376,12 @@ class PrivacyEngine:
         physical_batch_size: int | None = None,
         poisson_sampling: bool = True,
         allow_non_poisson: bool = False,
-    ) -> PrivateTraining:
+        batch_first: bool = True,
+        grad_sample_mode: str | None = None,
+        noise_generator: Any = None,
+        wrap_model: bool = True,
+        rand_on_empty: bool = False,
+    ) -> PrivateTraining | PrivateTrainingWithCriterion:
         """Make ``module``/``optimizer``/``data_loader`` private; returns ``(model, optimizer, loader)``.
 
         Give either ``noise_multiplier`` or ``target_epsilon`` + ``target_delta`` + ``epochs`` (σ is then
@@ -354,6 +391,10 @@ class PrivacyEngine:
         The returned model is ``module`` itself (with the clipper's hooks); the optimizer wraps
         ``optimizer``; the loader replaces ``data_loader`` with Poisson-sampled logical batches of expected
         size ``data_loader.batch_size`` over the same dataset, collate function and workers.
+
+        Opacus's arguments (``batch_first``, ``grad_sample_mode``, ``noise_generator``, ``wrap_model``,
+        ``rand_on_empty``) are checked by :mod:`veil.compat.opacus_args`; ``grad_sample_mode="ghost"``
+        returns ``(model, optimizer, criterion, loader)`` as Opacus does.
         """
         if self.plan is not None:
             raise ConfigError(
@@ -363,6 +404,15 @@ class PrivacyEngine:
                 "entangle two runs' checkpoints",
                 "create one PrivacyEngine per model",
             )
+        opacus_args.check_make_private_args(
+            batch_first=batch_first,
+            grad_sample_mode=grad_sample_mode,
+            clipping=clipping,
+            max_grad_norm=max_grad_norm,
+            wrap_model=wrap_model,
+            rand_on_empty=rand_on_empty,
+        )
+        noise_seed = opacus_args.check_noise_generator(noise_generator, not self.noise_source.secure)
         if not isinstance(module, nn.Module):
             raise InvalidParameterError(
                 "module", type(module).__name__, "only an nn.Module can be clipped", "pass an nn.Module"
@@ -477,6 +527,10 @@ class PrivacyEngine:
             template_item=dataset[0],
             **_loader_kwargs(data_loader),
         )
+        if noise_seed is not None:
+            from veil.mechanisms.rng import make_source
+
+            self.noise_source = make_source(False, noise_seed)
         dp_optimizer = DPOptimizer(
             optimizer,
             clipper=clipper,
@@ -490,6 +544,10 @@ class PrivacyEngine:
         self.plan = plan
         self.forward_probe = probe
         self._clipper, self._optimizer, self._loader = clipper, dp_optimizer, loader
+        if opacus_args.returns_criterion(grad_sample_mode):
+            return PrivateTrainingWithCriterion(
+                module, dp_optimizer, criterion or nn.CrossEntropyLoss(reduction=reduction), loader
+            )
         return PrivateTraining(module, dp_optimizer, loader)
 
     def _check_sampling(self, poisson_sampling: bool, allow_non_poisson: bool) -> Sampling:
@@ -500,7 +558,8 @@ class PrivacyEngine:
                 "poisson_sampling",
                 False,
                 "fixed-size shuffled batches get no privacy amplification by sampling, so the same noise "
-                "buys a much larger ε; accounting them as Poisson would under-state ε",
+                "buys a much larger ε; accounting them as Poisson (as Opacus does when it keeps your "
+                "shuffled loader under poisson_sampling=False) would under-state ε",
                 "keep poisson_sampling=True (recommended), or also pass allow_non_poisson=True to accept "
                 "ε accounted without amplification",
             )
@@ -598,10 +657,42 @@ class PrivacyEngine:
         return None if self.plan is None else self.plan.sampling_rate
 
     def get_epsilon(self, delta: float) -> float:
-        """ε at ``delta`` for every step taken so far (∞ if any step was non-private, i.e. σ = 0)."""
+        """ε at ``delta`` for every step taken so far (∞ if any step was non-private, i.e. σ = 0).
+
+        δ ≥ 1/N for this run's dataset is refused (an ε there promises nothing)."""
+        if self.plan is not None:
+            opacus_args.check_delta_for_dataset(delta, self.plan.dataset_size)
         return self.accountant.epsilon(delta)
 
+    def make_private_with_epsilon(
+        self, *, data_loader: DataLoader, target_delta: float, **kwargs: Any
+    ) -> PrivateTraining | PrivateTrainingWithCriterion:
+        """Opacus's name for ``make_private(target_epsilon=, target_delta=, epochs=, ...)`` (σ calibrated).
+
+        δ ≥ 1/N is refused first, with the Opacus habit (a fixed δ = 1e-5 whatever N) named.
+        """
+        dataset = getattr(data_loader, "dataset", None)
+        if dataset is not None and hasattr(dataset, "__len__") and len(dataset) > 0:
+            opacus_args.check_delta_for_dataset(target_delta, len(dataset))
+        return self.make_private(data_loader=data_loader, target_delta=target_delta, **kwargs)
+
     # -- checkpoints ---------------------------------------------------------------------------
+    def save_checkpoint(self, *, path: Any, module: nn.Module, **kwargs: Any) -> None:
+        """Opacus's ``save_checkpoint``: model, optimizer and this engine's state in one ``torch.save`` file.
+
+        See :func:`veil.compat.opacus_checkpoint.save_checkpoint` for the arguments."""
+        from veil.compat.opacus_checkpoint import save_checkpoint
+
+        save_checkpoint(self, path=path, module=module, **kwargs)
+
+    def load_checkpoint(self, *, path: Any, module: nn.Module, **kwargs: Any) -> dict[str, Any]:
+        """Opacus's ``load_checkpoint`` (after ``make_private`` with the same settings); returns the dict.
+
+        See :func:`veil.compat.opacus_checkpoint.load_checkpoint` for the arguments."""
+        from veil.compat.opacus_checkpoint import load_checkpoint
+
+        return load_checkpoint(self, path=path, module=module, **kwargs)
+
     def state_dict(self) -> dict[str, Any]:
         """Everything to resume exactly: plan, steps, accountant ledger (JSON events), RNG states.
 

@@ -54,7 +54,8 @@ def validate(model: nn.Module) -> list[Problem]:
                     where,
                     f"{kind} normalises each example with statistics of the whole batch, so one example's "
                     "output depends on the others and clipping no longer bounds its influence",
-                    "replace it with GroupNorm (veil.fix(model) does this, copying the affine parameters)",
+                    "replace it with GroupNorm (veil.fix(model), or ModuleValidator.fix(model) in "
+                    "Opacus-style code, does this, copying the affine parameters)",
                 )
             )
             continue  # its running-stat buffers are part of the same fix

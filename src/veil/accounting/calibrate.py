@@ -1,23 +1,40 @@
-"""Noise for a target ε, and steps for a budget — always landing on the private side.
+"""Noise for a target ε, steps for a budget, ε of a list of events — always on the private side.
+
+All of veil's budget arithmetic lives here, with explicit arguments (no configuration object, no
+torch): every job asks these functions rather than composing events itself.
 
 Guarantee. :func:`calibrate_noise` returns a σ whose accounted ε (with the chosen accountant, for
-Poisson-sampled Gaussian steps under add/remove-one) is *at most* the target, and which is within
-0.5% of the smallest such σ (in practice within 0.05%). :func:`max_steps` returns the largest step
-count whose ε is at most the target. Both check the final answer with the full-resolution
-accountant, so the search's shortcuts can only cost tightness, never privacy.
+Poisson-sampled Gaussian steps under add/remove-one, after the ``prefix`` events already spent) is
+*at most* the target, and which is within 0.5% of the smallest such σ (in practice within 0.05%).
+:func:`max_steps` returns the largest step count whose ε (after ``prefix``) is at most the target.
+Both check the final answer with the full-resolution accountant, so the search's shortcuts can only
+cost tightness, never privacy. :func:`dpsgd_event` is the one place a DP-SGD step's event is built:
+a Poisson-sampled Gaussian, and the plain Gaussian at q = 1 (every example in every step: sampling
+at rate 1 amplifies nothing, and both accountants account the Gaussian exactly).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+
+import numpy as np
 
 from veil.accounting.base import AccountantName, check_delta, check_epsilon, make_accountant
-from veil.accounting.events import Gaussian, PoissonSampled, PrivacyEvent
+from veil.accounting.events import Composed, Gaussian, PoissonSampled, PrivacyEvent, SelfComposed
 from veil.errors import InvalidParameterError, UnreachableTargetError
 
-__all__ = ["calibrate_noise", "dpsgd_epsilon", "dpsgd_event", "max_steps"]
+__all__ = [
+    "calibrate_noise",
+    "dpsgd_epsilon",
+    "dpsgd_event",
+    "epsilon_at",
+    "epsilon_curve",
+    "epsilon_of",
+    "max_steps",
+    "with_steps",
+]
 
 SIGMA_MIN, SIGMA_MAX = 1e-2, 1e5
 _REL_TOL = 2e-3  # bracket width on σ at the end of the search (the promise is 0.5%)
@@ -58,6 +75,41 @@ def dpsgd_event(sampling_rate: float, noise_multiplier: float) -> PrivacyEvent:
     q = _check_rate(sampling_rate)
     g = Gaussian(_check_sigma(noise_multiplier))
     return g if q == 1.0 else PoissonSampled(q, g)
+
+
+def with_steps(prefix: Sequence[PrivacyEvent], step: PrivacyEvent, count: int) -> list[PrivacyEvent]:
+    """``prefix`` followed by ``count`` repetitions of ``step`` (as one :class:`SelfComposed`)."""
+    return [*prefix, SelfComposed(step, count)] if count > 0 else list(prefix)
+
+
+def epsilon_of(events: Sequence[PrivacyEvent], delta: float, accountant: AccountantName = "pld") -> float:
+    """ε at ``delta`` of the composition of ``events`` (0 for none), with the named accountant."""
+    acc = make_accountant(accountant)
+    if events:
+        acc.compose(Composed(list(events)))
+    return float(acc.epsilon(check_delta(delta)))
+
+
+def epsilon_curve(
+    step: PrivacyEvent,
+    total: int,
+    delta: float,
+    accountant: AccountantName = "pld",
+    *,
+    prefix: Sequence[PrivacyEvent] = (),
+    points: int = 12,
+) -> list[tuple[int, float]]:
+    """ε after ``prefix`` and k steps, for k = 0, ``total`` and about ``points`` values between."""
+    ks = sorted({0, total, *np.linspace(0, total, num=min(total, points) + 1).round().astype(int).tolist()})
+    return [(int(k), epsilon_of(with_steps(prefix, step, int(k)), delta, accountant)) for k in ks]
+
+
+def epsilon_at(curve: Sequence[tuple[int, float]], k: int) -> float:
+    """ε after k steps read off an :func:`epsilon_curve`, rounded up to the next computed point."""
+    for s, e in curve:
+        if s >= k:
+            return e
+    return curve[-1][1]
 
 
 def dpsgd_epsilon(
@@ -124,13 +176,19 @@ def calibrate_noise(
     sampling_rate: float,
     steps: int,
     accountant: AccountantName = "pld",
+    *,
+    prefix: Sequence[PrivacyEvent] = (),
 ) -> float:
-    """The smallest σ (to 0.5%) such that ``steps`` DP-SGD steps at rate q are (target_ε, δ)-DP."""
+    """The smallest σ (to 0.5%) such that ``prefix`` then ``steps`` DP-SGD steps at rate q are
+    (target_ε, δ)-DP. ``prefix``: events already spent or planned before the steps (e.g. a DP
+    preprocessing release); refused when they alone reach the target."""
     target = _check_target(target_epsilon)
     delta = check_delta(delta)
     q = _check_rate(sampling_rate)
     steps = _check_steps(steps)
     make_accountant(accountant)  # validates the name before any work
+    if prefix:
+        return _calibrate_after(prefix, target, delta, q, steps, accountant)
     coarse_points, fine_points = _coarse_then_fine(accountant)
 
     @functools.cache
@@ -181,13 +239,17 @@ def max_steps(
     accountant: AccountantName = "pld",
     *,
     limit: int = 10**8,
+    prefix: Sequence[PrivacyEvent] = (),
 ) -> int:
-    """The most DP-SGD steps whose ε stays at or below the target (0 if not even one fits)."""
+    """The most DP-SGD steps (≤ ``limit``) whose ε, after the ``prefix`` events already spent, stays
+    at or below the target (0 if not even one fits)."""
     sigma = _check_sigma(noise_multiplier)
     q = _check_rate(sampling_rate)
     target = _check_target(target_epsilon)
     delta = check_delta(delta)
     make_accountant(accountant)
+    if prefix:
+        return _steps_after(prefix, dpsgd_event(q, sigma), target, delta, accountant, limit)
 
     coarse_points, _ = _coarse_then_fine(accountant)
 
@@ -218,3 +280,58 @@ def _bisect_steps(fits: Callable[[int], bool], lo: int, hi: int) -> int:
         else:
             hi = mid
     return lo
+
+
+def _calibrate_after(
+    prefix: Sequence[PrivacyEvent],
+    target: float,
+    delta: float,
+    q: float,
+    steps: int,
+    accountant: AccountantName,
+) -> float:
+    """Smallest σ (to 0.2%) with ε(prefix + steps) ≤ target: a geometric bisection from the σ of the
+    steps alone (a lower bound), each candidate checked with the full-resolution accountant."""
+    if epsilon_of(prefix, delta, accountant) >= target:
+        raise UnreachableTargetError(
+            "target_epsilon",
+            target,
+            "the events spent before training already use the whole target ε, leaving nothing for it",
+            "spend less before training (e.g. a smaller preprocessing budget) or raise the target ε",
+        )
+
+    def fits(sigma: float) -> bool:
+        return epsilon_of(with_steps(prefix, dpsgd_event(q, sigma), steps), delta, accountant) <= target
+
+    lo = calibrate_noise(target, delta, q, steps, accountant)
+    hi = lo * 1.25
+    while not fits(hi):
+        lo, hi = hi, hi * 2
+        if hi > SIGMA_MAX:
+            raise UnreachableTargetError(
+                "target_epsilon", target, "no noise level fits this run", "raise the target ε"
+            )
+    while hi / lo > 1.002:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    return hi
+
+
+def _steps_after(
+    prefix: Sequence[PrivacyEvent],
+    step: PrivacyEvent,
+    target: float,
+    delta: float,
+    accountant: AccountantName,
+    limit: int,
+) -> int:
+    """Largest k ≤ limit with ε(prefix + k steps) ≤ target, by bisection (0 if none fits)."""
+
+    def fits(k: int) -> bool:
+        return epsilon_of(with_steps(prefix, step, k), delta, accountant) <= target
+
+    if limit <= 0 or fits(limit):
+        return max(limit, 0)
+    if not fits(0):
+        return 0
+    return _bisect_steps(fits, 0, limit)

@@ -30,7 +30,6 @@ from typing import Literal
 
 import numpy as np
 
-from veil.accounting.base import PrivacyAccountant, check_delta, check_epsilon
 from veil.accounting.events import (
     Composed,
     Gaussian,
@@ -42,6 +41,7 @@ from veil.accounting.events import (
     PrivacyEvent,
     SelfComposed,
 )
+from veil.accounting.interface import PrivacyAccountant, check_delta, check_epsilon
 from veil.errors import InvalidParameterError
 
 __all__ = ["PLDAccountant"]

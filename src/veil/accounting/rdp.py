@@ -21,7 +21,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from veil.accounting.base import PrivacyAccountant, check_delta, check_epsilon
 from veil.accounting.events import (
     Composed,
     Gaussian,
@@ -32,6 +31,7 @@ from veil.accounting.events import (
     PrivacyEvent,
     SelfComposed,
 )
+from veil.accounting.interface import PrivacyAccountant, check_delta, check_epsilon
 
 __all__ = ["DEFAULT_ORDERS", "RDPAccountant", "rdp_to_delta", "rdp_to_epsilon", "subsampled_gaussian_rdp"]
 

@@ -3,7 +3,10 @@
 * :mod:`veil.audit.bounds` — the one-run ε lower bound (Steinke, Nasr & Jagielski 2023);
 * :mod:`veil.audit.mia` — the loss-threshold attack and LiRA (online and offline);
 * :mod:`veil.audit.canaries` — input-space (black-box) and gradient-space (white-box) canaries;
-* :mod:`veil.audit.run` — ``veil audit``: train with canaries, attack, report.
+* :mod:`veil.audit.run` — ``veil audit``: train with canaries, attack, report (the job);
+* :mod:`veil.audit.fit` — training for an audit, through :mod:`veil.pipeline`;
+* :mod:`veil.audit.settings` — what to audit, the report, config resolution;
+* :mod:`veil.audit.hook` — the canaries ``veil train --audit`` attaches (called by training).
 
 Nothing here is imported by ``import veil``; submodules import torch/scipy only when needed.
 """

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import io
 import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -94,25 +92,11 @@ def reading(
 # ---------------------------------------------------------------------------------------------
 # Plots
 # ---------------------------------------------------------------------------------------------
-def _figure(width: float, height: float) -> tuple[Any, Any]:
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    return plt, plt.figure(figsize=(width, height), dpi=100)
-
-
-def _png(plt: Any, fig: Any) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", bbox_inches="tight")
-    plt.close(fig)
-    return buf.getvalue()
-
-
 def roc_png(results: Sequence[MIAResult]) -> bytes:
     """ROC curves of the attacks, linear and log-log (low-FPR regime) side by side."""
-    plt, fig = _figure(9.0, 3.8)
+    from veil.report.plots import figure, png_bytes
+
+    plt, fig = figure(9.0, 3.8)
     for i, log in enumerate((False, True)):
         ax = fig.add_subplot(1, 2, i + 1)
         for r in results:
@@ -131,14 +115,16 @@ def roc_png(results: Sequence[MIAResult]) -> bytes:
         ax.grid(alpha=0.3)
         ax.legend(loc="lower right", fontsize=8)
     fig.suptitle("Membership inference: ROC")
-    return _png(plt, fig)
+    return png_bytes(plt, fig)
 
 
 def canary_png(groups: Mapping[str, tuple[Any, Any]]) -> bytes:
     """Histograms of canary scores, included against excluded, one panel per canary kind."""
     import numpy as np
 
-    plt, fig = _figure(4.5 * max(1, len(groups)), 3.4)
+    from veil.report.plots import figure, png_bytes
+
+    plt, fig = figure(4.5 * max(1, len(groups)), 3.4)
     for i, (name, (scores, included)) in enumerate(groups.items()):
         ax = fig.add_subplot(1, max(1, len(groups)), i + 1)
         s = np.asarray(scores, dtype=float)
@@ -150,84 +136,39 @@ def canary_png(groups: Mapping[str, tuple[Any, Any]]) -> bytes:
         ax.set_title(f"{name} canaries")
         ax.set_xlabel("score")
         ax.legend()
-    return _png(plt, fig)
+    return png_bytes(plt, fig)
 
 
 # ---------------------------------------------------------------------------------------------
 # HTML
 # ---------------------------------------------------------------------------------------------
-_TEMPLATE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>veil audit</title>
-<style>
-body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;color:#222}
-table{border-collapse:collapse;margin:1rem 0}
-td,th{border:1px solid #ccc;padding:.3rem .6rem;text-align:left}
-.big{font-size:1.4rem}.violation{color:#b00020;font-weight:bold}.consistent{color:#1b5e20}
-.reading{background:#f5f5f5;padding:1rem;border-left:4px solid #888}
-</style></head><body>
-<h1>Privacy audit</h1>
-<p>{{ source }}</p>
-<table class="big">
-<tr><th>promised ε (δ = {{ '%g' % r.delta }})</th>
-<th>measured ε lower bound ({{ '%.0f' % (100 * r.confidence) }}% confidence)</th><th>verdict</th></tr>
-<tr><td>{{ promised }}</td><td>{{ measured }}</td>
-<td class="{{ r.verdict }}">{{ r.verdict.replace('_', ' ') }}</td></tr>
-</table>
-<p class="reading">{{ r.reading }}</p>
-{% if canaries %}
-<h2>Canary audits (one run)</h2>
-<table><tr><th>kind</th><th>canaries</th><th>included</th><th>score</th><th>guesses</th>
-<th>correct</th><th>ε lower bound</th><th>confidence</th></tr>
-{% for name, c in canaries.items() %}
-<tr><td>{{ name }}{% if c.get('direction') %} ({{ c.direction }}){% endif %}</td>
-<td>{{ c.count }}</td><td>{{ c.included }}</td><td>{{ c.score }}</td>
-<td>{{ c.bound.guesses }} ({{ c.bound.guessed_in }} in, {{ c.bound.guessed_out }} out)</td>
-<td>{{ c.bound.correct }}</td><td>{{ '%.4f' % c.bound.epsilon }}</td>
-<td>{{ '%.4g' % c.bound.confidence }}</td></tr>
-{% endfor %}</table>
-<p>Each canary was included with probability ½. The bound is the largest ε such that, were the run
-(ε, δ)-DP, this many correct guesses would have probability at most 1 − confidence (Steinke, Nasr &amp;
-Jagielski 2023). Several guess counts were tried and paid for with a Bonferroni correction.</p>
-{% endif %}
-{% if attacks %}
-<h2>Membership inference</h2>
-<table><tr><th>attack</th><th>AUC</th><th>TPR at 0.1% FPR</th><th>TPR at 1% FPR</th>
-<th>members</th><th>non-members</th></tr>
-{% for a in attacks %}
-<tr><td>{{ a.attack }}{% if a.get('variant') %}
-({{ a.variant }}, {{ a.shadow_models }} shadows){% endif %}</td>
-<td>{{ '%.4f' % a.auc }}</td><td>{{ '%.4f' % a['tpr_at_0.1pct_fpr'] }}</td>
-<td>{{ '%.4f' % a['tpr_at_1pct_fpr'] }}</td><td>{{ a.members }}</td><td>{{ a.nonmembers }}</td></tr>
-{% endfor %}</table>
-<p>With n non-members the smallest non-zero false-positive rate is 1/n.</p>
-{% endif %}
-{% for title, data in images.items() %}<h3>{{ title }}</h3>
-<img alt="{{ title }}" src="data:image/png;base64,{{ data }}" style="max-width:100%">{% endfor %}
-<h2>Run</h2>
-<table>{% for k, v in run.items() %}<tr><td>{{ k }}</td><td>{{ v }}</td></tr>{% endfor %}</table>
-<p>The audit's own numbers are diagnostics about the training data and are not covered by any privacy
-guarantee: keep this report internal.</p>
-</body></html>
-"""
-
-
 def render_html(report: Mapping[str, Any], images: Mapping[str, bytes]) -> str:
-    """``report.html`` from the ``report.json`` dict; ``images`` maps a title to PNG bytes."""
-    import jinja2
+    """``report.html`` from the ``report.json`` dict (``templates/audit.html.j2``); ``images`` maps a
+    title to PNG bytes."""
+    from veil.report import Check
+    from veil.report.render import render_page
 
-    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
-    template = env.from_string(_TEMPLATE)
     theo = report.get("epsilon_theoretical")
     lb = report.get("epsilon_lower_bound")
     mia = report.get("mia") or {}
-    source = report.get("source", "")
-    return template.render(
+    checks = [
+        Check(
+            name="measured_within_promise",
+            passed=report.get("verdict") != "violation",
+            detail=f"verdict: {str(report.get('verdict', '')).replace('_', ' ')} (the measured lower bound "
+            "must not exceed the accountant's ε)",
+        )
+    ]
+    return render_page(
+        "audit.html.j2",
+        images,
         r=report,
         promised="∞ (no noise)" if theo is None else f"{theo:.4g}",
         measured="not audited" if lb is None else f"{lb:.4f}",
         canaries={k: v for k, v in (report.get("canaries") or {}).items() if isinstance(v, dict)},
         attacks=list((mia.get("attacks") or {}).values()),
-        images={t: base64.b64encode(png).decode("ascii") for t, png in images.items()},
         run=report.get("run") or {},
-        source=source,
+        source=report.get("source", ""),
+        checks=checks,
+        files=report.get("files") or {},
     )

@@ -46,6 +46,61 @@ def run_audit(
     return audit(cfg, settings, out=out).to_dict()
 
 
+# Options of `veil audit` beyond the shared training ones (typer reads them as defaults).
+EPSILON = typer.Option(
+    None, "--epsilon", help="Target ε of the audited run (default 3); inf audits a σ = 0 run."
+)
+DELTA = typer.Option(None, "--delta", help="Target δ (< 1/N); also the δ of the ε lower bound.")
+NOISE_MULTIPLIER = typer.Option(
+    None, "--noise-multiplier", help="σ instead of calibrating it; 0 audits a non-private run."
+)
+SEED = typer.Option(None, "--seed", help="Seed of split, initialisation, noise and canaries.")
+SECURE_RNG = typer.Option(None, "--secure-rng", help="Noise, sampling and canaries from the OS CSPRNG.")
+CANARIES = typer.Option(
+    None, "--canaries", help="Canaries per kind (default 1000 gradient / 500 input, capped by the data)."
+)
+CANARY_KIND = typer.Option(
+    None, "--canary-kind", help="gradient (white box, default), input (black box) or both."
+)
+CANARY_DIRECTION = typer.Option(
+    None, "--canary-direction", help="dirac (default: quiet coordinates) or random directions."
+)
+ATTACK = typer.Option(None, "--attack", help="canary (default; with the loss attack), loss, lira or all.")
+CONFIDENCE = typer.Option(None, "--confidence", help="Confidence of the ε lower bound (0.95).")
+SHADOW_MODELS = typer.Option(None, "--shadow-models", help="LiRA shadow models (default 8).")
+LIRA_VARIANT = typer.Option(None, "--lira-variant", help="auto (default), online or offline.")
+RUN = typer.Option(None, "--run", help="Audit the model of this finished veil train run instead.")
+OUT = typer.Option(None, "--out", help="Output folder (default runs/audit-<dataset>-<time>, or RUN/audit).")
+AUDIT_KEYS = (
+    "canaries",
+    "canary_kind",
+    "canary_direction",
+    "attack",
+    "confidence",
+    "shadow_models",
+    "lira_variant",
+)
+
+
+def summary(report: dict[str, Any]) -> str:
+    """The lines `veil audit` prints without --json."""
+    lb, theo = report["epsilon_lower_bound"], report["epsilon_theoretical"]
+    lines = [
+        f"ε lower bound {'—' if lb is None else f'{lb:.4f}'} at {report['confidence']:.0%} confidence; "
+        f"promised ε {'∞ (σ = 0)' if theo is None else f'{theo:.4g}'} (δ = {report['delta']:g}): "
+        f"{report['verdict'].replace('_', ' ')}",
+    ]
+    mia = report.get("mia")
+    if mia:
+        lines.append(
+            f"{mia['attack']} attack: AUC {mia['auc']:.4f}, TPR {mia['tpr_at_1pct_fpr']:.4f} at 1% FPR, "
+            f"{mia['tpr_at_0.1pct_fpr']:.4f} at 0.1% FPR"
+        )
+    lines.append(report["reading"])
+    lines.append(f"report: {report['out_dir']}/report.html")
+    return "\n".join(lines) + "\n"
+
+
 def register(app: typer.Typer) -> None:
     @app.command("audit")
     def audit_command(
@@ -58,95 +113,35 @@ def register(app: typer.Typer) -> None:
         data_dir: str = opts.DATA_DIR,
         target: str = opts.TARGET,
         model: str = opts.MODEL,
-        epsilon: float = typer.Option(
-            None, "--epsilon", help="Target ε of the audited run (default 3); inf audits a σ = 0 run."
-        ),
-        delta: float = typer.Option(
-            None, "--delta", help="Target δ (< 1/N); also the δ of the ε lower bound."
-        ),
+        epsilon: float = EPSILON,
+        delta: float = DELTA,
         epochs: int = opts.EPOCHS,
         batch_size: int = opts.BATCH_SIZE,
         max_grad_norm: float = opts.MAX_GRAD_NORM,
         lr: float = opts.LR,
         optimizer: str = opts.OPTIMIZER,
         accountant: str = opts.ACCOUNTANT,
-        noise_multiplier: float = typer.Option(
-            None, "--noise-multiplier", help="σ instead of calibrating it; 0 audits a non-private run."
-        ),
-        seed: int = typer.Option(None, "--seed", help="Seed of split, initialisation, noise and canaries."),
-        secure_rng: bool = typer.Option(
-            None, "--secure-rng", help="Noise, sampling and canaries from the OS CSPRNG."
-        ),
-        canaries: int = typer.Option(
-            None,
-            "--canaries",
-            help="Canaries per kind (default 1000 gradient / 500 input, capped by the data).",
-        ),
-        canary_kind: str = typer.Option(
-            None, "--canary-kind", help="gradient (white box, default), input (black box) or both."
-        ),
-        canary_direction: str = typer.Option(
-            None, "--canary-direction", help="dirac (default: quiet coordinates) or random directions."
-        ),
-        attack: str = typer.Option(
-            None, "--attack", help="canary (default; with the loss attack), loss, lira or all."
-        ),
-        confidence: float = typer.Option(
-            None, "--confidence", help="Confidence of the ε lower bound (0.95)."
-        ),
-        shadow_models: int = typer.Option(None, "--shadow-models", help="LiRA shadow models (default 8)."),
-        lira_variant: str = typer.Option(None, "--lira-variant", help="auto (default), online or offline."),
-        run: str = typer.Option(
-            None, "--run", help="Audit the model of this finished veil train run instead."
-        ),
-        out: str = typer.Option(
-            None, "--out", help="Output folder (default runs/audit-<dataset>-<time>, or RUN/audit)."
-        ),
+        noise_multiplier: float = NOISE_MULTIPLIER,
+        seed: int = SEED,
+        secure_rng: bool = SECURE_RNG,
+        canaries: int = CANARIES,
+        canary_kind: str = CANARY_KIND,
+        canary_direction: str = CANARY_DIRECTION,
+        attack: str = ATTACK,
+        confidence: float = CONFIDENCE,
+        shadow_models: int = SHADOW_MODELS,
+        lira_variant: str = LIRA_VARIANT,
+        run: str = RUN,
+        out: str = OUT,
         json_output: bool = typer.Option(False, "--json", help="Print report.json on stdout."),
     ) -> None:
         """Audit privacy: an empirical ε lower bound (canaries) and membership-inference attacks."""
-        flags: dict[str, Any] = {
-            "dataset": dataset,
-            "data_dir": data_dir,
-            "target": target,
-            "model": model,
-            "epsilon": epsilon,
-            "delta": delta,
-            "epochs": epochs,
-            "batch_size": batch_size,
-            "max_grad_norm": max_grad_norm,
-            "lr": lr,
-            "optimizer": optimizer,
-            "accountant": accountant,
-            "noise_multiplier": noise_multiplier,
-            "seed": seed,
-            "secure_rng": secure_rng,
-        }
-        audit_flags: dict[str, Any] = {
-            "canaries": canaries,
-            "canary_kind": canary_kind,
-            "canary_direction": canary_direction,
-            "attack": attack,
-            "confidence": confidence,
-            "shadow_models": shadow_models,
-            "lira_variant": lira_variant,
-        }
+        values = dict(locals())
+        skip = {"config", "run", "out", "json_output", *AUDIT_KEYS}
+        flags = {k: v for k, v in values.items() if k not in skip}
+        audit_flags = {k: values[k] for k in AUDIT_KEYS}
         report = run_audit(config, flags, audit_flags, run=run, out=out)
         if json_output:
             emit(report, True)
             return
-        lb, theo = report["epsilon_lower_bound"], report["epsilon_theoretical"]
-        lines = [
-            f"ε lower bound {'—' if lb is None else f'{lb:.4f}'} at {report['confidence']:.0%} confidence; "
-            f"promised ε {'∞ (σ = 0)' if theo is None else f'{theo:.4g}'} (δ = {report['delta']:g}): "
-            f"{report['verdict'].replace('_', ' ')}",
-        ]
-        mia = report.get("mia")
-        if mia:
-            lines.append(
-                f"{mia['attack']} attack: AUC {mia['auc']:.4f}, TPR {mia['tpr_at_1pct_fpr']:.4f} at 1% FPR, "
-                f"{mia['tpr_at_0.1pct_fpr']:.4f} at 0.1% FPR"
-            )
-        lines.append(report["reading"])
-        lines.append(f"report: {report['out_dir']}/report.html")
-        sys.stdout.write("\n".join(lines) + "\n")
+        sys.stdout.write(summary(report))

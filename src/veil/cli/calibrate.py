@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
     @app.command("calibrate")
     def calibrate_command(
         target_epsilon: float = typer.Option(
-            ..., "--target-epsilon", help="The ε the whole run must stay within."
+            ..., "--epsilon", "--target-epsilon", help="The ε the whole run must stay within."
         ),
         delta: float = args.DELTA,
         sampling_rate: float = args.SAMPLING_RATE,

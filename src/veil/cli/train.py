@@ -16,7 +16,7 @@ def run_train(
     config_file: str | None, flags: dict[str, Any], resume: str | None = None, json_output: bool = False
 ) -> dict[str, Any]:
     """The work of ``veil train``: resolve the config (defaults < file < flags), train, return the report."""
-    from veil.config import load_config_file, make_config, resolve_config
+    from veil.config import load_config_file, make_config, resolve_config, snake_keys
     from veil.training import train
 
     given = {k: v for k, v in flags.items() if v is not None}
@@ -28,7 +28,7 @@ def run_train(
             values.update(load_config_file(config_file))
         values.update(given)
         make_config(values)  # typos and wrong types are refused on resume too
-        report = train({k.replace("-", "_"): v for k, v in values.items()}, resume=resume)
+        report = train(snake_keys(values), resume=resume)
     else:
         report = train(resolve_config(config_file, given))
     return report.to_dict()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from veil.clipping import rules as _rules  # noqa: F401  (registers the built-in rules)
 from veil.clipping.clipper import ClippingMode, LossReduction, PerSampleClipper
+from veil.clipping.lookup import supports
 from veil.clipping.registry import (
     CallRecord,
     Contribution,
@@ -19,7 +20,6 @@ from veil.clipping.registry import (
     Materialised,
     RuleError,
     register_rule,
-    supports,
 )
 
 __all__ = [

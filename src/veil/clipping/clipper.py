@@ -41,6 +41,7 @@ from torch.utils.hooks import RemovableHandle
 
 from veil.clipping._autograd import reattach
 from veil.clipping._tree import flatten, map_tensors
+from veil.clipping.lookup import rule_for
 from veil.clipping.registry import (
     CallRecord,
     Contribution,
@@ -49,7 +50,6 @@ from veil.clipping.registry import (
     Materialised,
     RuleError,
     is_floating,
-    rule_for,
 )
 from veil.errors import InvalidParameterError, ModelNotSupportedError, Problem
 

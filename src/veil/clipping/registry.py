@@ -35,8 +35,6 @@ __all__ = [
     "RuleError",
     "find_rule",
     "register_rule",
-    "rule_problem",
-    "supports",
 ]
 
 
@@ -184,12 +182,6 @@ def register_rule(module_type: type[nn.Module]) -> Callable[[_R], _R]:
     return decorate
 
 
-def _fallback() -> LayerRule:
-    from veil.clipping.fallback import FunctionalRule
-
-    return FunctionalRule()
-
-
 def find_rule(module: nn.Module) -> LayerRule | None:
     """The registered rule for ``module``'s type, walking its MRO, or ``None``.
 
@@ -201,37 +193,6 @@ def find_rule(module: nn.Module) -> LayerRule | None:
         if rule is not None:
             return rule if getattr(cls, "forward", None) is forward else None
     return None
-
-
-def rule_for(module: nn.Module) -> LayerRule:
-    """The rule the clipper uses for ``module``: its registered rule, else the fallback.
-
-    A registered rule that does not know every trainable parameter the module owns directly
-    (a subclass that added one) gives way to the fallback too.
-    """
-    rule = find_rule(module)
-    if rule is not None:
-        rule = rule.specialise(module)
-    if rule is not None and not rule.subtree and rule.param_names is not None:
-        own = {n for n, p in module.named_parameters(recurse=False) if p.requires_grad}
-        if not own <= set(rule.param_names):
-            rule = None
-    return rule if rule is not None else _fallback()
-
-
-def rule_problem(module: nn.Module) -> str | None:
-    """Why ``module``'s own trainable parameters cannot get exact per-sample gradients, or ``None``."""
-    return rule_for(module).problem(module)
-
-
-def supports(module: nn.Module) -> bool:
-    """Whether ``module`` has a rule, or is expected to work with the ``torch.func`` fallback.
-
-    Only ``module`` itself is judged (not its children). The fallback cannot be proven to work
-    without running it; at run time it also checks that the recomputed per-example outputs
-    match what the batched forward produced, and refuses otherwise.
-    """
-    return rule_problem(module) is None
 
 
 def is_floating(t: Tensor) -> bool:

@@ -26,8 +26,9 @@ of these events. The test split is transformed with the same (already released) 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
@@ -37,12 +38,12 @@ from veil.errors import ConfigError
 if TYPE_CHECKING:
     from torch import nn
 
-    from veil.config import TrainConfig
     from veil.data import Dataset
     from veil.mechanisms.rng import RandomSource
 
 __all__ = [
     "PreprocessingPlan",
+    "PreprocessingSettings",
     "build_transform",
     "plan_preprocessing",
     "run_preprocessing",
@@ -50,6 +51,26 @@ __all__ = [
 ]
 
 Method = Literal["pixels", "as-given", "bounds", "dp-center"]
+
+
+class PreprocessingSettings(Protocol):
+    """The settings preprocessing reads (a :class:`~veil.config.TrainConfig` has them all); passed
+    as values so that this module never depends on the configuration layer above it."""
+
+    @property
+    def feature_bounds(self) -> Sequence[Sequence[float]] | Mapping[str, Sequence[float]] | None: ...
+    @property
+    def center_clip_norm(self) -> float | None: ...
+    @property
+    def preprocessing_budget(self) -> float: ...
+    @property
+    def feature_resolution(self) -> float: ...
+    @property
+    def epsilon(self) -> float: ...
+    @property
+    def delta(self) -> float: ...
+    @property
+    def secure_rng(self) -> bool: ...
 
 
 @dataclass
@@ -73,11 +94,11 @@ class PreprocessingPlan:
         return self.event is None
 
 
-def _bounds_arrays(config: TrainConfig, dataset: Dataset) -> tuple[np.ndarray, np.ndarray]:
+def _bounds_arrays(config: PreprocessingSettings, dataset: Dataset) -> tuple[np.ndarray, np.ndarray]:
     d = dataset.input_shape[0]
     bounds = config.feature_bounds
     assert bounds is not None
-    if isinstance(bounds, dict):
+    if isinstance(bounds, Mapping):
         names = dataset.feature_names or []
         unknown = [k for k in bounds if k not in names]
         if unknown:
@@ -97,7 +118,7 @@ def _bounds_arrays(config: TrainConfig, dataset: Dataset) -> tuple[np.ndarray, n
             )
         pairs = [bounds[n] for n in names]
     elif len(bounds) == 1:
-        pairs = bounds * d
+        pairs = list(bounds) * d
     elif len(bounds) == d:
         pairs = list(bounds)
     else:
@@ -111,7 +132,7 @@ def _bounds_arrays(config: TrainConfig, dataset: Dataset) -> tuple[np.ndarray, n
     return arr[:, 0], arr[:, 1]
 
 
-def plan_preprocessing(config: TrainConfig, dataset: Dataset) -> PreprocessingPlan:
+def plan_preprocessing(config: PreprocessingSettings, dataset: Dataset) -> PreprocessingPlan:
     """Choose the preprocessing and, for ``dp-center``, its noise and planned privacy event."""
     if dataset.kind == "image":
         if dataset.pixel_max:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Mapping
 
 from veil.report import Report
@@ -46,17 +45,15 @@ def _caveats(report: Report) -> list[str]:
 
 
 def render_html(report: Report, images: Mapping[str, bytes]) -> str:
-    """The report page; ``images`` maps a title to PNG bytes."""
-    import jinja2
+    """The report page (``templates/train.html.j2``); ``images`` maps a title to PNG bytes."""
+    from veil.report.render import render_page
 
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader("veil.report", "templates"),
-        autoescape=jinja2.select_autoescape(["html", "j2"]),
-    )
-    template = env.get_template("report.html.j2")
-    return template.render(
+    return render_page(
+        "train.html.j2",
+        images,
         r=report,
         guarantee=guarantee_text(report),
         caveats=_caveats(report),
-        images={title: base64.b64encode(png).decode("ascii") for title, png in images.items()},
+        checks=report.checks,
+        files=report.files,
     )

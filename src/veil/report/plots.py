@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
+from typing import Any
 
-__all__ = ["curves_png", "epsilon_png"]
+__all__ = ["curves_png", "epsilon_png", "figure", "png_bytes"]
 
 
-def _figure(width: float, height: float) -> tuple[object, object]:
+def figure(width: float, height: float) -> tuple[Any, Any]:
+    """(pyplot, a new figure) on the Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -17,17 +19,18 @@ def _figure(width: float, height: float) -> tuple[object, object]:
     return plt, plt.figure(figsize=(width, height), dpi=100, layout="constrained")
 
 
-def _png(plt: object, fig: object) -> bytes:
+def png_bytes(plt: Any, fig: Any) -> bytes:
+    """The figure as PNG bytes; the figure is closed."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", bbox_inches="tight")  # type: ignore[attr-defined]
-    plt.close(fig)  # type: ignore[attr-defined]
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    plt.close(fig)
     return buf.getvalue()
 
 
 def epsilon_png(curve: Sequence[tuple[int, float]], target: float, steps_done: int, delta: float) -> bytes:
     """ε spent (at δ) against the step number; the target as a dashed line."""
-    plt, fig = _figure(6.0, 3.6)
-    ax = fig.add_subplot(1, 1, 1)  # type: ignore[attr-defined]
+    plt, fig = figure(6.0, 3.6)
+    ax = fig.add_subplot(1, 1, 1)
     xs = [s for s, _ in curve]
     ys = [e for _, e in curve]
     ax.plot(xs, ys, marker=".", label="ε spent")
@@ -40,14 +43,14 @@ def epsilon_png(curve: Sequence[tuple[int, float]], target: float, steps_done: i
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
     ax.set_title("Privacy spent during training")
-    return _png(plt, fig)
+    return png_bytes(plt, fig)
 
 
 def curves_png(dp: Sequence[dict[str, float]], baseline: Sequence[dict[str, float]]) -> bytes:
     """Test loss and test accuracy per epoch, DP against the non-private baseline."""
-    plt, fig = _figure(9.0, 3.6)
+    plt, fig = figure(9.0, 3.6)
     for i, (key, label) in enumerate((("test_loss", "test loss"), ("test_accuracy", "test accuracy"))):
-        ax = fig.add_subplot(1, 2, i + 1)  # type: ignore[attr-defined]
+        ax = fig.add_subplot(1, 2, i + 1)
         for rows, name in ((dp, "DP"), (baseline, "non-private baseline")):
             points = [(r["epoch"], r[key]) for r in rows if key in r]
             if points:
@@ -56,5 +59,5 @@ def curves_png(dp: Sequence[dict[str, float]], baseline: Sequence[dict[str, floa
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle("Utility: DP training against the non-private baseline")  # type: ignore[attr-defined]
-    return _png(plt, fig)
+    fig.suptitle("Utility: DP training against the non-private baseline")
+    return png_bytes(plt, fig)

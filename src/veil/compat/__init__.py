@@ -1,0 +1,1 @@
+"""Compatibility with other libraries' public APIs, mapped onto veil's own objects."""

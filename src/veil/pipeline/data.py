@@ -1,0 +1,118 @@
+"""Data preparation shared by every job: load, check, presets, preprocessing plan and its release.
+
+Everything here is checked before a job writes anything: δ against 1/N, the batch size against N,
+the preprocessing plan (a DP release is only *planned* here; :func:`release_preprocessing` runs it,
+after the job charged its event).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from veil.config import TrainConfig, apply_presets, preset_for
+from veil.errors import InvalidParameterError, SamplingError
+from veil.mechanisms.rng import make_source
+from veil.pipeline.seeds import Purpose, derive_seed
+
+if TYPE_CHECKING:
+    from veil.accounting.events import PrivacyEvent
+    from veil.data import Dataset
+    from veil.data.preprocess import PreprocessingPlan
+
+__all__ = ["Prepared", "UsesPrepared", "check_delta", "load_data", "prepare", "release_preprocessing"]
+
+
+@dataclass
+class Prepared:
+    """A job's checked inputs: the resolved config (presets applied), the data and the preprocessing
+    plan (whose DP statistic, if any, is not released yet)."""
+
+    cfg: TrainConfig
+    data: Dataset
+    prep: PreprocessingPlan
+    model_name: str
+
+    @property
+    def pre_events(self) -> list[PrivacyEvent]:
+        """The events charged before training: the preprocessing release, if it is a DP one."""
+        return [] if self.prep.event is None else [self.prep.event]
+
+
+class UsesPrepared:
+    """Mixin of a job's plan that holds a :class:`Prepared` as ``prepared``: its parts by name."""
+
+    prepared: Prepared
+
+    @property
+    def cfg(self) -> TrainConfig:
+        return self.prepared.cfg
+
+    @property
+    def data(self) -> Dataset:
+        return self.prepared.data
+
+    @property
+    def prep(self) -> PreprocessingPlan:
+        return self.prepared.prep
+
+    @property
+    def model_name(self) -> str:
+        return self.prepared.model_name
+
+
+def load_data(cfg: TrainConfig) -> Dataset:
+    """The configured dataset, split by the run's seed."""
+    from veil.data import load_dataset
+
+    return load_dataset(
+        cfg.dataset, data_dir=cfg.data_dir, target=cfg.target, test_fraction=cfg.test_fraction, seed=cfg.seed
+    )
+
+
+def check_delta(delta: float, n: int) -> None:
+    """Refuse δ ≥ 1/N: such a δ allows a mechanism that publishes one whole record."""
+    if delta >= 1.0 / n:
+        raise InvalidParameterError(
+            "delta",
+            delta,
+            f"δ ≥ 1/N (N = {n} training examples) allows a mechanism that publishes a whole record outright",
+            f"pass a δ well below 1/N, e.g. --delta {10 ** math.floor(math.log10(1.0 / n) - 1):g}",
+        )
+
+
+def prepare(cfg: TrainConfig, *, private: bool = True) -> Prepared:
+    """Load and check the data, apply the presets, plan the preprocessing (nothing released).
+
+    ``private=False`` (a σ = 0 reference run) skips the δ check: such a run promises nothing."""
+    from veil.data.preprocess import plan_preprocessing
+    from veil.models import resolve_name
+
+    data = load_data(cfg)
+    n = data.n_train
+    if private:
+        check_delta(cfg.delta, n)
+    cfg = apply_presets(cfg, preset_for(cfg.model, data), n)
+    assert cfg.batch_size is not None and cfg.epochs is not None
+    if cfg.batch_size > n:
+        raise SamplingError(
+            "batch_size",
+            cfg.batch_size,
+            f"the sampling rate q = batch_size / N must be ≤ 1, and N = {n} training examples",
+            f"pass --batch-size of at most {n}",
+        )
+    prep = plan_preprocessing(cfg, data)
+    return Prepared(cfg, data, prep, resolve_name(cfg.model, data.kind, data.input_shape))
+
+
+def release_preprocessing(prepared: Prepared, index: int = 0) -> None:
+    """Release the planned DP preprocessing statistic (the ``index``-th release of the run, from 0).
+
+    Call only after the release's event is charged (a job with a ledger appends it first). Noise
+    from the OS CSPRNG in secure mode, else from the seed derived for :attr:`Purpose.PREPROCESSING`."""
+    from veil.data.preprocess import run_preprocessing
+
+    cfg = prepared.cfg
+    seed = None if cfg.secure_rng else derive_seed(cfg.seed, Purpose.PREPROCESSING, index)
+    run_preprocessing(prepared.prep, prepared.data, make_source(cfg.secure_rng, seed))

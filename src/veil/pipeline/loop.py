@@ -1,0 +1,300 @@
+"""The accounted DP-SGD run of ``veil train`` (and of any job that trains with a ledger).
+
+Guarantee. The caller passes the last step the budget allows; each logical step's event is appended
+and fsync'ed to the ledger *before* its noisy update is computed. A DP preprocessing release is
+charged before it is made and is made once per run (a resume reuses the released file, verified
+against its checksum). The released weights are an exponential moving average of the DP iterates
+(post-processing: no privacy cost). Test metrics are diagnostics computed without privacy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from veil.accounting.calibrate import epsilon_at, epsilon_of
+from veil.accounting.ledger import Ledger
+from veil.errors import BudgetExhaustedError, LedgerError
+from veil.pipeline import checkpoints as ckpt
+from veil.pipeline.budget import StepPlan
+from veil.pipeline.checks import clipping_check
+from veil.pipeline.data import Prepared, UsesPrepared, release_preprocessing
+from veil.pipeline.model import (
+    Trainable,
+    assemble,
+    build_net,
+    evaluate,
+    make_engine,
+    make_optimizer,
+    trainable,
+)
+from veil.pipeline.run_folder import write_files
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from veil.audit.hook import OneRunAudit
+    from veil.engine import PrivacyEngine
+    from veil.optimizer import DPOptimizer
+    from veil.report import Check
+
+__all__ = [
+    "RunPlan",
+    "Session",
+    "checkpoint",
+    "ensure_preprocessing",
+    "evaluate_released",
+    "start",
+    "train_steps",
+    "trainable_view",
+]
+
+
+@dataclass
+class RunPlan(UsesPrepared):
+    """A checked run before anything is written: inputs, network, step plan, allowed steps, folder."""
+
+    prepared: Prepared
+    net: nn.Module
+    steps: StepPlan
+    allowed: int
+    out: Path
+    feature_cache: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def trainable_view(plan: RunPlan, net: nn.Module, device: str) -> tuple[Trainable, np.ndarray, np.ndarray]:
+    """What DP-SGD trains, and its train and test inputs (a fixed front's features, computed once)."""
+    view = trainable(assemble(plan.prep, plan.data.input_shape, net).to(device))
+    data = plan.data
+    if view.front is None:
+        return view, data.x_train, data.x_test
+    if not plan.feature_cache:  # the front was probed with the whole model by _prepare
+        for split, x in (("train", data.x_train), ("test", data.x_test)):
+            plan.feature_cache[split] = view.inputs(x, device)
+    return view, plan.feature_cache["train"], plan.feature_cache["test"]
+
+
+def ensure_preprocessing(plan: RunPlan, run_dir: Path, ledger: Ledger) -> None:
+    """Release the DP preprocessing statistic once per run (charged first), or reuse the released one."""
+    from veil.data.preprocess import restore_preprocessing
+
+    if plan.prep.public:
+        return
+    assert plan.prep.event is not None
+    path = ckpt.verified_preprocessing_file(run_dir, ledger)
+    if path is not None:
+        restore_preprocessing(plan.prep, json.loads(path.read_text()))
+        return
+    cfg = plan.cfg
+    if epsilon_of([*ledger.events(), plan.prep.event], cfg.delta, cfg.accountant) > cfg.epsilon:
+        raise BudgetExhaustedError(
+            "preprocessing",
+            plan.prep.method,
+            "releasing the preprocessing statistic again would pass the target ε",
+            "start a new run with another --out",
+        )
+    released_before = len(list(ledger.of_kind("event")))
+    ledger.append("event", label="preprocessing", method=plan.prep.method, event=plan.prep.event.to_dict())
+    release_preprocessing(plan.prepared, index=released_before)
+    data = json.dumps(plan.prep.released, sort_keys=True).encode()
+    write_files(run_dir, {"preprocessing.json": data})
+    ledger.append("preprocessing", file="preprocessing.json", sha256=hashlib.sha256(data).hexdigest())
+
+
+@dataclass
+class Session:
+    """The live objects of one process's training: the private model, its engine and optimizer, the
+    hook-free copy that evaluates the released (averaged) weights, and the state a checkpoint keeps."""
+
+    model: nn.Module
+    full: nn.Module
+    engine: PrivacyEngine
+    optimizer: DPOptimizer
+    loader: Any  # the engine's DP loader (physical chunks, with a last-chunk signal)
+    criterion: nn.Module
+    eval_model: nn.Module
+    x_test: np.ndarray
+    clip_check: Check
+    fingerprint: torch.Tensor | None
+    one_run: OneRunAudit | None
+    ema: dict[str, torch.Tensor]
+    history: list[dict[str, float]]
+    applied: int
+    resumed: bool
+
+
+def start(plan: RunPlan, run_dir: Path, ledger: Ledger) -> Session:
+    """Release (or restore) the preprocessing, build the private model and restore a checkpoint."""
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    cfg, data, device = plan.cfg, plan.data, plan.cfg.device
+    assert cfg.max_grad_norm is not None and cfg.batch_size is not None
+    ensure_preprocessing(plan, run_dir, ledger)
+    net = build_net(cfg, data, cfg.seed)
+    view, x_train, x_test = trainable_view(plan, net, device)
+    criterion = nn.CrossEntropyLoss()
+    clip_check = clipping_check(view.full, data, cfg.seed, criterion)
+    engine = make_engine(cfg, cfg.seed)
+    loader = DataLoader(
+        TensorDataset(torch.from_numpy(x_train), torch.from_numpy(data.y_train)), batch_size=cfg.batch_size
+    )
+    model, dp_optimizer, dp_loader = engine.make_private(
+        module=view.model,
+        optimizer=make_optimizer(cfg, view.model.parameters()),
+        data_loader=loader,
+        noise_multiplier=plan.steps.sigma,
+        max_grad_norm=cfg.max_grad_norm,
+        criterion=criterion,
+        physical_batch_size=cfg.physical_batch_size,
+    )
+    assert engine.plan is not None
+    if (
+        engine.plan.event != plan.steps.step_event
+        or engine.plan.steps_per_epoch != plan.steps.steps_per_epoch
+    ):
+        raise LedgerError(  # pragma: no cover - both come from accounting.calibrate.dpsgd_event
+            "engine",
+            engine.plan.event.to_json(),
+            "the engine would account steps differently from the ledger",
+            "report this as a bug",
+        )
+    one_run = None
+    if cfg.audit:
+        from veil.audit.hook import train_audit
+
+        one_run = train_audit(cfg, model, dp_optimizer, engine, x_train)
+    state = ckpt.load_checkpoint(run_dir, ledger)
+    if state is not None:
+        model.load_state_dict(state["model"])
+        dp_optimizer.load_state_dict(state["optimizer"])
+        engine.load_state_dict(state["engine"])
+    # The released weights: an exponential moving average of the DP iterates (post-processing, so
+    # free of privacy cost), evaluated on a hook-free copy of the model.
+    ema = {
+        k: v.detach().clone() for k, v in (state["ema"] if state is not None else model.state_dict()).items()
+    }
+    eval_model = trainable_view(plan, build_net(cfg, data, cfg.seed), device)[0]
+    return Session(
+        model=model,
+        full=eval_model.full,
+        engine=engine,
+        optimizer=dp_optimizer,
+        loader=dp_loader,
+        criterion=criterion,
+        eval_model=eval_model.model,
+        x_test=x_test,
+        clip_check=clip_check,
+        fingerprint=ckpt.front_fingerprint(net, data.input_shape),
+        one_run=one_run,
+        ema=ema,
+        history=list(state["history"]) if state is not None else [],
+        applied=int(state["applied"]) if state is not None else 0,
+        resumed=state is not None,
+    )
+
+
+def update_ema(s: Session, decay: float | None) -> None:
+    import torch
+
+    d = min(decay or 0.0, (1 + s.applied) / (10 + s.applied))
+    averaged = {name for name, _ in s.model.named_parameters()}
+    with torch.no_grad():
+        for k, v in s.model.state_dict().items():
+            # Only parameters are averaged; buffers (e.g. ±inf clipping bounds) are copied, and
+            # so is everything when averaging is off (0·inf would be NaN).
+            if d > 0 and k in averaged and v.is_floating_point():
+                s.ema[k].mul_(d).add_(v.detach(), alpha=1 - d)
+            else:
+                s.ema[k].copy_(v)
+
+
+def evaluate_released(s: Session, plan: RunPlan) -> tuple[float, float]:
+    """(test loss, test accuracy) of the released (averaged) weights: a diagnostic, not private."""
+    s.eval_model.load_state_dict(s.ema)
+    return evaluate(s.eval_model, s.x_test, plan.data.y_test, plan.cfg.device)
+
+
+def checkpoint(s: Session, run_dir: Path, ledger: Ledger) -> None:
+    ckpt.save_checkpoint(
+        run_dir,
+        ledger,
+        {
+            "format": ckpt.CKPT_FORMAT,
+            "charged": ledger.steps,
+            "applied": s.applied,
+            "model": s.model.state_dict(),
+            "ema": s.ema,
+            "optimizer": s.optimizer.state_dict(),
+            "engine": s.engine.state_dict(),
+            "history": s.history,
+            "front_fingerprint": s.fingerprint,
+        },
+    )
+
+
+def train_steps(
+    s: Session,
+    plan: RunPlan,
+    run_dir: Path,
+    ledger: Ledger,
+    limit: int,
+    curve: list[tuple[int, float]],
+    bar: Any,
+) -> None:
+    """DP-SGD up to step ``limit``: each logical step is charged to the ledger (on disk) before its
+    noisy update is computed; evaluation each epoch, checkpoints every ``checkpoint_every`` steps."""
+    cfg, device, spe = plan.cfg, plan.cfg.device, plan.steps.steps_per_epoch
+    step_dict = plan.steps.step_event.to_dict()
+    last_saved = ledger.steps if s.resumed else -1
+    running: list[float] = []
+    bar.update(
+        step=ledger.steps, epoch=ledger.steps // spe, loss=None, epsilon=epsilon_at(curve, ledger.steps)
+    )
+    new_logical = True
+    while ledger.steps < limit or not new_logical:
+        for xb, yb in s.loader:
+            if new_logical:
+                if ledger.steps >= limit:
+                    break
+                # Charged and on disk before this step's noisy update is computed.
+                ledger.append("step", step=ledger.steps + 1, event=step_dict)
+            loss = s.criterion(s.model(xb.to(device)), yb.to(device))
+            loss.backward()
+            s.optimizer.step()
+            s.optimizer.zero_grad()
+            loss_value = float(loss.detach())
+            if len(yb) and math.isfinite(loss_value):
+                running.append(loss_value)
+            new_logical = s.loader.signal.last_chunk
+            if not new_logical:
+                continue
+            s.applied += 1
+            update_ema(s, cfg.ema_decay)
+            k = ledger.steps
+            if k % spe == 0 or k == limit:
+                test_loss, test_acc = evaluate_released(s, plan)
+                s.history.append(
+                    {
+                        "epoch": k / spe,
+                        "step": float(k),
+                        "epsilon": epsilon_at(curve, k),
+                        "test_loss": test_loss,
+                        "test_accuracy": test_acc,
+                    }
+                )
+            if k % cfg.checkpoint_every == 0:
+                checkpoint(s, run_dir, ledger)
+                last_saved = k
+            loss_avg = float(np.mean(running[-20:])) if running else None
+            bar.update(step=k, epoch=math.ceil(k / spe), loss=loss_avg, epsilon=epsilon_at(curve, k))
+    if last_saved != ledger.steps:
+        checkpoint(s, run_dir, ledger)

@@ -1,0 +1,131 @@
+"""Model and optimizer building shared by every job that trains with DP-SGD.
+
+The model is the zoo's (or the user's factory's) network, validated and fixed
+(:mod:`veil.validation`), behind the run's public preprocessing layer. A model with a fixed front
+(:class:`veil.models.FixedFeaturesThenHead`) is trained as its head on features the front computes
+once per example (a fixed per-example map: no privacy cost); the released model maps raw inputs.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from veil.config import TrainConfig
+from veil.errors import ModelNotSupportedError
+from veil.pipeline.seeds import Purpose, derive_seed
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from veil.data import Dataset
+    from veil.data.preprocess import PreprocessingPlan
+    from veil.engine import PrivacyEngine
+
+__all__ = [
+    "Trainable",
+    "assemble",
+    "build_net",
+    "evaluate",
+    "make_engine",
+    "make_optimizer",
+    "trainable",
+]
+
+
+def build_net(cfg: TrainConfig, data: Dataset, seed: int) -> nn.Module:
+    """The configured network for ``data``, initialised from ``seed``, validated and fixed."""
+    import torch
+
+    from veil.models import build_model
+    from veil.validation import fix, validate
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        net = build_model(cfg.model, data.input_shape, data.num_classes, data.kind)
+    if validate(net):
+        net = fix(net)
+        problems = validate(net)
+        if problems:
+            raise ModelNotSupportedError(problems)
+    return net
+
+
+def assemble(prep: PreprocessingPlan, input_shape: tuple[int, ...], net: nn.Module) -> nn.Sequential:
+    """The released model: the preprocessing layer (buffers only), then the network."""
+    from torch import nn
+
+    from veil.data.preprocess import build_transform
+
+    return nn.Sequential(OrderedDict(preprocess=build_transform(prep, input_shape), net=net))
+
+
+@dataclass
+class Trainable:
+    """What DP-SGD trains (``model``) and the released model (``full``, raw inputs in).
+
+    ``front`` is the fixed feature map of a :class:`~veil.models.FixedFeaturesThenHead` (then
+    ``model`` is its head, sharing parameters with ``full``), or None (then ``model`` is ``full``)."""
+
+    full: nn.Module
+    model: nn.Module
+    front: nn.Module | None
+
+    def inputs(self, x: np.ndarray, device: str) -> np.ndarray:
+        """``x`` as ``model`` takes it: the fixed features, or ``x`` itself."""
+        from veil.models import fixed_features
+
+        return x if self.front is None else fixed_features(self.front, x, device)
+
+
+def trainable(full: nn.Module) -> Trainable:
+    """Split off a fixed front, if the model has one."""
+    from veil.models import split_fixed_front
+
+    front, head = split_fixed_front(full)
+    return Trainable(full, head if front is not None else full, front)
+
+
+def make_optimizer(cfg: TrainConfig, params: Any) -> torch.optim.Optimizer:
+    """The user's optimizer choice: Adam, or SGD with the configured momentum."""
+    import torch
+
+    assert cfg.lr is not None
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(params, lr=cfg.lr)
+    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum or 0.0)
+
+
+def make_engine(cfg: TrainConfig, seed: int) -> PrivacyEngine:
+    """A privacy engine with the configured accountant; noise and sampling from the OS CSPRNG in
+    secure mode, else from the seed derived from ``seed`` for :attr:`Purpose.ENGINE`."""
+    from veil.engine import PrivacyEngine
+
+    return PrivacyEngine(
+        accountant=cfg.accountant,
+        secure_rng=cfg.secure_rng,
+        seed=None if cfg.secure_rng else derive_seed(seed, Purpose.ENGINE),
+    )
+
+
+def evaluate(
+    model: nn.Module, x: np.ndarray, y: np.ndarray, device: str, batch: int = 2048
+) -> tuple[float, float]:
+    """(mean cross-entropy, accuracy) of ``model`` on ``x, y`` (a diagnostic: not private)."""
+    import torch
+
+    model.eval()
+    total_loss, correct = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, len(x), batch):
+            xb = torch.as_tensor(x[i : i + batch], device=device)
+            yb = torch.as_tensor(y[i : i + batch], device=device)
+            out = model(xb)
+            total_loss += float(torch.nn.functional.cross_entropy(out, yb, reduction="sum"))
+            correct += int((out.argmax(1) == yb).sum())
+    model.train()
+    return total_loss / len(x), correct / len(x)

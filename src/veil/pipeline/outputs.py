@@ -1,0 +1,37 @@
+"""What jobs write besides their report page: the JSON cleaner and the released model's bytes."""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from torch import nn
+
+__all__ = ["finite", "model_bytes"]
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every non-finite float as None and numpy scalars as Python ones (strict JSON)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    if isinstance(value, np.generic):
+        return finite(value.item())
+    return value
+
+
+def model_bytes(model: nn.Module) -> bytes:
+    """The model's ``state_dict`` on the CPU, as ``torch.save`` bytes (``torch.load(weights_only=True)``)."""
+    import torch
+
+    buf = io.BytesIO()
+    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, buf)
+    return buf.getvalue()

@@ -1,0 +1,1 @@
+"""Opacus's ``opacus.utils`` names that user code touches (``batch_memory_manager``)."""
