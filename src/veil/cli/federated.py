@@ -6,7 +6,6 @@ See :mod:`veil.federated` and ``docs/federated.md``. Flower is the optional extr
 from __future__ import annotations
 
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -52,10 +51,9 @@ def run_federated_command(options: dict[str, Any]) -> dict[str, Any]:
         q = 1.0
     else:
         q = sampling_rate(options["clients"], rate, per_round)
-    out = options.pop("out") or str(
-        Path("runs") / f"federated-{options['dataset'].split(':')[-1].split('/')[-1]}-"
-        f"{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
-    )
+    from veil.pipeline.run_folder import default_out
+
+    out = options.pop("out") or str(default_out(options["dataset"], job="federated"))
     settings = FederatedSettings(sampling_rate=q, out=str(Path(out).resolve()), **options)
     if deployment:
         from veil.federated.run import deploy

@@ -46,6 +46,12 @@ def _silo_plan(s: FederatedSettings, context: Context, n: int) -> ConfigRecord:
     return context.state.config_records[_STATE]
 
 
+def _local_seed(seed: int, server_round: int, pid: int) -> int:
+    from veil.pipeline.seeds import Purpose, derive_seed
+
+    return derive_seed(seed, Purpose.FEDERATED_LOCAL, server_round * 1_000_003 + pid + 1)
+
+
 def make_client_app(settings: FederatedSettings | None = None) -> ClientApp:
     """The ClientApp: ``query`` registers a silo (record level), ``train`` runs one round locally."""
     app = ClientApp()
@@ -77,7 +83,7 @@ def make_client_app(settings: FederatedSettings | None = None) -> ClientApp:
         front, head = local.build_network(s, fed.data)
         local.set_arrays(head, msg.content["arrays"].to_numpy_ndarrays())  # type: ignore[union-attr]
         x, y = local.client_features(s, fed.parts[pid], front)
-        seed = None if s.secure else s.seed * 1_000_003 + server_round * 1_009 + pid
+        seed = None if s.secure else _local_seed(s.seed, server_round, pid)
         if s.mode == "client-level":
             local.local_sgd(head, x, y, s, seed)
             metrics: dict[str, int | float] = {"num-examples": 1}

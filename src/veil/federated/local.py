@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -188,15 +189,28 @@ def silo_sampling_rate(s: FederatedSettings, n: int) -> float:
     return s.local_batch / n
 
 
+def _engine(s: FederatedSettings, seed: int | None) -> Any:
+    """veil's engine: secure randomness, or the research seed (asking for reproducibility by name
+    where the engine's signature has ``reproducible``)."""
+    import inspect
+
+    from veil.engine import PrivacyEngine
+
+    if s.secure:
+        return PrivacyEngine(accountant=s.accountant, secure_rng=True)  # type: ignore[arg-type]
+    kwargs: dict[str, Any] = {"secure_rng": False, "seed": seed}
+    if "reproducible" in inspect.signature(PrivacyEngine).parameters:
+        kwargs["reproducible"] = True
+    return PrivacyEngine(accountant=s.accountant, **kwargs)  # type: ignore[arg-type]
+
+
 def local_dpsgd(
     head: nn.Module, x: torch.Tensor, y: torch.Tensor, s: FederatedSettings, sigma: float, seed: int | None
 ) -> int:
     """``local_steps`` DP-SGD steps with veil's engine on the silo's rows; returns the steps taken."""
     from torch.utils.data import DataLoader, TensorDataset
 
-    from veil.engine import PrivacyEngine
-
-    engine = PrivacyEngine(accountant=s.accountant, secure_rng=s.secure, seed=None if s.secure else seed)  # type: ignore[arg-type]
+    engine = _engine(s, seed)
     opt = torch.optim.SGD(head.parameters(), lr=s.local_lr)
     loss_fn = nn.CrossEntropyLoss()
     model, optimizer, loader = engine.make_private(

@@ -14,23 +14,20 @@ import json
 from pathlib import Path
 from typing import Any
 
-from veil.accounting.base import make_accountant
+from veil.accounting.calibrate import epsilon_of
 from veil.accounting.events import PrivacyEvent, event_from_dict
 from veil.accounting.ledger import Ledger
 from veil.federated.privacy import flower_epsilon, record_level_guarantee
 from veil.federated.server import HISTORY, LEDGER, MODEL, SILOS
 from veil.federated.settings import FederatedSettings
 
-__all__ = ["build_report", "epsilon_curve"]
+__all__ = ["build_report", "epsilon_curve", "guarantee_text", "render_report", "write_report"]
 
 _CURVE_POINTS = 40
 
 
 def _epsilon(events: list[PrivacyEvent], delta: float, accountant: str) -> float:
-    acc = make_accountant(accountant)  # type: ignore[arg-type]
-    for e in events:
-        acc.compose(e)
-    return float(acc.epsilon(delta)) if events else 0.0
+    return epsilon_of(events, delta, accountant)  # type: ignore[arg-type]
 
 
 def epsilon_curve(events: list[PrivacyEvent], delta: float, accountant: str) -> list[tuple[int, float]]:
@@ -195,3 +192,74 @@ def build_report(run_dir: Path, duration_s: float | None = None) -> dict[str, An
         "duration_s": duration_s,
         "out_dir": str(run_dir),
     }
+
+
+def guarantee_text(report: dict[str, Any]) -> str:
+    """The guarantee in one sentence, for the report page."""
+    g = report["guarantee"]
+    if g["mode"] == "client-level":
+        return (
+            f"The released global model satisfies ({g['epsilon_spent']:.3g}, {g['delta']:g})-differential "
+            "privacy at the client level: whether any one client took part (with all of its data) changes "
+            f"the probability of any outcome by at most a factor e^{g['epsilon_spent']:.3g}, except with "
+            f"probability {g['delta']:g}. Accounted with veil's {g['accountant']} accountant over "
+            f"{g['rounds_charged']} Poisson-sampled rounds; the server is trusted to clip and add the noise."
+        )
+    return (
+        f"The released global model satisfies ({g['epsilon_spent']:.3g}, {g['delta']:g})-differential "
+        "privacy at the record level: adding or removing one record of one silo. Each silo trained with "
+        "DP-SGD on its own data; the silos' data are disjoint, so by parallel composition the guarantee "
+        f"is the largest silo's ε ({g.get('worst_silo', 'none')}); every silo's spend is listed below."
+    )
+
+
+def _plots(report: dict[str, Any]) -> dict[str, bytes]:
+    from veil.report.plots import epsilon_png, figure, png_bytes
+
+    images: dict[str, bytes] = {}
+    g = report["guarantee"]
+    curve = report["plots"].get("epsilon_per_round")
+    if curve:
+        images["ε spent against the round (client level)"] = epsilon_png(
+            [tuple(p) for p in curve], g["target_epsilon"], g["rounds_charged"], g["delta"]
+        )
+    rows = [h for h in report["non_private"]["per_round"] if h.get("test_accuracy") is not None]
+    if rows:
+        plt, fig = figure(6.0, 3.6)
+        ax = fig.add_subplot(1, 1, 1)
+        ax.plot([h["round"] for h in rows], [h["test_accuracy"] for h in rows], marker=".")
+        ax.set_xlabel("round")
+        ax.set_ylabel("test accuracy")
+        ax.grid(alpha=0.3)
+        ax.set_title("Global model's test accuracy per round (non-private figure)")
+        images["Test accuracy per round (non-private figure)"] = png_bytes(plt, fig)
+    return images
+
+
+def render_report(report: dict[str, Any]) -> str:
+    """``report.html``: the federated page of veil's one report stack."""
+    from veil.report.render import render_page
+
+    return render_page(
+        "federated.html.j2",
+        _plots(report),
+        r=report,
+        g=report["guarantee"],
+        guarantee=guarantee_text(report),
+        checks=report["checks"],
+        files=report["files"],
+    )
+
+
+def write_report(run_dir: Path, duration_s: float | None = None) -> dict[str, Any]:
+    """Build the report from the run folder and write ``report.json`` and ``report.html`` atomically."""
+    from veil.pipeline.outputs import finite
+    from veil.pipeline.run_folder import write_files
+
+    report = finite(build_report(run_dir, duration_s))
+    report["files"] |= {"report.json": "this report, machine-readable", "report.html": "this report"}
+    write_files(
+        Path(run_dir),
+        {"report.json": json.dumps(report, indent=2, allow_nan=False) + "\n", "report.html": render_report(report)},
+    )
+    return dict(report)

@@ -99,24 +99,17 @@ def raise_if_failed(run_dir: Path) -> None:
 
 
 def report_files(run_dir: Path, duration_s: float | None) -> dict[str, Any]:
-    """Build the report from the run folder and write ``report.json`` (atomically)."""
-    from veil.accounting.ledger import atomic_write_text
-    from veil.federated.report import build_report
+    """Build the report from the run folder; write ``report.json`` and ``report.html`` (atomically)."""
+    from veil.federated.report import write_report
 
-    report = build_report(run_dir, duration_s)
-    atomic_write_text(run_dir / "report.json", json.dumps(report, indent=2, allow_nan=False) + "\n")
-    return report
+    return write_report(run_dir, duration_s)
 
 
 def check_new_folder(run_dir: Path) -> None:
-    """A fresh run needs a new or empty folder: a run's ledger must never be overwritten."""
-    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
-        raise ConfigError(
-            "out",
-            str(run_dir),
-            "the folder exists and is not empty; an earlier run's ledger and results must not be overwritten",
-            "pass a new --out, or continue that run with --resume",
-        )
+    """A fresh run needs a new (or empty) writable folder: a run's ledger must never be overwritten."""
+    from veil.pipeline.run_folder import check_out
+
+    check_out(run_dir)
 
 
 def deploy(s: FederatedSettings, timeout: float = 3600.0) -> dict[str, Any]:

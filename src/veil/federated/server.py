@@ -51,10 +51,11 @@ def _sources(s: FederatedSettings) -> tuple[RandomSource, RandomSource]:
     """(client sampling, noise): the OS CSPRNG, or two independent streams of the research seed."""
     if s.secure:
         return make_source(True), make_source(True)
-    sampling, noise = np.random.SeedSequence([s.seed, 0xFED]).spawn(2)
+    from veil.pipeline.seeds import Purpose, derive_seed
+
     return (
-        make_source(False, int(sampling.generate_state(1)[0])),
-        make_source(False, int(noise.generate_state(1)[0])),
+        make_source(False, derive_seed(s.seed, Purpose.FEDERATED_SAMPLING)),
+        make_source(False, derive_seed(s.seed, Purpose.FEDERATED_NOISE)),
     )
 
 
