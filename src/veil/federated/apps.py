@@ -82,7 +82,7 @@ def make_client_app(settings: FederatedSettings | None = None) -> ClientApp:
         fed = local.federation(s)
         front, head = local.build_network(s, fed.data)
         local.set_arrays(head, msg.content["arrays"].to_numpy_ndarrays())  # type: ignore[union-attr]
-        x, y = local.client_features(s, fed.parts[pid], front)
+        x, y = local.partition_features(s, pid, front)
         seed = None if s.secure else _local_seed(s.seed, server_round, pid)
         if s.mode == "client-level":
             local.local_sgd(head, x, y, s, seed)

@@ -133,6 +133,20 @@ def build_network(s: FederatedSettings, data: Dataset) -> tuple[nn.Module | None
     return front, head
 
 
+@functools.lru_cache(maxsize=8)
+def _silo_features(s: FederatedSettings, pid: int) -> tuple[torch.Tensor, torch.Tensor]:
+    front, _ = build_network(s, federation(s).data)
+    return client_features(s, federation(s).parts[pid], front)
+
+
+def partition_features(s: FederatedSettings, pid: int, front: nn.Module | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Client ``pid``'s features and labels. Silos (a few large partitions, every round) are cached per
+    process; the many small clients of a client-level run are recomputed (cheap, and memory stays flat)."""
+    if s.mode == "record-level":
+        return _silo_features(s, pid)
+    return client_features(s, federation(s).parts[pid], front)
+
+
 def client_features(
     s: FederatedSettings, rows: np.ndarray | None, front: nn.Module | None, test: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:

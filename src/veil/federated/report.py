@@ -18,12 +18,12 @@ from veil.accounting.calibrate import epsilon_of
 from veil.accounting.events import PrivacyEvent, event_from_dict
 from veil.accounting.ledger import Ledger
 from veil.federated.privacy import flower_epsilon, record_level_guarantee
-from veil.federated.server import HISTORY, LEDGER, MODEL, SILOS
+from veil.federated.files import HISTORY, LEDGER, MODEL, SILOS
 from veil.federated.settings import FederatedSettings
 
 __all__ = ["build_report", "epsilon_curve", "guarantee_text", "render_report", "write_report"]
 
-_CURVE_POINTS = 40
+_CURVE_POINTS = 12
 
 
 def _epsilon(events: list[PrivacyEvent], delta: float, accountant: str) -> float:
@@ -31,7 +31,7 @@ def _epsilon(events: list[PrivacyEvent], delta: float, accountant: str) -> float
 
 
 def epsilon_curve(events: list[PrivacyEvent], delta: float, accountant: str) -> list[tuple[int, float]]:
-    """ε after round r for up to 40 rounds spread over the run (and always the last)."""
+    """ε after round r for about 12 rounds spread over the run (and always the last)."""
     n = len(events)
     if n == 0:
         return []

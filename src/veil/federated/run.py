@@ -17,14 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from veil.errors import ConfigError, VeilError
-from veil.federated.settings import FederatedSettings
+from veil.errors import ConfigError
+from veil.federated.settings import FederatedRunError, FederatedSettings
 
 __all__ = ["FederatedRunError", "plan", "report_files", "run_simulation_engine", "simulate"]
-
-
-class FederatedRunError(VeilError, RuntimeError):
-    """The Flower run stopped on a refusal or a failure (its one-line reason is kept)."""
 
 
 def plan(s: FederatedSettings) -> FederatedSettings:
@@ -87,7 +83,7 @@ def run_simulation_engine(s: FederatedSettings, cpus: int = 2) -> None:
 
 def raise_if_failed(run_dir: Path) -> None:
     """The server's recorded refusal, or an unfinished run, as one error."""
-    from veil.federated.server import ERROR, LEDGER
+    from veil.federated.files import ERROR, LEDGER
 
     error = run_dir / ERROR
     if error.exists():
@@ -128,7 +124,7 @@ def deploy(s: FederatedSettings, timeout: float = 3600.0) -> dict[str, Any]:
 
 def saved_settings(run_dir: Path) -> FederatedSettings:
     """The settings a run folder was started with (its ledger header), for ``--resume``."""
-    from veil.federated.server import LEDGER
+    from veil.federated.files import LEDGER
 
     path = run_dir / LEDGER
     try:

@@ -31,20 +31,12 @@ from flwr.serverapp import Grid
 from veil.accounting.events import SelfComposed
 from veil.accounting.ledger import Ledger, RunLock, atomic_write_bytes, atomic_write_text
 from veil.errors import ConfigError, VeilError
+from veil.federated.files import CHECKPOINT, ERROR, HISTORY, LEDGER, MODEL, SILOS
 from veil.federated.privacy import round_event
 from veil.federated.settings import FederatedSettings
 from veil.mechanisms.rng import RandomSource, make_source
 
-__all__ = ["CHECKPOINT", "ERROR", "HISTORY", "LEDGER", "MODEL", "SILOS", "serve"]
-
-LEDGER, CHECKPOINT, HISTORY, MODEL, SILOS, ERROR = (
-    "ledger.jsonl",
-    "checkpoint.npz",
-    "history.json",
-    "model.npz",
-    "silos.json",
-    "error.txt",
-)
+__all__ = ["serve", "wait_for_nodes"]
 
 
 def _sources(s: FederatedSettings) -> tuple[RandomSource, RandomSource]:

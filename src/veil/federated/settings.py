@@ -13,9 +13,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from veil.errors import ConfigError
+from veil.errors import ConfigError, VeilError
 
-__all__ = ["MODES", "FederatedSettings"]
+__all__ = ["MAX_FAILED_ROUNDS", "MODES", "FederatedRunError", "FederatedSettings"]
+
+MAX_FAILED_ROUNDS = 3
+"""Consecutive rounds in which every contacted client failed before the server stops (resumable)."""
+
+
+class FederatedRunError(VeilError, RuntimeError):
+    """The federated run stopped on a refusal or a failure (its one-line reason is kept)."""
 
 Mode = Literal["client-level", "record-level"]
 MODES: tuple[Mode, ...] = ("client-level", "record-level")

@@ -28,9 +28,29 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from veil.federated.aggregate import dp_fedavg_step, noisy_clipped_sum
+from veil.federated.settings import MAX_FAILED_ROUNDS, FederatedRunError
 from veil.mechanisms.rng import RandomSource
 
 __all__ = ["PoissonDPFedAvg", "SiloFedAvg", "poisson_sample"]
+
+
+class _FailureWatch:
+    """Stops the run (cleanly: resumable) after ``MAX_FAILED_ROUNDS`` consecutive rounds in which every
+    contacted client failed: budget would keep being charged for rounds that cannot train."""
+
+    def __init__(self) -> None:
+        self.streak = 0
+
+    def observe(self, server_round: int, contacted: int, failed: int, reasons: list[str]) -> None:
+        self.streak = self.streak + 1 if contacted and failed == contacted else 0
+        if self.streak >= MAX_FAILED_ROUNDS:
+            raise FederatedRunError(
+                "round",
+                server_round,
+                f"every contacted client failed in {self.streak} consecutive rounds "
+                f"(last: {reasons[-1] if reasons else 'no reason given'}); each round is charged anyway",
+                "fix the clients (see their logs), then continue with --resume",
+            )
 
 
 def poisson_sample(node_ids: Sequence[int], q: float, source: RandomSource) -> list[int]:
@@ -40,6 +60,10 @@ def poisson_sample(node_ids: Sequence[int], q: float, source: RandomSource) -> l
         return ordered
     mask = source.bernoulli(len(ordered), q)
     return [n for n, keep in zip(ordered, mask, strict=True) if keep]
+
+
+def _reasons(replies: list[Message]) -> list[str]:
+    return [" ".join(str(m.error.reason).split())[-200:] for m in replies if m.has_error()]
 
 
 class PoissonDPFedAvg(FedAvg):
@@ -74,6 +98,7 @@ class PoissonDPFedAvg(FedAvg):
         self._current: list[np.ndarray] = []
         self.failures: dict[int, int] = {}
         self.participants: dict[int, int] = {}
+        self._watch = _FailureWatch()
 
     def summary(self) -> None:  # Flower logs this at start
         return None
@@ -97,6 +122,7 @@ class PoissonDPFedAvg(FedAvg):
         good = [m for m in replies if not m.has_error()]
         self.failures[r] = len(replies) - len(good)
         self.participants[r] = len(good)
+        self._watch.observe(r, len(replies), self.failures[r], _reasons(replies))
         shapes = [a.shape for a in self._current]
         deltas = []
         for m in good:
@@ -126,6 +152,7 @@ class SiloFedAvg(FedAvg):
         self.round_offset = round_offset
         self.failures: dict[int, int] = {}
         self.replies: dict[int, list[dict[str, float]]] = {}
+        self._watch = _FailureWatch()
 
     def summary(self) -> None:
         return None
@@ -146,6 +173,7 @@ class SiloFedAvg(FedAvg):
         replies = list(replies)
         good = [m for m in replies if not m.has_error()]
         self.failures[r] = len(replies) - len(good)
+        self._watch.observe(r, len(replies), self.failures[r], _reasons(replies))
         self.replies[r] = [dict(next(iter(m.content.metric_records.values()))) for m in good]  # type: ignore[arg-type]
         arrays, _ = super().aggregate_train(server_round, good)
         return arrays, MetricRecord({})
