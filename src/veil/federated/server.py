@@ -164,12 +164,14 @@ def _evaluator(s: FederatedSettings) -> Any:
 def serve(grid: Grid, s: FederatedSettings) -> None:
     """Run (or resume) the federation described by ``s`` into the folder ``s.out``."""
     run_dir = Path(s.out)
+    lock = RunLock(run_dir).acquire()  # a refused lock leaves the other run's folder untouched
     try:
-        with RunLock(run_dir):
-            _serve(grid, s, run_dir)
+        _serve(grid, s, run_dir)
     except VeilError as exc:
         atomic_write_text(run_dir / ERROR, str(exc) + "\n")
         raise
+    finally:
+        lock.release()
 
 
 def _serve(grid: Grid, s: FederatedSettings, run_dir: Path) -> None:
