@@ -23,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import machine_description  # noqa: E402
+from common import machine_description
 
 
 def client_level(args: argparse.Namespace, out: Path) -> dict[str, Any]:
@@ -52,7 +52,9 @@ def client_level(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     report = simulate(s, cpus=args.cpus)
     return {
         "part": "client-level",
-        "settings": {k: v for k, v in s.to_run_config().items() if k not in ("out", "fail_client", "fail_round")},
+        "settings": {
+            k: v for k, v in s.to_run_config().items() if k not in ("out", "fail_client", "fail_round")
+        },
         "sigma": report["plan"]["noise_multiplier"],
         "epsilon_spent": report["guarantee"]["epsilon_spent"],
         "test_accuracy": report["non_private"]["final_test_accuracy"],
@@ -89,23 +91,46 @@ def record_level(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     fed_wall = time.monotonic() - start
     start = time.monotonic()
     central = veil.train(
-        {"dataset": "fashion-mnist", "model": args.model, "epsilon": args.epsilon, "delta": args.delta,
-         "seed": max(args.seed, 0), "out": str(out / "central")},
+        {
+            "dataset": "fashion-mnist",
+            "model": args.model,
+            "epsilon": args.epsilon,
+            "delta": args.delta,
+            "seed": max(args.seed, 0),
+            "out": str(out / "central"),
+        },
         progress=False,
     )
     g = report["guarantee"]
     fed_acc = report["non_private"]["final_test_accuracy"]
     return {
         "part": "record-level",
-        "settings": {k: v for k, v in s.to_run_config().items() if k not in ("out", "fail_client", "fail_round", "sigma")},
-        "silos": {k: {"rows": v["rows"], "q": v["sampling_rate"], "sigma": v["noise_multiplier"], "epsilon": v["epsilon"]}
-                  for k, v in g["silos"].items()},
+        "settings": {
+            k: v
+            for k, v in s.to_run_config().items()
+            if k not in ("out", "fail_client", "fail_round", "sigma")
+        },
+        "silos": {
+            k: {
+                "rows": v["rows"],
+                "q": v["sampling_rate"],
+                "sigma": v["noise_multiplier"],
+                "epsilon": v["epsilon"],
+            }
+            for k, v in g["silos"].items()
+        },
         "epsilon_spent (max over silos)": g["epsilon_spent"],
         "federated_test_accuracy": fed_acc,
         "central_veil_train_test_accuracy": central.test_accuracy,
         "central_epsilon_spent": central.epsilon_spent,
-        "central_settings": {"model": central.model, "sigma": central.noise_multiplier, "q": central.sampling_rate,
-                             "steps": central.steps, "C": central.max_grad_norm, "lr": central.lr},
+        "central_settings": {
+            "model": central.model,
+            "sigma": central.noise_multiplier,
+            "q": central.sampling_rate,
+            "steps": central.steps,
+            "C": central.max_grad_norm,
+            "lr": central.lr,
+        },
         "gap_points": round(100 * (central.test_accuracy - fed_acc), 2),
         "federated_wall_s": round(fed_wall, 1),
         "central_wall_s": round(time.monotonic() - start, 1),

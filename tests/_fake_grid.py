@@ -17,11 +17,19 @@ class InProcessGrid(Grid):
     def __init__(self, client_app: ClientApp, partitions: int, first_node: int = 101) -> None:
         from flwr.supercore.task_identity import TaskIdentity
 
-        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1  # as a ServerApp process sets
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = (
+            1,
+            0,
+            1,
+        )  # as a ServerApp process sets
         self.client_app = client_app
         self.contexts = {
             first_node + k: Context(
-                run_id=1, node_id=first_node + k, node_config={"partition-id": k}, state=RecordDict(), run_config={}
+                run_id=1,
+                node_id=first_node + k,
+                node_config={"partition-id": k},
+                state=RecordDict(),
+                run_config={},
             )
             for k in range(partitions)
         }
@@ -46,7 +54,9 @@ class InProcessGrid(Grid):
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:  # pragma: no cover
         raise NotImplementedError
 
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
         replies = []
         messages = list(messages)
         self.sent.append([m.metadata.dst_node_id for m in messages])
@@ -55,6 +65,6 @@ class InProcessGrid(Grid):
             context = self.contexts[m.metadata.dst_node_id]
             try:
                 replies.append(self.client_app(m, context))
-            except Exception as exc:  # noqa: BLE001 - a client failure becomes an error reply
+            except Exception as exc:
                 replies.append(Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=m))
         return replies

@@ -11,22 +11,32 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from _fake_grid import InProcessGrid  # noqa: E402
-
-from veil.accounting.calibrate import dpsgd_epsilon  # noqa: E402
-from veil.federated.aggregate import clip_update, noisy_clipped_sum  # noqa: E402
-from veil.federated.apps import make_client_app  # noqa: E402
-from veil.federated.privacy import client_level_sigma, flower_epsilon  # noqa: E402
-from veil.federated.report import build_report  # noqa: E402
-from veil.federated.server import serve  # noqa: E402
-from veil.federated.settings import FederatedSettings  # noqa: E402
-from veil.federated.strategy import poisson_sample  # noqa: E402
-from veil.mechanisms.rng import make_source  # noqa: E402
+from _fake_grid import InProcessGrid
+from veil.accounting.calibrate import dpsgd_epsilon
+from veil.federated.aggregate import clip_update, noisy_clipped_sum
+from veil.federated.apps import make_client_app
+from veil.federated.privacy import client_level_sigma, flower_epsilon
+from veil.federated.report import build_report
+from veil.federated.server import serve
+from veil.federated.settings import FederatedSettings
+from veil.federated.strategy import poisson_sample
+from veil.mechanisms.rng import make_source
 
 
 def _settings(tmp_path, **kw) -> FederatedSettings:
-    base = dict(mode="client-level", dataset="digits", clients=8, rounds=4, epsilon=4.0, delta=1e-3,
-                sampling_rate=0.5, seed=3, out=str(tmp_path), node_timeout=5.0, model="logreg")
+    base = dict(
+        mode="client-level",
+        dataset="digits",
+        clients=8,
+        rounds=4,
+        epsilon=4.0,
+        delta=1e-3,
+        sampling_rate=0.5,
+        seed=3,
+        out=str(tmp_path),
+        node_timeout=5.0,
+        model="logreg",
+    )
     sigma = kw.pop("sigma", None)
     base.update(kw)
     s = FederatedSettings(**base)
@@ -58,14 +68,25 @@ def test_no_sampling_fixed_clipping_is_reported_beside_flowers_own_accountant(tm
     s = _settings(tmp_path, sampling_rate=1.0, clients=4, rounds=3)
     serve(InProcessGrid(make_client_app(s), s.clients), s)
     g = build_report(tmp_path)["guarantee"]
-    from flwr.serverapp import GaussianPrivacyEvent, NeighboringRelation, PrivacyConfig, RdpAccountant, SamplingMethod
+    from flwr.serverapp import (
+        GaussianPrivacyEvent,
+        NeighboringRelation,
+        PrivacyConfig,
+        RdpAccountant,
+        SamplingMethod,
+    )
 
-    flower = RdpAccountant(PrivacyConfig(s.delta, s.clients, NeighboringRelation.ADD_OR_REMOVE_ONE,
-                                         SamplingMethod.NO_AMPLIFICATION))
+    flower = RdpAccountant(
+        PrivacyConfig(
+            s.delta, s.clients, NeighboringRelation.ADD_OR_REMOVE_ONE, SamplingMethod.NO_AMPLIFICATION
+        )
+    )
     flower.compose(GaussianPrivacyEvent(s.sigma, s.clients, s.clients), s.rounds)
     assert g["flower_rdp_epsilon"] == pytest.approx(flower.get_epsilon(s.delta), rel=1e-9)
     # Same Gaussian rounds: veil's RDP accountant agrees with Flower's; its PLD is at least as tight.
-    assert dpsgd_epsilon(1.0, s.sigma, s.rounds, s.delta, "rdp") == pytest.approx(g["flower_rdp_epsilon"], rel=0.03)
+    assert dpsgd_epsilon(1.0, s.sigma, s.rounds, s.delta, "rdp") == pytest.approx(
+        g["flower_rdp_epsilon"], rel=0.03
+    )
     assert g["epsilon_spent"] <= g["flower_rdp_epsilon"] + 1e-9
     assert flower_epsilon(s.sigma, s.rounds, s.clients, s.delta) == pytest.approx(g["flower_rdp_epsilon"])
 
@@ -114,7 +135,9 @@ def test_an_empty_round_is_charged_and_noised(tmp_path):
 def test_clipped_sum_matches_a_naive_loop_and_bounds_each_client():
     rng = np.random.default_rng(0)
     updates = [[rng.normal(size=(3, 2)) * s, rng.normal(size=4) * s] for s in (0.1, 1.0, 10.0)]
-    got, norms = noisy_clipped_sum(updates, [(3, 2), (4,)], clip=1.5, sigma=1e-12, source=make_source(False, 0))
+    got, norms = noisy_clipped_sum(
+        updates, [(3, 2), (4,)], clip=1.5, sigma=1e-12, source=make_source(False, 0)
+    )
     want = [np.zeros((3, 2)), np.zeros(4)]
     for u in updates:
         n = math.sqrt(sum(float((a**2).sum()) for a in u))

@@ -9,15 +9,14 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from _fake_grid import InProcessGrid  # noqa: E402
-
-from veil.cli.main import main  # noqa: E402
-from veil.errors import DataError, VeilError  # noqa: E402
-from veil.federated.apps import make_client_app  # noqa: E402
-from veil.federated.partition import check_non_empty, parse_partition, split_rows  # noqa: E402
-from veil.federated.report import build_report  # noqa: E402
-from veil.federated.server import serve  # noqa: E402
-from veil.federated.settings import FederatedRunError, FederatedSettings  # noqa: E402
+from _fake_grid import InProcessGrid
+from veil.cli.main import main
+from veil.errors import DataError, VeilError
+from veil.federated.apps import make_client_app
+from veil.federated.partition import check_non_empty, parse_partition, split_rows
+from veil.federated.report import build_report
+from veil.federated.server import serve
+from veil.federated.settings import FederatedRunError, FederatedSettings
 
 
 def _cli(capsys, *args: str) -> tuple[int, str]:
@@ -69,8 +68,20 @@ def test_an_empty_client_is_refused():
 
 
 def _settings(tmp_path, **kw) -> FederatedSettings:
-    base = dict(mode="client-level", dataset="digits", clients=4, rounds=4, epsilon=8.0, delta=1e-3,
-                sampling_rate=1.0, sigma=1.5, seed=7, out=str(tmp_path), node_timeout=5.0, model="logreg")
+    base = dict(
+        mode="client-level",
+        dataset="digits",
+        clients=4,
+        rounds=4,
+        epsilon=8.0,
+        delta=1e-3,
+        sampling_rate=1.0,
+        sigma=1.5,
+        seed=7,
+        out=str(tmp_path),
+        node_timeout=5.0,
+        model="logreg",
+    )
     base.update(kw)
     return FederatedSettings(**base)
 
@@ -123,7 +134,11 @@ def test_a_stopped_server_resumes_without_charging_a_round_twice(tmp_path):
     serve(InProcessGrid(make_client_app(s), s.clients), s)  # resume: the same folder
     report = build_report(tmp_path)
     assert report["guarantee"]["rounds_charged"] == 4 and report["finished"]
-    rounds = [r["round"] for r in map(json.loads, (tmp_path / "ledger.jsonl").read_text().splitlines()) if r["kind"] == "step"]
+    rounds = [
+        r["round"]
+        for r in map(json.loads, (tmp_path / "ledger.jsonl").read_text().splitlines())
+        if r["kind"] == "step"
+    ]
     assert rounds == [1, 2, 3, 4]
 
 

@@ -10,14 +10,32 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from veil.cli.main import main  # noqa: E402
+from veil.cli.main import main
 
 
 def test_simulation_engine_run_through_the_command_produces_a_report(tmp_path, capsys):
     out = tmp_path / "sim"
     code = main(
-        ["federated", "--dataset", "digits", "--model", "logreg", "--clients", "3", "--rounds", "2",
-         "--epsilon", "8", "--delta", "1e-3", "--seed", "1", "--out", str(out), "--json"]
+        [
+            "federated",
+            "--dataset",
+            "digits",
+            "--model",
+            "logreg",
+            "--clients",
+            "3",
+            "--rounds",
+            "2",
+            "--epsilon",
+            "8",
+            "--delta",
+            "1e-3",
+            "--seed",
+            "1",
+            "--out",
+            str(out),
+            "--json",
+        ]
     )
     captured = capsys.readouterr()
     assert code == 0, captured.err[-2000:]
@@ -38,9 +56,20 @@ def test_superlink_and_two_supernodes_on_loopback_driven_by_flwr_run(tmp_path):
     from veil.federated.settings import FederatedSettings
 
     s = plan(
-        FederatedSettings(mode="record-level", dataset="digits", model="logreg", clients=2, rounds=1, epsilon=4.0,
-                          delta=1e-4, local_steps=3, local_batch=32, seed=2, out=str(tmp_path / "run"),
-                          node_timeout=60.0)
+        FederatedSettings(
+            mode="record-level",
+            dataset="digits",
+            model="logreg",
+            clients=2,
+            rounds=1,
+            epsilon=4.0,
+            delta=1e-4,
+            local_steps=3,
+            local_batch=32,
+            seed=2,
+            out=str(tmp_path / "run"),
+            node_timeout=60.0,
+        )
     )
     (tmp_path / "run").mkdir()
     done = local_deployment(s, tmp_path / "work", timeout=150)
@@ -52,5 +81,7 @@ def test_superlink_and_two_supernodes_on_loopback_driven_by_flwr_run(tmp_path):
     assert g["epsilon_spent"] == max(v["epsilon"] for v in g["silos"].values())
     assert all(c["passed"] for c in report["checks"]), report["checks"]
     assert (tmp_path / "run" / "report.html").exists()
-    logs = (tmp_path / "work" / "supernode-0.log").read_text() + (tmp_path / "work" / "superlink.log").read_text()
+    logs = (tmp_path / "work" / "supernode-0.log").read_text() + (
+        tmp_path / "work" / "superlink.log"
+    ).read_text()
     assert logs  # the processes ran and logged; all were stopped by local_deployment

@@ -67,34 +67,64 @@ def run_federated_command(options: dict[str, Any]) -> dict[str, Any]:
 def register(app: typer.Typer) -> None:
     @app.command("federated")
     def federated_command(
-        mode: str = typer.Option("client-level", "--mode", help="client-level (DP-FedAvg) or record-level (DP-SGD in each silo)."),
-        dataset: str = typer.Option("digits", "--dataset", help="digits, fashion-mnist, mnist, breast-cancer, csv:PATH, ..."),
-        data_dir: str = typer.Option("", "--data-dir", help="Folder of the IDX files (fashion-mnist, mnist)."),
+        mode: str = typer.Option(
+            "client-level", "--mode", help="client-level (DP-FedAvg) or record-level (DP-SGD in each silo)."
+        ),
+        dataset: str = typer.Option(
+            "digits", "--dataset", help="digits, fashion-mnist, mnist, breast-cancer, csv:PATH, ..."
+        ),
+        data_dir: str = typer.Option(
+            "", "--data-dir", help="Folder of the IDX files (fashion-mnist, mnist)."
+        ),
         target: str = typer.Option("", "--target", help="Label column (csv) or label array (npz)."),
         clients: int = typer.Option(10, "--clients", help="Number of clients (silos at record level)."),
         client_sampling_rate: float = typer.Option(
-            None, "--client-sampling-rate", help="client-level: each client's probability of joining a round (Poisson)."
+            None,
+            "--client-sampling-rate",
+            help="client-level: each client's probability of joining a round (Poisson).",
         ),
         clients_per_round: int = typer.Option(
             None, "--clients-per-round", help="client-level: expected clients per round (q = K / clients)."
         ),
         rounds: int = typer.Option(20, "--rounds", help="Planned rounds: σ is calibrated for all of them."),
-        epsilon: float = typer.Option(3.0, "--epsilon", help="Target ε (client- or record-level, by --mode)."),
-        delta: float = typer.Option(1e-5, "--delta", help="Target δ, below 1/clients (client-level) or 1/rows of a silo."),
+        epsilon: float = typer.Option(
+            3.0, "--epsilon", help="Target ε (client- or record-level, by --mode)."
+        ),
+        delta: float = typer.Option(
+            1e-5, "--delta", help="Target δ, below 1/clients (client-level) or 1/rows of a silo."
+        ),
         partition: str = typer.Option("iid", "--partition", help="iid, dirichlet:ALPHA or column:NAME."),
-        model: str = typer.Option("auto", "--model", help="auto, rff, scatternet, logreg, mlp (only the head trains on a fixed front)."),
-        clip: float = typer.Option(1.0, "--clip", help="C: L2 bound of a client's update (client-level) or of an example's gradient."),
+        model: str = typer.Option(
+            "auto",
+            "--model",
+            help="auto, rff, scatternet, logreg, mlp (only the head trains on a fixed front).",
+        ),
+        clip: float = typer.Option(
+            1.0, "--clip", help="C: L2 bound of a client's update (client-level) or of an example's gradient."
+        ),
         server_lr: float = typer.Option(1.0, "--server-lr", help="Server step on the noisy mean update."),
-        local_epochs: int = typer.Option(1, "--local-epochs", help="client-level: local SGD epochs per round."),
+        local_epochs: int = typer.Option(
+            1, "--local-epochs", help="client-level: local SGD epochs per round."
+        ),
         local_lr: float = typer.Option(0.1, "--local-lr", help="Local learning rate."),
-        local_batch: int = typer.Option(32, "--local-batch", help="Local batch (record-level: expected DP-SGD batch)."),
-        local_steps: int = typer.Option(10, "--local-steps", help="record-level: DP-SGD steps per silo per round."),
+        local_batch: int = typer.Option(
+            32, "--local-batch", help="Local batch (record-level: expected DP-SGD batch)."
+        ),
+        local_steps: int = typer.Option(
+            10, "--local-steps", help="record-level: DP-SGD steps per silo per round."
+        ),
         accountant: str = typer.Option("pld", "--accountant", help="pld (default) or rdp."),
-        seed: int = typer.Option(-1, "--seed", help="Research seed (reproducible noise: not releasable); default: OS CSPRNG."),
+        seed: int = typer.Option(
+            -1, "--seed", help="Research seed (reproducible noise: not releasable); default: OS CSPRNG."
+        ),
         out: str = typer.Option("", "--out", help="Run folder (default runs/federated-<dataset>-<time>)."),
-        resume: str = typer.Option("", "--resume", help="Continue the run in this folder (charged rounds are kept)."),
+        resume: str = typer.Option(
+            "", "--resume", help="Continue the run in this folder (charged rounds are kept)."
+        ),
         deployment: bool = typer.Option(
-            False, "--deployment", help="Run as real processes: a SuperLink and one SuperNode per client on loopback."
+            False,
+            "--deployment",
+            help="Run as real processes: a SuperLink and one SuperNode per client on loopback.",
         ),
         json_output: bool = typer.Option(False, "--json", help="Print the report JSON on stdout."),
     ) -> None:

@@ -12,6 +12,8 @@ q = B/n) and the steps taken so far; each reply reports the silo's ε from its o
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
@@ -31,7 +33,7 @@ def _partition_id(context: Context) -> int:
     value = context.node_config.get("partition-id")
     if value is None:
         raise RuntimeError("this SuperNode has no partition-id: start it with --node-config 'partition-id=K'")
-    return int(value)  # type: ignore[arg-type]
+    return int(cast(Any, value))
 
 
 def _silo_plan(s: FederatedSettings, context: Context, n: int) -> ConfigRecord:
@@ -41,7 +43,7 @@ def _silo_plan(s: FederatedSettings, context: Context, n: int) -> ConfigRecord:
         from veil.federated.local import silo_sampling_rate
 
         q = silo_sampling_rate(s, n)
-        sigma = calibrate_noise(s.epsilon, s.delta, q, s.rounds * s.local_steps, accountant=s.accountant)  # type: ignore[arg-type]
+        sigma = calibrate_noise(s.epsilon, s.delta, q, s.rounds * s.local_steps, accountant=s.accountant)
         context.state.config_records[_STATE] = ConfigRecord({"q": q, "sigma": float(sigma), "steps": 0})
     return context.state.config_records[_STATE]
 
@@ -64,8 +66,13 @@ def make_client_app(settings: FederatedSettings | None = None) -> ClientApp:
         pid = _partition_id(context)
         n = len(federation(s).parts[pid])
         plan = _silo_plan(s, context, n)
-        metrics = {"partition-id": pid, "num-examples": n, "sampling-rate": plan["q"], "noise-multiplier": plan["sigma"]}
-        return Message(RecordDict({"silo": MetricRecord(metrics)}), reply_to=msg)  # type: ignore[arg-type]
+        metrics = {
+            "partition-id": pid,
+            "num-examples": n,
+            "sampling-rate": plan["q"],
+            "noise-multiplier": plan["sigma"],
+        }
+        return Message(RecordDict({"silo": MetricRecord(cast(Any, metrics))}), reply_to=msg)
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
@@ -76,12 +83,12 @@ def make_client_app(settings: FederatedSettings | None = None) -> ClientApp:
         torch.set_num_threads(1)
         s = _settings(settings, context)
         pid = _partition_id(context)
-        server_round = int(msg.content["config"]["server-round"])  # type: ignore[arg-type]
+        server_round = int(cast(Any, msg.content["config"])["server-round"])
         if pid == s.fail_client and server_round == s.fail_round:
             raise RuntimeError(f"injected fault: client {pid} fails in round {server_round}")
         fed = local.federation(s)
         front, head = local.build_network(s, fed.data)
-        local.set_arrays(head, msg.content["arrays"].to_numpy_ndarrays())  # type: ignore[union-attr]
+        local.set_arrays(head, cast(Any, msg.content["arrays"]).to_numpy_ndarrays())
         x, y = local.partition_features(s, pid, front)
         seed = None if s.secure else _local_seed(s.seed, server_round, pid)
         if s.mode == "client-level":
@@ -90,12 +97,21 @@ def make_client_app(settings: FederatedSettings | None = None) -> ClientApp:
         else:
             from veil.accounting.calibrate import dpsgd_epsilon
 
-            plan = _silo_plan(s, context, len(x))
-            taken = local.local_dpsgd(head, x, y, s, float(plan["sigma"]), seed)  # type: ignore[arg-type]
-            plan["steps"] = int(plan["steps"]) + taken  # type: ignore[operator]
-            eps = dpsgd_epsilon(float(plan["q"]), float(plan["sigma"]), int(plan["steps"]), s.delta, s.accountant)  # type: ignore[arg-type]
-            metrics = {"num-examples": len(x), "partition-id": pid, "epsilon": eps, "steps": int(plan["steps"])}  # type: ignore[call-overload]
-        reply = RecordDict({"arrays": ArrayRecord(local.get_arrays(head)), "metrics": MetricRecord(metrics)})  # type: ignore[arg-type]
+            plan = cast(Any, _silo_plan(s, context, len(x)))
+            taken = local.local_dpsgd(head, x, y, s, float(plan["sigma"]), seed)
+            plan["steps"] = int(plan["steps"]) + taken
+            eps = dpsgd_epsilon(
+                float(plan["q"]), float(plan["sigma"]), int(plan["steps"]), s.delta, s.accountant
+            )
+            metrics = {
+                "num-examples": len(x),
+                "partition-id": pid,
+                "epsilon": eps,
+                "steps": int(plan["steps"]),
+            }
+        reply = RecordDict(
+            {"arrays": ArrayRecord(local.get_arrays(head)), "metrics": MetricRecord(cast(Any, metrics))}
+        )
         return Message(reply, reply_to=msg)
 
     return app

@@ -110,7 +110,9 @@ def _processes() -> Iterator[list[subprocess.Popen[bytes]]]:
         _stop(procs)
 
 
-def local_deployment(s: FederatedSettings, work: Path, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
+def local_deployment(
+    s: FederatedSettings, work: Path, timeout: float = 300.0
+) -> subprocess.CompletedProcess[str]:
     """Start a SuperLink and ``s.clients`` SuperNodes on loopback, ``flwr run`` veil's app, stop them.
 
     Returns the finished ``flwr run`` process (its output holds the streamed log). Logs of every
@@ -121,17 +123,32 @@ def local_deployment(s: FederatedSettings, work: Path, timeout: float = 300.0) -
     home.mkdir(exist_ok=True)
     link = free_port()
     (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "veil-local"\n\n[superlink.veil-local]\naddress = "127.0.0.1:{link}"\ninsecure = true\n'
+        '[superlink]\ndefault = "veil-local"\n\n'
+        f'[superlink.veil-local]\naddress = "127.0.0.1:{link}"\ninsecure = true\n'
     )
-    env = {**os.environ, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
+    env = {
+        **os.environ,
+        "FLWR_HOME": str(home),
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+    }
     # The SuperLink and SuperNodes start their helpers (flower-superexec, flwr-serverapp, ...) by name.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     app = write_app(work / "app", s)
     with _processes() as procs:
         procs.append(
             _start(
-                [_tool("flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(link),
-                 "--database", str(work / "superlink.db"), "--disable-runtime-dependency-installation"],
+                [
+                    _tool("flower-superlink"),
+                    "--insecure",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(link),
+                    "--database",
+                    str(work / "superlink.db"),
+                    "--disable-runtime-dependency-installation",
+                ],
                 work / "superlink.log",
                 env,
             )
@@ -140,8 +157,16 @@ def local_deployment(s: FederatedSettings, work: Path, timeout: float = 300.0) -
         for k in range(s.clients):
             procs.append(
                 _start(
-                    [_tool("flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{link}",
-                     "--port", str(free_port()), "--node-config", f"partition-id={k} num-partitions={s.clients}"],
+                    [
+                        _tool("flower-supernode"),
+                        "--insecure",
+                        "--superlink",
+                        f"127.0.0.1:{link}",
+                        "--port",
+                        str(free_port()),
+                        "--node-config",
+                        f"partition-id={k} num-partitions={s.clients}",
+                    ],
                     work / f"supernode-{k}.log",
                     env,
                 )

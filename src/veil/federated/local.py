@@ -139,7 +139,9 @@ def _silo_features(s: FederatedSettings, pid: int) -> tuple[torch.Tensor, torch.
     return client_features(s, federation(s).parts[pid], front)
 
 
-def partition_features(s: FederatedSettings, pid: int, front: nn.Module | None) -> tuple[torch.Tensor, torch.Tensor]:
+def partition_features(
+    s: FederatedSettings, pid: int, front: nn.Module | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Client ``pid``'s features and labels. Silos (a few large partitions, every round) are cached per
     process; the many small clients of a client-level run are recomputed (cheap, and memory stays flat)."""
     if s.mode == "record-level":
@@ -164,7 +166,9 @@ def get_arrays(head: nn.Module) -> list[np.ndarray]:
 
 def set_arrays(head: nn.Module, arrays: list[np.ndarray]) -> None:
     params = list(head.parameters())
-    if len(params) != len(arrays) or any(tuple(p.shape) != a.shape for p, a in zip(params, arrays, strict=False)):
+    if len(params) != len(arrays) or any(
+        tuple(p.shape) != a.shape for p, a in zip(params, arrays, strict=False)
+    ):
         raise DataError(
             "model arrays",
             [a.shape for a in arrays],
@@ -176,7 +180,9 @@ def set_arrays(head: nn.Module, arrays: list[np.ndarray]) -> None:
             p.copy_(torch.from_numpy(np.asarray(a)))
 
 
-def local_sgd(head: nn.Module, x: torch.Tensor, y: torch.Tensor, s: FederatedSettings, seed: int | None) -> None:
+def local_sgd(
+    head: nn.Module, x: torch.Tensor, y: torch.Tensor, s: FederatedSettings, seed: int | None
+) -> None:
     """``local_epochs`` of minibatch SGD on the client's own rows (client-level mode: not private alone)."""
     rng = np.random.default_rng(seed)
     opt = torch.optim.SGD(head.parameters(), lr=s.local_lr)
@@ -211,11 +217,11 @@ def _engine(s: FederatedSettings, seed: int | None) -> Any:
     from veil.engine import PrivacyEngine
 
     if s.secure:
-        return PrivacyEngine(accountant=s.accountant, secure_rng=True)  # type: ignore[arg-type]
+        return PrivacyEngine(accountant=s.accountant, secure_rng=True)
     kwargs: dict[str, Any] = {"secure_rng": False, "seed": seed}
     if "reproducible" in inspect.signature(PrivacyEngine).parameters:
         kwargs["reproducible"] = True
-    return PrivacyEngine(accountant=s.accountant, **kwargs)  # type: ignore[arg-type]
+    return PrivacyEngine(accountant=s.accountant, **kwargs)
 
 
 def local_dpsgd(

@@ -39,7 +39,7 @@ __all__ = [
 
 
 def sampling_rate(clients: int, rate: float | None, per_round: int | None) -> float:
-    """q from ``--client-sampling-rate`` or ``--clients-per-round`` (expected clients / clients); 1 if neither."""
+    """q from ``--client-sampling-rate`` or ``--clients-per-round`` (expected / all clients); 1 if neither."""
     if rate is None and per_round is None:
         return 1.0
     if rate is not None and per_round is not None:

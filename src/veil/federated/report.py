@@ -17,8 +17,8 @@ from typing import Any
 from veil.accounting.calibrate import epsilon_of
 from veil.accounting.events import PrivacyEvent, event_from_dict
 from veil.accounting.ledger import Ledger
-from veil.federated.privacy import flower_epsilon, record_level_guarantee
 from veil.federated.files import HISTORY, LEDGER, MODEL, SILOS
+from veil.federated.privacy import flower_epsilon, record_level_guarantee
 from veil.federated.settings import FederatedSettings
 
 __all__ = ["build_report", "epsilon_curve", "guarantee_text", "render_report", "write_report"]
@@ -128,11 +128,20 @@ def build_report(run_dir: Path, duration_s: float | None = None) -> dict[str, An
             "unit": "record: one row of one silo",
             "silos": spend,
         }
-        plan |= {"local_steps": s.local_steps, "record_clip_norm": s.clip, "local_batch": s.local_batch, "local_lr": s.local_lr}
-        reported = {
-            f"silo-{int(m['partition-id'])}": float(m["epsilon"]) for m in last.get("silos", []) if "epsilon" in m
+        plan |= {
+            "local_steps": s.local_steps,
+            "record_clip_norm": s.clip,
+            "local_batch": s.local_batch,
+            "local_lr": s.local_lr,
         }
-        agree = all(abs(reported[k] - spend[k]["epsilon"]) <= 1e-6 * max(1.0, spend[k]["epsilon"]) for k in reported)
+        reported = {
+            f"silo-{int(m['partition-id'])}": float(m["epsilon"])
+            for m in last.get("silos", [])
+            if "epsilon" in m
+        }
+        agree = all(
+            abs(reported[k] - spend[k]["epsilon"]) <= 1e-6 * max(1.0, spend[k]["epsilon"]) for k in reported
+        )
         checks.append(
             {
                 "name": "budget",
@@ -163,7 +172,9 @@ def build_report(run_dir: Path, duration_s: float | None = None) -> dict[str, An
             "detail": f"{guarantee['rounds_charged']} of {s.rounds} planned rounds charged",
         }
     )
-    randomness = "secure (OS CSPRNG)" if s.secure else f"seeded (research mode, seed {s.seed}): not releasable"
+    randomness = (
+        "secure (OS CSPRNG)" if s.secure else f"seeded (research mode, seed {s.seed}): not releasable"
+    )
     release_ready = s.secure and finished and all(c["passed"] for c in checks)
     return {
         "job": "federated",
@@ -179,14 +190,18 @@ def build_report(run_dir: Path, duration_s: float | None = None) -> dict[str, An
             "note": "computed from data without noise: for evaluation, not covered by the guarantee",
             "final_test_accuracy": last.get("test_accuracy"),
             "per_round": [
-                {k: v for k, v in h.items() if k in ("round", "test_accuracy", "test_loss", "replied", "failed")}
+                {
+                    k: v
+                    for k, v in h.items()
+                    if k in ("round", "test_accuracy", "test_loss", "replied", "failed")
+                }
                 for h in history
             ],
         },
         "plots": plots,
         "files": {
             LEDGER: "the privacy ledger (hash-chained, fsync'ed before each round)",
-            MODEL: "the released global model (the trained head's arrays; the front is fixed by a public seed)",
+            MODEL: "the released global model (the head's arrays; the front is fixed by a public seed)",
             HISTORY: "per-round non-private evaluation",
         },
         "duration_s": duration_s,
@@ -260,6 +275,9 @@ def write_report(run_dir: Path, duration_s: float | None = None) -> dict[str, An
     report["files"] |= {"report.json": "this report, machine-readable", "report.html": "this report"}
     write_files(
         Path(run_dir),
-        {"report.json": json.dumps(report, indent=2, allow_nan=False) + "\n", "report.html": render_report(report)},
+        {
+            "report.json": json.dumps(report, indent=2, allow_nan=False) + "\n",
+            "report.html": render_report(report),
+        },
     )
     return dict(report)

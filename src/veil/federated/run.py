@@ -30,7 +30,7 @@ def plan(s: FederatedSettings) -> FederatedSettings:
 
     fed = federation(s)  # refuses a missing column, an empty client, more clients than rows
     if s.mode == "client-level":
-        sigma = client_level_sigma(s.epsilon, s.delta, s.sampling_rate, s.rounds, s.clients, s.accountant)  # type: ignore[arg-type]
+        sigma = client_level_sigma(s.epsilon, s.delta, s.sampling_rate, s.rounds, s.clients, s.accountant)
         return s.replace(sigma=sigma)
     smallest = min(len(p) for p in fed.parts)
     if s.delta >= 1.0 / smallest:
@@ -44,7 +44,7 @@ def plan(s: FederatedSettings) -> FederatedSettings:
         raise ConfigError(
             "local_batch",
             s.local_batch,
-            f"the smallest silo has {smallest} rows, fewer than the expected batch, so q = B/n would exceed 1",
+            f"the smallest silo has {smallest} rows, fewer than the expected batch: q = B/n would exceed 1",
             f"pass --local-batch ≤ {smallest}",
         )
     return s
@@ -73,12 +73,14 @@ def run_simulation_engine(s: FederatedSettings, cpus: int = 2) -> None:
 
     from veil.federated.apps import make_client_app, make_server_app
 
-    backend = {
+    backend: dict[str, Any] = {
         "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
         "init_args": {"num_cpus": cpus, "num_gpus": 0, "log_to_driver": False, "logging_level": "error"},
     }
     with quiet_flower():
-        run_simulation(make_server_app(s), make_client_app(s), num_supernodes=s.clients, backend_config=backend)
+        run_simulation(
+            make_server_app(s), make_client_app(s), num_supernodes=s.clients, backend_config=backend
+        )
 
 
 def raise_if_failed(run_dir: Path) -> None:
@@ -87,10 +89,15 @@ def raise_if_failed(run_dir: Path) -> None:
 
     error = run_dir / ERROR
     if error.exists():
-        raise FederatedRunError("federated run", str(run_dir), error.read_text().strip(), "fix the cause and resume with --resume")
+        raise FederatedRunError(
+            "federated run", str(run_dir), error.read_text().strip(), "fix the cause and resume with --resume"
+        )
     if not (run_dir / LEDGER).exists():
         raise FederatedRunError(
-            "federated run", str(run_dir), "the server never started the run", "see the Flower log above; rerun"
+            "federated run",
+            str(run_dir),
+            "the server never started the run",
+            "see the Flower log above; rerun",
         )
 
 
@@ -132,7 +139,10 @@ def saved_settings(run_dir: Path) -> FederatedSettings:
         return FederatedSettings.from_run_config(header["settings"])
     except (OSError, ValueError, KeyError, TypeError):
         raise ConfigError(
-            "resume", str(run_dir), "it holds no readable federated run ledger", "pass the --out folder of a federated run"
+            "resume",
+            str(run_dir),
+            "it holds no readable federated run ledger",
+            "pass the --out folder of a federated run",
         ) from None
 
 

@@ -22,7 +22,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from flwr.app import ArrayRecord, Message, MessageType, MetricRecord, RecordDict
@@ -71,7 +71,8 @@ def wait_for_nodes(grid: Grid, s: FederatedSettings) -> list[int]:
 
 def _save_npz(path: Path, arrays: list[np.ndarray], **extra: Any) -> None:
     buf = io.BytesIO()
-    np.savez(buf, *arrays, **{k: np.asarray(v) for k, v in extra.items()})
+    named: dict[str, Any] = {k: np.asarray(v) for k, v in extra.items()}
+    np.savez(buf, *arrays, **named)
     atomic_write_bytes(path, buf.getvalue())
 
 
@@ -92,10 +93,10 @@ def _register_silos(grid: Grid, nodes: list[int], s: FederatedSettings) -> dict[
             raise ConfigError(
                 "silo",
                 reply.metadata.src_node_id,
-                f"the silo could not plan its DP-SGD ({reply.error.reason.strip().splitlines()[-1]})",
+                f"the silo could not plan its DP-SGD ({(reply.error.reason or 'no reason').strip().splitlines()[-1]})",
                 "fix the silo's data or settings and restart it",
             )
-        m = dict(reply.content["silo"])  # type: ignore[arg-type]
+        m: dict[str, Any] = dict(cast(Any, reply.content["silo"]))
         silos[f"silo-{int(m['partition-id'])}"] = {
             "node_id": int(reply.metadata.src_node_id),
             "rows": int(m["num-examples"]),
@@ -134,7 +135,9 @@ class _Run:
     def charge_silos(self, r: int, node_ids: list[int]) -> None:
         assert self.ledger is not None
         for name, silo in self.silos.items():
-            event = SelfComposed(round_event(silo["sampling_rate"], silo["noise_multiplier"]), silo["steps_per_round"])
+            event = SelfComposed(
+                round_event(silo["sampling_rate"], silo["noise_multiplier"]), silo["steps_per_round"]
+            )
             self.ledger.append("step", round=r, silo=name, event=event.to_dict())
 
     def after_round(self, r: int, arrays: list[np.ndarray], metrics: dict[str, Any]) -> None:
@@ -144,16 +147,13 @@ class _Run:
 
 
 def _evaluator(s: FederatedSettings) -> Any:
-    import torch
-
     from veil.federated import local
 
     fed = local.federation(s)
     front, head = local.build_network(s, fed.data)
     x, y = local.client_features(s, None, front, test=True)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
 
-    def evaluate(arrays: list[np.ndarray]) -> dict[str, float]:
+    def evaluate(arrays: list[np.ndarray]) -> dict[str, float | None]:
         local.set_arrays(head, arrays)
         acc, loss = local.evaluate(head, x, y)
         return {"test_accuracy": acc, "test_loss": loss if math.isfinite(loss) else None}

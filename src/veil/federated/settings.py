@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from veil.accounting.base import AccountantName
 from veil.errors import ConfigError, VeilError
 
 __all__ = ["MAX_FAILED_ROUNDS", "MODES", "FederatedRunError", "FederatedSettings"]
@@ -23,6 +24,7 @@ MAX_FAILED_ROUNDS = 3
 
 class FederatedRunError(VeilError, RuntimeError):
     """The federated run stopped on a refusal or a failure (its one-line reason is kept)."""
+
 
 Mode = Literal["client-level", "record-level"]
 MODES: tuple[Mode, ...] = ("client-level", "record-level")
@@ -55,7 +57,7 @@ class FederatedSettings:
     """client-level: minibatch of local SGD; record-level: expected DP-SGD batch of each silo."""
     local_steps: int = 10
     """record-level: DP-SGD steps each silo takes per round."""
-    accountant: str = "pld"
+    accountant: AccountantName = "pld"
     seed: int = -1
     test_fraction: float = 0.2
     out: str = ""
@@ -66,11 +68,15 @@ class FederatedSettings:
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
-            raise ConfigError("mode", self.mode, "unknown federated privacy mode", f"use one of {list(MODES)}")
+            raise ConfigError(
+                "mode", self.mode, "unknown federated privacy mode", f"use one of {list(MODES)}"
+            )
         for name in ("clients", "rounds", "local_epochs", "local_batch", "local_steps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(name, value, "a count of clients, rounds or steps must be ≥ 1", f"pass --{name} ≥ 1")
+                raise ConfigError(
+                    name, value, "a count of clients, rounds or steps must be ≥ 1", f"pass --{name} ≥ 1"
+                )
         from veil.federated.partition import parse_partition
 
         parse_partition(self.partition)
@@ -99,10 +105,16 @@ class FederatedSettings:
         names = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(config) - set(names))
         if unknown:
-            raise ConfigError("run config", unknown[0], "not a veil federated setting", f"use {sorted(names)}")
+            raise ConfigError(
+                "run config", unknown[0], "not a veil federated setting", f"use {sorted(names)}"
+            )
         values: dict[str, Any] = {}
         for key, value in config.items():
-            if isinstance(names[key].default, float) and isinstance(value, int) and not isinstance(value, bool):
+            if (
+                isinstance(names[key].default, float)
+                and isinstance(value, int)
+                and not isinstance(value, bool)
+            ):
                 value = float(value)  # TOML writes 1.0 as 1 when a user overrides it
             values[key] = value
         return cls(**values)

@@ -21,6 +21,7 @@ treats as public).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any, cast
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
@@ -126,8 +127,10 @@ class PoissonDPFedAvg(FedAvg):
         shapes = [a.shape for a in self._current]
         deltas = []
         for m in good:
-            new = m.content[self.arrayrecord_key].to_numpy_ndarrays()
-            deltas.append([np.asarray(n, dtype=np.float64) - w for n, w in zip(new, self._current, strict=True)])
+            new = cast(ArrayRecord, m.content[self.arrayrecord_key]).to_numpy_ndarrays()
+            deltas.append(
+                [np.asarray(n, dtype=np.float64) - w for n, w in zip(new, self._current, strict=True)]
+            )
         noisy, _ = noisy_clipped_sum(deltas, shapes, self.clip, self.noise_multiplier, self._noise)
         updated = dp_fedavg_step(self._current, noisy, self.expected_clients, self.server_lr)
         return ArrayRecord(updated), MetricRecord({})
@@ -144,7 +147,9 @@ class SiloFedAvg(FedAvg):
     ``charge(round, silos)`` must durably record each silo's planned DP-SGD events before it returns.
     """
 
-    def __init__(self, *, silos: Sequence[int], charge: Callable[[int, list[int]], None], round_offset: int = 0) -> None:
+    def __init__(
+        self, *, silos: Sequence[int], charge: Callable[[int, list[int]], None], round_offset: int = 0
+    ) -> None:
         n = len(silos)
         super().__init__(fraction_evaluate=0.0, min_available_nodes=n, min_train_nodes=n)
         self.silos = sorted(int(s) for s in silos)
@@ -174,7 +179,7 @@ class SiloFedAvg(FedAvg):
         good = [m for m in replies if not m.has_error()]
         self.failures[r] = len(replies) - len(good)
         self._watch.observe(r, len(replies), self.failures[r], _reasons(replies))
-        self.replies[r] = [dict(next(iter(m.content.metric_records.values()))) for m in good]  # type: ignore[arg-type]
+        self.replies[r] = [dict(cast(Any, next(iter(m.content.metric_records.values())))) for m in good]
         arrays, _ = super().aggregate_train(server_round, good)
         return arrays, MetricRecord({})
 
