@@ -90,10 +90,11 @@ def _register_silos(grid: Grid, nodes: list[int], s: FederatedSettings) -> dict[
     silos: dict[str, dict[str, Any]] = {}
     for reply in grid.send_and_receive(messages, timeout=s.node_timeout):
         if reply.has_error():
+            why = (reply.error.reason or "no reason").strip().splitlines()[-1]
             raise ConfigError(
                 "silo",
                 reply.metadata.src_node_id,
-                f"the silo could not plan its DP-SGD ({(reply.error.reason or 'no reason').strip().splitlines()[-1]})",
+                f"the silo could not plan its DP-SGD ({why})",
                 "fix the silo's data or settings and restart it",
             )
         m: dict[str, Any] = dict(cast(Any, reply.content["silo"]))
