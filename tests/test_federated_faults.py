@@ -149,3 +149,14 @@ def test_the_run_folder_is_locked_against_a_second_server(tmp_path):
     with RunLock(tmp_path), pytest.raises(VeilError, match="another veil process"):
         serve(InProcessGrid(make_client_app(s), s.clients), s)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".lock"]
+
+
+def test_a_resumed_research_run_draws_new_noise_not_a_replay(tmp_path):
+    from veil.federated.server import _sources
+
+    s = _settings(tmp_path)
+    first = [src.standard_normal(4) for src in _sources(s, 0)]
+    again = [src.standard_normal(4) for src in _sources(s, 0)]
+    resumed = [src.standard_normal(4) for src in _sources(s, 2)]
+    for a, b, c in zip(first, again, resumed, strict=True):
+        assert (a == b).all() and not (a == c).any()

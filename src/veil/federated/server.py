@@ -39,15 +39,16 @@ from veil.mechanisms.rng import RandomSource, make_source
 __all__ = ["serve", "wait_for_nodes"]
 
 
-def _sources(s: FederatedSettings) -> tuple[RandomSource, RandomSource]:
-    """(client sampling, noise): the OS CSPRNG, or two independent streams of the research seed."""
+def _sources(s: FederatedSettings, done: int) -> tuple[RandomSource, RandomSource]:
+    """(client sampling, noise): the OS CSPRNG, or independent streams of the research seed. A resumed
+    run (``done`` rounds already charged) gets new streams, never a replay of the noise already used."""
     if s.secure:
         return make_source(True), make_source(True)
     from veil.pipeline.seeds import Purpose, derive_seed
 
     return (
-        make_source(False, derive_seed(s.seed, Purpose.FEDERATED_SAMPLING)),
-        make_source(False, derive_seed(s.seed, Purpose.FEDERATED_NOISE)),
+        make_source(False, derive_seed(s.seed, Purpose.FEDERATED_SAMPLING, done)),
+        make_source(False, derive_seed(s.seed, Purpose.FEDERATED_NOISE, done)),
     )
 
 
@@ -219,7 +220,7 @@ def _rounds(
     remaining: int,
     evaluate: Any,
 ) -> list[np.ndarray]:
-    sampling, noise = _sources(s)
+    sampling, noise = _sources(s, done)
     strategy: Any
     if s.mode == "client-level":
         from veil.federated.strategy import PoissonDPFedAvg
