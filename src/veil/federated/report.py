@@ -124,6 +124,7 @@ def build_report(run_dir: Path, duration_s: float | None = None) -> dict[str, An
             "neighbouring": "add_or_remove_one_record",
             "epsilon_spent": top["epsilon"],
             "composition": top["composition"],
+            "worst_silo": top.get("worst_silo"),
             "rounds_charged": len({r.get("round") for r in ledger.records if r["kind"] == "step"}),
             "unit": "record: one row of one silo",
             "silos": spend,

@@ -254,6 +254,7 @@ def _rounds(
             extra["replied"] = strategy.participants.get(r, 0)
         else:
             extra["silos"] = strategy.replies.get(r, [])
+            extra["replied"] = len(extra["silos"])
         run.after_round(r, current, {**evaluate(current), **extra})
         return None
 
