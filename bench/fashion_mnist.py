@@ -112,7 +112,7 @@ def train(
     if library == "veil":
         import veil
 
-        engine = veil.PrivacyEngine(seed=args.seed)
+        engine = veil.PrivacyEngine()  # secure noise (the default); --seed fixes init only
         model, optimizer, loader = engine.make_private(
             module=model,
             optimizer=optimizer,

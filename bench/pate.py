@@ -46,7 +46,7 @@ from common import describe_machine, markdown_table
 from veil.data import load_dataset
 from veil.errors import VeilError
 from veil.mechanisms import SeededSource
-from veil.pate.aggregators import Aggregator
+from veil.pate.aggregators import Aggregator, ConfidentGNMax, GNMax
 from veil.pate.labelling import LabelSettings, default_release_params, label_queries
 from veil.pate.partition import partition_teachers
 from veil.pate.smooth_sensitivity import ReleaseParams
@@ -242,18 +242,18 @@ def main() -> None:
             flush=True,
         )
         aggs = [
-            ("Confident-GNMax", Aggregator("confident-gnmax", 0.16 * k, threshold=0.8 * k, sigma1=0.6 * k)),
-            ("GNMax", Aggregator("gnmax", 0.16 * k)),
+            ("Confident-GNMax", ConfidentGNMax(0.16 * k, threshold=0.8 * k, sigma1=0.6 * k)),
+            ("GNMax", GNMax(0.16 * k)),
         ]
         if args.dataset == "digits" and k <= 10:
-            aggs.append(("GNMax σ=1", Aggregator("gnmax", 1.0)))
+            aggs.append(("GNMax σ=1", GNMax(1.0)))
         ps = args.ptr_sigma * k
         ptr_aggs = [
             (
                 f"Confident-GNMax σ₁={0.3 * k:g}, σ₂={ps:g}",
-                Aggregator("confident-gnmax", ps, threshold=0.8 * k, sigma1=0.3 * k),
+                ConfidentGNMax(ps, threshold=0.8 * k, sigma1=0.3 * k),
             ),
-            (f"GNMax σ={ps:g}", Aggregator("gnmax", ps)),
+            (f"GNMax σ={ps:g}", GNMax(ps)),
         ]
         budgets = args.budgets.split(",")
         for eps in epsilons:

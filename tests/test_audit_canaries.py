@@ -50,7 +50,7 @@ def _tiny(
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(n, 4, generator=gen)
     y = torch.randint(0, 3, (n,), generator=gen)
-    engine = veil.PrivacyEngine(seed=seed)
+    engine = veil.PrivacyEngine(seed=seed, reproducible=True)
     loader = DataLoader(TensorDataset(x, y), batch_size=batch)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     model, dp_opt, dp_loader = engine.make_private(
@@ -225,7 +225,7 @@ def test_one_run_audit_hook_for_veil_train() -> None:
     y = torch.from_numpy(data.y_train)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
-    engine = veil.PrivacyEngine(seed=0)
+    engine = veil.PrivacyEngine(seed=0, reproducible=True)
     opt = torch.optim.SGD(model.parameters(), lr=1.5, momentum=0.9)
     model, dp_opt, loader = engine.make_private(
         module=model,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import random
 from collections.abc import Callable
 from typing import Any
 
@@ -57,7 +58,7 @@ def _private(
     **kwargs: Any,
 ) -> tuple[PrivacyEngine, PrivateTraining]:
     model = model if model is not None else _mlp()
-    engine = engine or PrivacyEngine(seed=0)
+    engine = engine or PrivacyEngine(seed=0, reproducible=True)
     kwargs.setdefault("max_grad_norm", 1.0)
     if "target_epsilon" not in kwargs:
         kwargs.setdefault("noise_multiplier", 1.0)
@@ -225,7 +226,7 @@ def _pure_noise_grads(model: nn.Module, dtype: torch.dtype, doctor: bool = False
     """One logical step on a zero loss, so that every p.grad is pure noise."""
     sigma, clip, batch = _SIGMA, _CLIP, _BATCH
     data = TensorDataset(torch.randn(64, 100, dtype=dtype))
-    engine = PrivacyEngine(seed=123)
+    engine = PrivacyEngine(seed=123, reproducible=True)
     m, optimizer, loader = engine.make_private(
         module=model,
         optimizer=torch.optim.SGD(model.parameters(), lr=1.0),
@@ -294,7 +295,7 @@ def test_noise_test_rejects_a_wrong_scale() -> None:
 
 
 def test_noise_is_added_once_per_logical_step() -> None:
-    engine = PrivacyEngine(seed=0)
+    engine = PrivacyEngine(seed=0, reproducible=True)
     calls: list[tuple[int, ...]] = []
     real = engine.noise_source.normal
 
@@ -311,27 +312,129 @@ def test_noise_is_added_once_per_logical_step() -> None:
     assert engine.steps == 2 and len(engine.accountant.ledger.events) == 2
 
 
-def test_secure_mode_never_touches_a_seeded_generator(monkeypatch: pytest.MonkeyPatch) -> None:
-    def forbidden(*args: Any, **kwargs: Any) -> Any:
-        raise AssertionError("a seeded generator was used in secure mode")
+def _global_rng_states() -> tuple[Any, ...]:
+    """Every global generator a careless noise source could draw from (torch, numpy, random)."""
+    return (
+        torch.get_rng_state().clone(),
+        json.dumps(np.random.get_state(legacy=False), default=str),
+        random.getstate(),
+    )
 
+
+def _steps_that_consume_global_rng(engine: PrivacyEngine, steps: int = 3) -> list[int]:
+    """Logical steps (1-based) whose forward/backward/optimizer step advanced a global generator.
+
+    The loader is advanced outside the window (torch's DataLoader draws a worker base seed from the
+    global generator when an iterator starts; that is not noise), and the model has no dropout, so
+    only the engine's noise and clipping run inside it."""
+    _, (model, optimizer, loader) = _private(_mlp(), engine=engine, physical_batch_size=3)
+    crit = nn.CrossEntropyLoss()
+    consumed, done = [], 0
+    for x, y in loader:
+        before = _global_rng_states()
+        optimizer.zero_grad()
+        crit(model(x), y).backward()
+        optimizer.step()
+        after = _global_rng_states()
+        if not (torch.equal(before[0], after[0]) and before[1:] == after[1:]):
+            consumed.append(done + 1)
+        done += int(loader.signal.last_chunk)
+        if done == steps:
+            break
+    return consumed
+
+
+def test_the_default_engine_is_secure_and_release_ready() -> None:
+    engine = PrivacyEngine()
+    assert engine.randomness == "secure" and engine.release_ready and engine.secure_rng
+    assert engine.noise_source.secure and engine.sampler_source.secure
+    for research in (
+        PrivacyEngine(reproducible=True),
+        PrivacyEngine(seed=3, reproducible=True),
+        PrivacyEngine(secure_rng=False, seed=3),
+    ):
+        assert research.randomness == "seeded" and not research.release_ready
+        assert not research.noise_source.secure and not research.sampler_source.secure
+    _private(engine=engine, noise_multiplier=0.0)
+    assert not engine.release_ready  # σ = 0: secure randomness, but nothing private to release
+
+
+def test_a_seed_alone_does_not_seed_the_noise() -> None:
+    with pytest.raises(InvalidParameterError, match="reproducible=True"):
+        PrivacyEngine(seed=0)
+    with pytest.raises(InvalidParameterError, match="reproducible=True"):
+        PrivacyEngine(secure_rng=True, reproducible=True)
+
+
+def test_secure_noise_never_comes_from_a_global_generator() -> None:
+    assert _steps_that_consume_global_rng(PrivacyEngine()) == []
+
+
+def test_the_global_generator_check_catches_noise_from_torch_randn() -> None:
+    """The check above can fail: the same engine with its noise drawn from torch's global generator."""
+    engine = PrivacyEngine()
+
+    def global_noise(shape: tuple[int, ...], std: float, **kw: Any) -> torch.Tensor:
+        return torch.randn(shape, dtype=kw.get("dtype")) * std
+
+    engine.noise_source.normal = global_noise  # type: ignore[method-assign]
+    assert _steps_that_consume_global_rng(engine) == [1, 2, 3]
+
+
+def test_secure_noise_differs_under_identical_global_seeds() -> None:
     updates = []
     for _ in range(2):
-        model, data = _mlp(), _data()
+        torch.manual_seed(0)
+        np.random.seed(0)
+        random.seed(0)
+        model = _mlp()
         start = [p.detach().clone() for p in model.parameters()]
-        with monkeypatch.context() as mp:
-            mp.setattr(torch, "Generator", forbidden)
-            mp.setattr(np.random, "default_rng", forbidden)
-            mp.setattr(np.random, "Generator", forbidden)
-            mp.setattr(np.random, "RandomState", forbidden)
-            mp.setattr(np.random, "PCG64", forbidden)
-            mp.setattr(np.random, "SeedSequence", forbidden)
-            torch.manual_seed(0)  # identical global state both times
-            engine, pt = _private(model, data=data, engine=PrivacyEngine(secure_rng=True))
-            assert _train(pt, steps=2) == 2
-        assert engine.noise_source.secure and engine.sampler_source.secure
+        _, pt = _private(model, engine=PrivacyEngine())
+        assert _train(pt, steps=1) == 1
         updates.append(torch.cat([(p - s).flatten() for p, s in zip(model.parameters(), start, strict=True)]))
-    assert not torch.equal(updates[0], updates[1])  # not replayed from torch's global generator
+    assert not torch.equal(updates[0], updates[1])
+    # ...whereas research mode replays exactly: the comparison is able to fail.
+    replay = []
+    for _ in range(2):
+        model = _mlp()
+        start = [p.detach().clone() for p in model.parameters()]
+        _, pt = _private(model, engine=PrivacyEngine(seed=4, reproducible=True))
+        _train(pt, steps=1)
+        replay.append(torch.cat([(p - s).flatten() for p, s in zip(model.parameters(), start, strict=True)]))
+    assert torch.equal(replay[0], replay[1])
+
+
+def _holds_generator_state(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(
+            k in ("noise_rng", "numpy", "torch", "seed") or _holds_generator_state(v)
+            for k, v in value.items()
+            if k != "plan"
+        ) or (value.get("rng") is not None)
+    if isinstance(value, list):
+        return any(_holds_generator_state(v) for v in value)
+    return False
+
+
+def test_a_secure_checkpoint_holds_no_generator_state_and_resumes_with_fresh_noise() -> None:
+    model, engine, pt = _resumable(engine=PrivacyEngine())
+    assert _train(pt, steps=2) == 2
+    saved = json.loads(json.dumps(engine.state_dict()))
+    assert saved["randomness"] == "secure" and not _holds_generator_state(saved)
+    _, seeded, seeded_pt = _resumable()
+    _train(seeded_pt, steps=2)
+    assert _holds_generator_state(seeded.state_dict())  # the probe can see a generator state
+    saved_model, saved_opt = copy.deepcopy(model.state_dict()), copy.deepcopy(pt.optimizer.state_dict())
+    resumed = []
+    for _ in range(2):
+        m2, e2, pt2 = _resumable(engine=PrivacyEngine())
+        m2.load_state_dict(saved_model)
+        pt2.optimizer.load_state_dict(saved_opt)
+        e2.load_state_dict(saved)
+        _train(pt2, steps=1)
+        assert e2.steps == 3
+        resumed.append(torch.cat([p.detach().flatten() for p in m2.parameters()]))
+    assert not torch.equal(resumed[0], resumed[1])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -415,7 +518,7 @@ def test_privacy_settings_do_not_depend_on_performance_settings() -> None:
             _mlp(dtype=dtype),
             data=_data(dtype=dtype),
             physical_batch_size=physical,
-            engine=PrivacyEngine(seed=5),
+            engine=PrivacyEngine(seed=5, reproducible=True),
         )
         _train(pt, steps=4)
         outcomes.append((engine.plan, engine.accountant.ledger.to_json(), engine.get_epsilon(1e-5)))
@@ -426,12 +529,14 @@ def test_privacy_settings_do_not_depend_on_performance_settings() -> None:
 # checkpoints
 
 
-def _resumable(seed: int = 7) -> tuple[nn.Module, PrivacyEngine, PrivateTraining]:
+def _resumable(
+    seed: int = 7, engine: PrivacyEngine | None = None
+) -> tuple[nn.Module, PrivacyEngine, PrivateTraining]:
     model = _mlp(seed=3)
     engine, pt = _private(
         model,
         opt=lambda p: torch.optim.Adam(p, lr=0.01),
-        engine=PrivacyEngine(seed=seed),
+        engine=engine or PrivacyEngine(seed=seed, reproducible=True),
         batch_size=8,
         physical_batch_size=3,
     )
@@ -564,7 +669,7 @@ def _case_extra_param() -> None:
 def _case_batch_size_none() -> None:
     model = _mlp()
     loader = DataLoader(_data(), batch_sampler=[[0, 1], [2, 3]])
-    PrivacyEngine(seed=0).make_private(
+    PrivacyEngine(seed=0, reproducible=True).make_private(
         module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), data_loader=loader,
         noise_multiplier=1.0, max_grad_norm=1.0,
     )  # fmt: skip
@@ -572,7 +677,7 @@ def _case_batch_size_none() -> None:
 
 def _case_iterable() -> None:
     model = _mlp()
-    PrivacyEngine(seed=0).make_private(
+    PrivacyEngine(seed=0, reproducible=True).make_private(
         module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
         data_loader=DataLoader(_Stream(), batch_size=4), noise_multiplier=1.0, max_grad_norm=1.0,
     )  # fmt: skip
@@ -641,7 +746,7 @@ def test_refusal_lists_all_problems_and_leaves_the_model_untouched() -> None:
 
 
 def test_failed_make_private_leaves_engine_reusable() -> None:
-    engine = PrivacyEngine(seed=0)
+    engine = PrivacyEngine(seed=0, reproducible=True)
     with pytest.raises(InvalidParameterError):
         _private(engine=engine, max_grad_norm=0.0)
     assert engine.plan is None

@@ -13,8 +13,9 @@ import pytest
 
 from veil.cli.main import main
 from veil.errors import CheckpointError, ConfigError, DataError
+from veil.pate.config import resolve_pate_config
 from veil.pate.partition import check_public_disjoint, partition_teachers
-from veil.pate.run import resolve_pate_config, run_pate
+from veil.pate.run import run_pate
 from veil.pate.teachers import ModelRecipe, train_teachers
 
 
@@ -207,3 +208,32 @@ def test_config_file_precedence_and_unknown_keys(tmp_path: Path) -> None:
     toml.write_text("[pate]\nteacher = 25\n")
     with pytest.raises(ConfigError, match="did you mean 'teachers'"):
         resolve_pate_config(toml)
+
+
+def test_a_folder_of_trained_teachers_is_resumed_and_any_other_folder_refused(tmp_path: Path) -> None:
+    import shutil
+
+    settings = {"dataset": "digits", "teachers": 10, "sigma": 2.0, "epsilon": 10.0, "queries": 30}
+    first = run_pate({**settings, "out": str(tmp_path / "a")})
+    assert first.teachers_resumed == 0 and [c.name for c in first.checks] == [
+        "delta_below_1_over_n",
+        "target_epsilon_kept",
+    ]
+    assert all(c.passed for c in first.checks)
+    from veil.pate.report import pate_checks
+
+    over = first.model_copy(update={"epsilon": 10.5, "epsilon_data_independent": 10.5})
+    assert [c.passed for c in pate_checks(over, 10_000)] == [True, False]
+    assert [c.passed for c in pate_checks(first, 200_000)] == [False, True]  # δ = 1e-5 ≥ 1/N fails
+    page = (tmp_path / "a" / "report.html").read_text()
+    headings = ["The guarantee", "Result", "Verification checklist", "Parameters", "Plots", "Files"]
+    positions = [page.index(f"<h2>{h}</h2>") for h in headings]  # the skeleton every job's page shares
+    assert positions == sorted(positions)
+    shutil.copytree(tmp_path / "a" / "teachers", tmp_path / "b" / "teachers")
+    again = run_pate({**settings, "out": str(tmp_path / "b")})
+    assert again.teachers_resumed == 10
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "notes.txt").write_text("an earlier result")
+    with pytest.raises(ConfigError, match="not empty"):
+        run_pate({**settings, "out": str(tmp_path / "c")})
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["notes.txt"]

@@ -1,6 +1,6 @@
 """``PrivacyEngine.make_private``: the Opacus-familiar facade over veil's DP-SGD.
 
-    engine = veil.PrivacyEngine(accountant="pld", secure_rng=False, seed=0)
+    engine = veil.PrivacyEngine()  # noise and sampling from the OS CSPRNG (reproducible=True: seeded)
     model, optimizer, loader = engine.make_private(
         module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=1.1, max_grad_norm=1.0)
     for x, y in loader:
@@ -50,6 +50,7 @@ from veil.errors import (
     SamplingError,
 )
 from veil.optimizer import DPOptimizer
+from veil.per_example_loss import RefuseIgnoredTargets, check_criterion
 from veil.sampling import (
     PoissonBatchSampler,
     PrivateDataLoader,
@@ -300,44 +301,87 @@ def _child_seeds(seed: int | None) -> tuple[int | None, int | None]:
     return int(noise.generate_state(1)[0]), int(sampler.generate_state(1)[0])
 
 
+Randomness = Literal["secure", "seeded"]
+
+
+def _resolve_randomness(secure_rng: Any, seed: Any, reproducible: Any) -> Randomness:
+    """``"secure"`` unless research mode is asked for (``reproducible=True`` or ``secure_rng=False``).
+
+    Checked before anything is built: a conflicting pair, or a seed for a secure engine, is refused
+    (a seed that silently stopped seeding the noise would mislead a researcher; a seed that silently
+    seeded it would make a "private" run replayable by whoever reads the seed).
+    """
+    if not isinstance(reproducible, bool):
+        raise InvalidParameterError(
+            "reproducible", reproducible, "the randomness mode must be explicit", "pass True or False"
+        )
+    if secure_rng is not None and not isinstance(secure_rng, bool):
+        raise InvalidParameterError(
+            "secure_rng", secure_rng, "the randomness mode must be explicit", "pass True, False or None"
+        )
+    if secure_rng is True and reproducible:
+        raise InvalidParameterError(
+            "secure_rng",
+            secure_rng,
+            "reproducible=True asks for seeded noise, which secure_rng=True forbids",
+            "pass one of them: reproducible=True (research) or neither (secure, the default)",
+        )
+    seeded = reproducible or secure_rng is False
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise InvalidParameterError("seed", seed, "a seed must be a non-negative integer", "pass e.g. seed=0")
+    if seed is not None and not seeded:
+        raise InvalidParameterError(
+            "seed",
+            seed,
+            "noise and Poisson sampling come from the OS CSPRNG by default; a seeded generator is "
+            "predictable, so noise from it protects nothing against anyone who knows the seed",
+            "drop the seed for a private run, or pass reproducible=True together with the seed for a "
+            "seeded research run (not private against anyone who knows the seed)",
+        )
+    return "seeded" if seeded else "secure"
+
+
 class PrivacyEngine:
     """DP-SGD for any ``nn.Module``: per-sample clipping, Gaussian noise, Poisson sampling, accounting.
 
-    ``accountant``: ``"pld"`` (default, tight) or ``"rdp"``. ``secure_rng=True`` draws noise *and*
-    sampling from the operating system's CSPRNG (no seed accepted, not reproducible); otherwise both
-    come from seeded generators (``seed`` or fresh entropy), reproducible and resumable. One engine
-    trains one model: call ``make_private`` once. Opacus's ``accountant="prv"``/``"rdp"`` and
+    ``accountant``: ``"pld"`` (default, tight) or ``"rdp"``.
+
+    Randomness (secure by default). Unless research mode is asked for, the Gaussian noise *and* the
+    Poisson sampling are drawn from the operating system's CSPRNG through
+    :class:`~veil.mechanisms.rng.SecureSource` (``engine.randomness == "secure"``): no seed, no
+    generator state in :meth:`state_dict`, never torch's or numpy's global generators; a resumed run
+    draws fresh noise. Guarantee: the released updates are (ε, δ)-DP for the add/remove-one relation
+    against an adversary who sees everything the run writes (model, checkpoints, engine state).
+
+    Research mode, ``reproducible=True`` (or the legacy ``secure_rng=False``): noise and sampling come
+    from seeded generators (``seed``, or fresh entropy when None), reproducible and resumable exactly.
+    It is **not** private against anyone who knows the seed; ``engine.release_ready`` is then False.
+    A ``seed`` without research mode is refused with :class:`~veil.errors.InvalidParameterError`.
+    ``secure_rng=True`` is accepted (it is the default) and conflicts with ``reproducible=True``.
+
+    One engine trains one model: call ``make_private`` once. Opacus's ``accountant="prv"``/``"rdp"`` and
     ``secure_mode=`` are accepted (``gdp`` is refused); see ``docs/migrating-from-opacus.md``.
     """
 
     def __init__(
         self,
         accountant: AccountantName = "pld",
-        secure_rng: bool = False,
+        secure_rng: bool | None = None,
         seed: int | None = None,
         *,
+        reproducible: bool = False,
         secure_mode: bool | None = None,
     ) -> None:
         # Opacus's names (accountant="prv"/"gdp", secure_mode=...): see veil.compat.opacus_args.
         accountant = opacus_args.resolve_accountant(accountant)
         secure_rng = opacus_args.resolve_secure_mode(secure_mode, secure_rng, seed)
-        if secure_rng and seed is not None:
-            raise InvalidParameterError(
-                "seed",
-                seed,
-                "a seeded generator is predictable, so noise from it protects nothing against someone who "
-                "knows the seed; secure mode never uses one",
-                "drop the seed for secure_rng=True, or use secure_rng=False for reproducible experiments",
-            )
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-            raise InvalidParameterError(
-                "seed", seed, "a seed must be a non-negative integer", "pass e.g. seed=0"
-            )
+        randomness = _resolve_randomness(secure_rng, seed, reproducible)
         from veil.mechanisms.rng import make_source
 
         self.accountant: PrivacyAccountant = make_accountant(accountant)
         self.accountant_name: AccountantName = accountant
-        self.secure_rng = bool(secure_rng)
+        self._randomness: Randomness = randomness
+        self.secure_rng = randomness == "secure"
         noise_seed, sampler_seed = _child_seeds(seed)
         self.noise_source: RandomSource = make_source(self.secure_rng, noise_seed)
         self.sampler_source: RandomSource = make_source(self.secure_rng, sampler_seed)
@@ -347,6 +391,22 @@ class PrivacyEngine:
         self._optimizer: DPOptimizer | None = None
         self._loader: PrivateDataLoader | None = None
         self._clipper: PerSampleClipper | None = None
+
+    @property
+    def randomness(self) -> Randomness:
+        """``"secure"`` (OS CSPRNG, the default) or ``"seeded"`` (research mode, replayable)."""
+        return self._randomness
+
+    @property
+    def release_ready(self) -> bool:
+        """True when what this engine trains may be released under its stated guarantee.
+
+        That needs secure randomness (seeded noise can be recomputed by whoever knows the seed) and,
+        once ``make_private`` ran, noise at all (σ > 0; σ = 0 is accounted as ε = ∞).
+        """
+        if self._randomness != "secure":
+            return False
+        return self.plan is None or self.plan.noise_multiplier > 0
 
     # -- the facade ----------------------------------------------------------------------------
     @overload
@@ -386,7 +446,10 @@ class PrivacyEngine:
 
         Give either ``noise_multiplier`` or ``target_epsilon`` + ``target_delta`` + ``epochs`` (σ is then
         calibrated, on the private side of the target, for ``epochs × ⌈N/B⌉`` steps). ``loss_reduction``
-        defaults to the criterion's ``reduction`` when a criterion is passed, else ``"mean"``. Everything
+        defaults to the criterion's ``reduction`` when a criterion is passed, else ``"mean"``. The loss
+        must be a fixed-coefficient sum of per-example terms (see :mod:`veil.per_example_loss`): a
+        ``criterion`` with ``weight=`` and ``reduction="mean"`` is refused, and with ``"mean"`` a batch
+        whose targets contain the criterion's ``ignore_index`` is refused as it is collated. Everything
         is checked before anything changes; a refusal leaves the model, optimizer and engine untouched.
         The returned model is ``module`` itself (with the clipper's hooks); the optimizer wraps
         ``optimizer``; the loader replaces ``data_loader`` with Poisson-sampled logical batches of expected
@@ -447,6 +510,7 @@ class PrivacyEngine:
                 "pass an int ≥ 1 or None",
             )
         reduction = _resolve_loss_reduction(loss_reduction, criterion)
+        ignore_index = check_criterion(criterion, reduction)
         sampling = self._check_sampling(poisson_sampling, allow_non_poisson)
         if not isinstance(data_loader, DataLoader):
             raise SamplingError(
@@ -483,6 +547,10 @@ class PrivacyEngine:
         probe = _probe_forward(module, data_loader)
         if isinstance(probe, Problem):
             raise ModelNotSupportedError([probe])
+        collate = data_loader.collate_fn
+        if ignore_index is not None:
+            collate = RefuseIgnoredTargets(collate, ignore_index)
+            collate([dataset[0]])  # the empty-batch template is collated below: refuse it here
         # Last among the checks: calibration can take seconds.
         sigma = self._noise_multiplier(
             noise_multiplier, target_epsilon, target_delta, epochs, q, per_epoch, n, sampling
@@ -523,7 +591,7 @@ class PrivacyEngine:
             expected_batch_size=batch_size,
             physical_batch_size=physical_batch_size,
             signal=signal,
-            collate_fn=data_loader.collate_fn,
+            collate_fn=collate,
             template_item=dataset[0],
             **_loader_kwargs(data_loader),
         )
@@ -694,7 +762,12 @@ class PrivacyEngine:
         return load_checkpoint(self, path=path, module=module, **kwargs)
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything to resume exactly: plan, steps, accountant ledger (JSON events), RNG states.
+        """Everything to resume: plan, steps, accountant ledger (JSON events) and, in research mode only,
+        the seeded generators' states (a resume then continues the exact stream).
+
+        A secure engine's state holds no noise or sampler generator state (there is none to hold: the
+        OS CSPRNG cannot be replayed), so a reader of the checkpoint learns nothing about the noise;
+        a resume draws fresh noise and fresh batches.
 
         Save model and optimizer states alongside (``model.state_dict()``, ``optimizer.state_dict()``).
         Refused in the middle of a logical batch (after a physical chunk that did not close it).
@@ -710,15 +783,19 @@ class PrivacyEngine:
                 "a logical batch is half accumulated; its per-sample state is not saved",
                 "save right after the optimizer step that closes a logical batch",
             )
-        return {
+        state: dict[str, Any] = {
             "format": _STATE_FORMAT,
             "plan": asdict(self.plan),
             "steps": self._steps,
             "ledger": _run_length(self.accountant.ledger.events),
-            "secure_rng": self.secure_rng,
-            "noise_rng": None if self.secure_rng else self.noise_source.state_dict(),
+            "randomness": self._randomness,
             "sampler": self._loader.state_dict(),
         }
+        if self._randomness == "seeded":
+            state["noise_rng"] = self.noise_source.state_dict()
+        else:
+            state["sampler"] = {**state["sampler"], "rng": None}
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict` after ``make_private`` with the same privacy settings.
@@ -762,7 +839,8 @@ class PrivacyEngine:
                 "the saved privacy history is unreadable",
                 "pass an intact state",
             ) from exc
-        restore_rng = not self.secure_rng and not state.get("secure_rng", False)
+        saved_randomness = state.get("randomness", "secure" if state.get("secure_rng", False) else "seeded")
+        restore_rng = self._randomness == "seeded" and saved_randomness == "seeded"
         if restore_rng:
             self.noise_source.load_state_dict(state["noise_rng"])
         sampler_token = dict(state["sampler"])

@@ -11,7 +11,7 @@ import sys
 from types import TracebackType
 from typing import Any
 
-__all__ = ["TrainingProgress", "progress_enabled"]
+__all__ = ["CountProgress", "TrainingProgress", "progress_enabled"]
 
 
 def progress_enabled(requested: bool | None) -> bool:
@@ -68,6 +68,41 @@ class TrainingProgress:
             loss="-" if loss is None else f"{loss:.4f}",
             eps=f"{epsilon:.3f}",
         )
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._progress is not None:
+            self._progress.__exit__(exc_type, exc, tb)
+            self._progress = None
+
+
+class CountProgress:
+    """``with CountProgress(enabled, total, "teachers trained") as bar: bar.update(done)``: a bar for
+    a count of finished tasks (no loss, no ε). Quiet when disabled."""
+
+    def __init__(self, enabled: bool, total: int, description: str) -> None:
+        self.enabled = enabled
+        self.total = total
+        self.description = description
+        self._progress: Any = None
+        self._task: Any = None
+
+    def __enter__(self) -> CountProgress:
+        if not self.enabled:
+            return self
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self._progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()
+        )
+        self._progress.__enter__()
+        self._task = self._progress.add_task(self.description, total=self.total)
+        return self
+
+    def update(self, done: int, total: int | None = None) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, completed=done, total=total or self.total)
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

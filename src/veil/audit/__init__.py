@@ -5,6 +5,7 @@
 * :mod:`veil.audit.canaries` — input-space (black-box) and gradient-space (white-box) canaries;
 * :mod:`veil.audit.run` — ``veil audit``: train with canaries, attack, report (the job);
 * :mod:`veil.audit.fit` — training for an audit, through :mod:`veil.pipeline`;
+* :mod:`veil.audit.attacks` — the membership-inference attacks of an audit, their section and plots;
 * :mod:`veil.audit.settings` — what to audit, the report, config resolution;
 * :mod:`veil.audit.hook` — the canaries ``veil train --audit`` attaches (called by training).
 

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from veil.audit.attacks import membership_attacks, mia_section, plots
 from veil.audit.canaries import GradientCanaries, InputCanaries, max_gradient_canaries, max_input_canaries
 from veil.audit.fit import Fit, Setup, fit, make_model, prepare_audit, sigma_for, theoretical_epsilon
 from veil.audit.hook import OneRunAudit, check_delta_room, delta_cap, run_one_run_audit
@@ -49,7 +50,6 @@ if TYPE_CHECKING:
     from torch import nn
 
     from veil.audit.bounds import OneRunBound
-    from veil.audit.mia import MIAResult
     from veil.config import TrainConfig
     from veil.engine import PrivacyEngine
     from veil.mechanisms.rng import RandomSource
@@ -92,28 +92,6 @@ def _write(report: AuditReport, out: Path, images: Mapping[str, tuple[str, bytes
     )
 
 
-def _images(
-    attacks: list[MIAResult], groups: Mapping[str, tuple[np.ndarray, np.ndarray]]
-) -> dict[str, tuple[str, bytes]]:
-    from veil.audit.report import canary_png, roc_png
-
-    images: dict[str, tuple[str, bytes]] = {}
-    if groups:
-        images["canaries.png"] = ("Canary scores, included against excluded", canary_png(groups))
-    if attacks:
-        images["roc.png"] = ("Membership inference ROC", roc_png(attacks))
-    return images
-
-
-def _mia_section(attacks: list[MIAResult]) -> dict[str, Any] | None:
-    if not attacks:
-        return None
-    strongest = next((a for a in attacks if a.attack == "lira"), attacks[0])
-    section = strongest.to_dict()
-    section["attacks"] = {a.attack: a.to_dict() for a in attacks}
-    return section
-
-
 def _version() -> str:
     import veil
 
@@ -123,48 +101,6 @@ def _version() -> str:
 # ---------------------------------------------------------------------------------------------
 # veil audit: train with canaries, then attack
 # ---------------------------------------------------------------------------------------------
-def _lira(
-    setup: Setup,
-    target: nn.Module,
-    members: tuple[np.ndarray, np.ndarray],
-    nonmembers: tuple[np.ndarray, np.ndarray],
-    settings: AuditSettings,
-    sigma: float,
-    rng: RandomSource,
-) -> tuple[MIAResult, float]:
-    from veil.audit.mia import run_lira
-
-    x = np.concatenate([members[0], nonmembers[0]])
-    y = np.concatenate([members[1], nonmembers[1]])
-    is_member = np.concatenate([np.ones(len(members[1]), bool), np.zeros(len(nonmembers[1]), bool)])
-    seconds = 0.0
-
-    def train_shadow(indices: np.ndarray, k: int) -> nn.Module:
-        nonlocal seconds
-        shadow = fit(
-            setup,
-            x[indices],
-            y[indices],
-            np.ones(len(indices), np.float32),
-            sigma=sigma,
-            seed=derive_seed(setup.cfg.seed, Purpose.SHADOW, k),
-        )
-        seconds += shadow.seconds
-        return shadow.model
-
-    result = run_lira(
-        target,
-        (x, y),
-        is_member,
-        train_shadow,
-        shadows=settings.shadow_models,
-        rng=rng,
-        variant=settings.lira_variant,
-        device=setup.cfg.device,
-    )
-    return result, seconds
-
-
 @dataclass
 class _Canaries:
     """The canaries of an audit, designed before any training: input canaries join the training
@@ -288,7 +224,6 @@ def audit(
     audit; presets fill the rest). Every check (settings, data, canary counts, output folder) runs
     before training. See the module docstring for what is measured.
     """
-    from veil.audit.mia import loss_attack
     from veil.config import TrainConfig, make_config
     from veil.mechanisms.rng import make_source
 
@@ -317,13 +252,11 @@ def audit(
     canary_section, groups, bounds = _score_canaries(setup, settings, canaries, target)
     audit_seconds = time.perf_counter() - t0
     members = (data.x_train, data.y_train)
-    attacks = [loss_attack(target, members, canaries.nonmembers, device=cfg.device)]
-    lira_seconds = 0.0
-    if settings.uses_lira:
-        result, lira_seconds = _lira(setup, target, members, canaries.nonmembers, settings, sigma, rng)
-        attacks.append(result)
+    attacks, lira_seconds = membership_attacks(
+        setup, target, members, canaries.nonmembers, settings, sigma, rng
+    )
     lower = max((b.epsilon for b in bounds), default=None)
-    mia = _mia_section(attacks)
+    mia = mia_section(attacks)
     report = AuditReport(
         epsilon_lower_bound=lower,
         confidence=settings.confidence,
@@ -344,7 +277,7 @@ def audit(
         veil_version=_version(),
     )
     if write:
-        _write(report, out_dir, _images(attacks, groups))
+        _write(report, out_dir, plots(attacks, groups))
     return report
 
 
@@ -419,6 +352,24 @@ def _finished_run(run: Path, settings: AuditSettings) -> tuple[str, float, float
         raise _not_a_run(run, f"report.json is unreadable: {type(exc).__name__}") from None
 
 
+def _released_model(setup: Setup, run: Path) -> nn.Module:
+    """The run's ``model.pt`` loaded into the configured model; the released preprocessing statistic
+    (the DP centre of table features) is kept for the shadows, the rest of the layer is public."""
+    import torch
+
+    model = make_model(setup, setup.cfg.seed)
+    try:
+        state = torch.load(run / "model.pt", map_location=setup.cfg.device, weights_only=True)
+        model.load_state_dict(state)
+    except Exception as exc:
+        raise _not_a_run(
+            run, f"model.pt does not load into the configured model: {type(exc).__name__}"
+        ) from None
+    if "preprocess.offset" in state:
+        setup.preprocess_state = {"offset": state["preprocess.offset"]}
+    return model
+
+
 def audit_run(
     run_dir: str | Path,
     settings: AuditSettings | None = None,
@@ -429,9 +380,6 @@ def audit_run(
     """Attack the released ``model.pt`` of a finished ``veil train`` run (no canaries: they must be
     inserted during training). ``settings.attack``: ``loss`` (default), ``lira`` or ``all`` (both;
     LiRA trains shadow models with the run's own settings and σ)."""
-    import torch
-
-    from veil.audit.mia import loss_attack
     from veil.config import load_config_file, make_config
     from veil.mechanisms.rng import make_source
 
@@ -452,28 +400,13 @@ def audit_run(
     out_dir = Path(out) if out is not None else run / "audit"
     if write:
         check_out(out_dir)
-    model = make_model(setup, cfg.seed)
-    try:
-        state = torch.load(run / "model.pt", map_location=cfg.device, weights_only=True)
-        model.load_state_dict(state)
-    except Exception as exc:
-        raise _not_a_run(
-            run, f"model.pt does not load into the configured model: {type(exc).__name__}"
-        ) from None
-    # Shadows reuse the run's released preprocessing statistic (the DP centre of table features);
-    # the rest of the layer is public and rebuilt from the plan.
-    if "preprocess.offset" in state:
-        setup.preprocess_state = {"offset": state["preprocess.offset"]}
+    model = _released_model(setup, run)
     members = (data.x_train, data.y_train)
     nonmembers = (data.x_test, data.y_test)
     t0 = time.perf_counter()
-    attacks = [loss_attack(model, members, nonmembers, device=cfg.device)]
-    lira_seconds = 0.0
-    if settings.uses_lira:
-        rng = make_source(cfg.secure_rng, None if cfg.secure_rng else derive_seed(cfg.seed, Purpose.AUDIT))
-        result, lira_seconds = _lira(setup, model, members, nonmembers, settings, sigma, rng)
-        attacks.append(result)
-    mia = _mia_section(attacks)
+    rng = make_source(cfg.secure_rng, None if cfg.secure_rng else derive_seed(cfg.seed, Purpose.AUDIT))
+    attacks, lira_seconds = membership_attacks(setup, model, members, nonmembers, settings, sigma, rng)
+    mia = mia_section(attacks)
     report = AuditReport(
         epsilon_lower_bound=None,
         confidence=settings.confidence,
@@ -499,5 +432,5 @@ def audit_run(
         veil_version=_version(),
     )
     if write:
-        _write(report, out_dir, _images(attacks, {}))
+        _write(report, out_dir, plots(attacks, {}))
     return report

@@ -16,7 +16,8 @@ from veil.cli._output import emit
 
 def run_pate_command(config_file: str | None, flags: dict[str, Any]) -> dict[str, Any]:
     """The work of ``veil pate``: resolve the config (defaults < file < flags), run, return the report."""
-    from veil.pate.run import resolve_pate_config, run_pate
+    from veil.pate.config import resolve_pate_config
+    from veil.pate.run import run_pate
 
     cfg = resolve_pate_config(config_file, {k: v for k, v in flags.items() if v is not None})
     return run_pate(cfg).to_dict()
@@ -74,45 +75,30 @@ def register(app: typer.Typer) -> None:
         json_output: bool = typer.Option(False, "--json", help="Print the report JSON on stdout."),
     ) -> None:
         """Label public data with a noisy vote of teachers trained on disjoint private partitions (PATE)."""
-        flags: dict[str, Any] = {
-            "dataset": dataset,
-            "data_dir": data_dir,
-            "target": target,
-            "teachers": teachers,
-            "aggregator": aggregator,
-            "epsilon": epsilon,
-            "delta": delta,
-            "queries": queries,
-            "public_data": public_data,
-            "sigma": sigma,
-            "threshold": threshold,
-            "sigma1": sigma1,
-            "budget": budget,
-            "semi_supervised": semi_supervised,
-            "teacher_model": teacher_model,
-            "student_model": student_model,
-            "workers": workers,
-            "seed": seed,
-            "secure_rng": secure_rng,
-            "out": out,
-            "progress": None if json_output else True,
-        }
+        # Every flag parameter is named as its config key.
+        flags: dict[str, Any] = {k: v for k, v in locals().items() if k not in ("config", "json_output")}
+        flags["progress"] = None if json_output else True
         report = run_pate_command(config, flags)
         if json_output:
             emit(report, True)
             return
-        folder = Path(report["out_dir"])
-        dd = report["epsilon_data_dependent"]
-        acc = report["student_test_accuracy"]
-        lines = [
-            (f"student test accuracy {acc:.4f}" if acc is not None else "no student (no label released)")
-            + f" from {report['queries_answered']} "
-            f"private labels ({report['queries_asked']} queries asked, {report['teachers']} teachers, "
-            f"{report['aggregator']})",
-            f"ε = {report['epsilon']:.4g} ({report['guarantee']} guarantee) at δ = {report['delta']:g}; "
-            f"data-independent {report['epsilon_data_independent']:.4g}, data-dependent "
-            + (f"{dd:.4g} (released)" if dd is not None else "not analysed"),
-            f"report: {folder / 'report.html'}",
-            f"        {folder / 'report.json'}",
-        ]
-        sys.stdout.write("\n".join(lines) + "\n")
+        sys.stdout.write(_summary(report))
+
+
+def _summary(report: dict[str, Any]) -> str:
+    """The few lines ``veil pate`` prints without ``--json``."""
+    folder = Path(report["out_dir"])
+    dd = report["epsilon_data_dependent"]
+    acc = report["student_test_accuracy"]
+    lines = [
+        (f"student test accuracy {acc:.4f}" if acc is not None else "no student (no label released)")
+        + f" from {report['queries_answered']} "
+        f"private labels ({report['queries_asked']} queries asked, {report['teachers']} teachers, "
+        f"{report['aggregator']})",
+        f"ε = {report['epsilon']:.4g} ({report['guarantee']} guarantee) at δ = {report['delta']:g}; "
+        f"data-independent {report['epsilon_data_independent']:.4g}, data-dependent "
+        + (f"{dd:.4g} (released)" if dd is not None else "not analysed"),
+        f"report: {folder / 'report.html'}",
+        f"        {folder / 'report.json'}",
+    ]
+    return "\n".join(lines) + "\n"

@@ -71,17 +71,19 @@ def grouped_linear(a: Tensor, g: Tensor, shape: torch.Size, *, materialise: bool
         norm_sq = (aa * gg).sum(dim=(1, 2, 3))
 
     def weighted_sum(c: Tensor) -> Tensor:
-        c = c.to(g.dtype)
+        # at ≥ float32 (the precision of the norms above), so the sum matches what was measured
+        c = c.to(torch.promote_types(c.dtype, gp.dtype))
+        gq, aq = gp.to(c.dtype), ap.to(c.dtype)
         if groups == 1:
-            flat_g = g.reshape(batch, positions * p) if positions == 1 else g
-            flat_a = a.reshape(batch, positions * d) if positions == 1 else a
+            flat_g = gq.reshape(batch, positions * p) if positions == 1 else gq
+            flat_a = aq.reshape(batch, positions * d) if positions == 1 else aq
             # scale the narrower operand by the per-example weights
             if d < p:
                 flat_a = flat_a * c.view(batch, *([1] * (flat_a.dim() - 1)))
             else:
                 flat_g = flat_g * c.view(batch, *([1] * (flat_g.dim() - 1)))
             return (flat_g.reshape(-1, p).T @ flat_a.reshape(-1, d)).reshape(shape)
-        return torch.einsum("bgtp,bgtd->gpd", g * c.view(batch, 1, 1, 1), a).reshape(shape)
+        return torch.einsum("bgtp,bgtd->gpd", gq * c.view(batch, 1, 1, 1), aq).reshape(shape)
 
     return Ghost(norm_sq, weighted_sum)
 

@@ -51,7 +51,8 @@ class Ghost:
 
     ``weighted_sum(c)`` returns ``Σ_i c_i g_i`` (shaped like the parameter, a new tensor the
     clipper may keep and modify) for per-example weights ``c`` of shape ``[B]``, without forming
-    any ``g_i``.
+    any ``g_i``. It computes at ≥ float32 (low-precision inputs upcast, ``c`` never cast down), so
+    the sum carries the clip factors at the precision its norms were measured at.
     """
 
     norm_sq: Tensor

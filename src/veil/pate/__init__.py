@@ -1,14 +1,15 @@
 """PATE: private labels from an ensemble of teachers trained on disjoint partitions.
 
-Modules: :mod:`~veil.pate.partition` (disjoint teacher sets), :mod:`~veil.pate.teachers`
-(training, parallel and resumable), :mod:`~veil.pate.aggregators` (LNMax, GNMax,
-Confident-GNMax), :mod:`~veil.pate.analysis` (data-independent and data-dependent RDP),
+Modules: :mod:`~veil.pate.config` (the settings), :mod:`~veil.pate.data` (private part, public
+pool, test set), :mod:`~veil.pate.partition` (disjoint teacher sets), :mod:`~veil.pate.teachers`
+(training, parallel and resumable), :mod:`~veil.pate.aggregators` (LNMax, GNMax, Confident-GNMax),
+:mod:`~veil.pate.spending` (the events spent and the data-independent budget rules),
+:mod:`~veil.pate.analysis` (data-independent and data-dependent RDP),
 :mod:`~veil.pate.smooth_sensitivity` (private release of the data-dependent ε),
 :mod:`~veil.pate.labelling` (the budgeted labelling loop), :mod:`~veil.pate.ptr`
 (Propose-Test-Release: the data-dependent analysis as a guarantee), :mod:`~veil.pate.student`
-(optionally semi-supervised),
-:mod:`~veil.pate.run` (end to end, ``veil pate``). Guarantees and their exact meaning:
-``docs/pate.md``. Importing this package does not import torch or scipy.
+(optionally semi-supervised), :mod:`~veil.pate.run` (end to end, ``veil pate``). Guarantees and
+their exact meaning: ``docs/pate.md``. Importing this package does not import torch or scipy.
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ from typing import Any
 
 _LAZY = {
     "Aggregator": "veil.pate.aggregators",
+    "ConfidentGNMax": "veil.pate.aggregators",
+    "GNMax": "veil.pate.aggregators",
+    "LNMax": "veil.pate.aggregators",
+    "make_aggregator": "veil.pate.aggregators",
     "answer_query": "veil.pate.aggregators",
     "partition_teachers": "veil.pate.partition",
     "check_public_disjoint": "veil.pate.partition",
@@ -29,7 +34,9 @@ _LAZY = {
     "PtrPlan": "veil.pate.ptr",
     "plan_ptr": "veil.pate.ptr",
     "train_student": "veil.pate.student",
-    "PateConfig": "veil.pate.run",
+    "PateConfig": "veil.pate.config",
+    "make_pate_config": "veil.pate.config",
+    "resolve_pate_config": "veil.pate.config",
     "run_pate": "veil.pate.run",
 }
 

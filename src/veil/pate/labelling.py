@@ -37,21 +37,28 @@ dataset.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
-from veil.accounting.base import make_accountant
-from veil.accounting.events import Gaussian, Laplace, PrivacyEvent
-from veil.accounting.rdp import DEFAULT_ORDERS, rdp_to_epsilon
-from veil.errors import ConfigError, InvalidParameterError, UnreachableTargetError
-from veil.mechanisms import gaussian_mechanism
+from veil.accounting.events import Gaussian, PrivacyEvent
+from veil.accounting.rdp import rdp_to_epsilon
+from veil.errors import ConfigError, InvalidParameterError
 from veil.mechanisms.rng import RandomSource
-from veil.pate.aggregators import Aggregator, answer_query
+from veil.pate.aggregators import Aggregator, ConfidentGNMax, GNMax
 from veil.pate.ptr import PtrPlan, plan_ptr, ptr_distance, ptr_test, sorted_gaps
 from veil.pate.smooth_sensitivity import DataDependentAccount, ReleaseParams
+from veil.pate.spending import (
+    ORDERS,
+    DataIndependentBudget,
+    EventTally,
+    largest,
+    rdp_epsilon,
+    rdp_of,
+    rho_of,
+    too_small,
+)
 
 __all__ = [
     "BudgetName",
@@ -64,7 +71,6 @@ __all__ = [
 ]
 
 BudgetName = Literal["data-independent", "data-dependent", "ptr"]
-_ORDERS = np.asarray(DEFAULT_ORDERS, dtype=np.float64)
 
 
 def default_release_params(epsilon: float, delta: float, confidence: float = 0.95) -> ReleaseParams:
@@ -120,7 +126,7 @@ class LabelSettings:
             raise ConfigError(
                 "budget", self.budget, "unknown budget", "use 'data-independent', 'data-dependent' or 'ptr'"
             )
-        if self.budget == "ptr" and self.aggregator.name == "lnmax":
+        if self.budget == "ptr" and not self.aggregator.has_data_dependent_analysis:
             raise ConfigError(
                 "budget",
                 self.budget,
@@ -136,7 +142,9 @@ class LabelSettings:
             raise InvalidParameterError(
                 "ptr_max_answers", self.ptr_max_answers, "a number of answers", "pass an integer ≥ 1"
             )
-        if self.budget == "data-dependent" and (self.aggregator.name == "lnmax" or not self.data_dependent):
+        if self.budget == "data-dependent" and not (
+            self.aggregator.has_data_dependent_analysis and self.data_dependent
+        ):
             raise ConfigError(
                 "budget",
                 self.budget,
@@ -160,7 +168,7 @@ class LabelSettings:
     def uses_release(self) -> bool:
         """Whether the data-dependent ε is released by smooth sensitivity (never with PTR, whose test
         replaces it)."""
-        return self.data_dependent and self.aggregator.name != "lnmax" and self.budget != "ptr"
+        return self.data_dependent and self.aggregator.has_data_dependent_analysis and self.budget != "ptr"
 
 
 @dataclass
@@ -197,55 +205,6 @@ class LabelResult:
         return self.epsilon_ptr if self.epsilon_ptr is not None else self.epsilon_data_independent
 
 
-def _rdp_of(event: PrivacyEvent) -> np.ndarray:
-    acc = make_accountant("rdp")
-    acc.compose(event)
-    return np.asarray(acc.rdp)  # type: ignore[attr-defined]
-
-
-def _conv(rdp: np.ndarray, delta: float) -> float:
-    return rdp_to_epsilon(DEFAULT_ORDERS, rdp, delta)
-
-
-def _largest(ok: Callable[[int], bool], hi: int) -> int:
-    """The largest n in [0, hi] with ok(n) (ok monotone, ok(0) assumed true)."""
-    lo = 0
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if ok(mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-def _largest_rho(release: np.ndarray, target: float, delta: float) -> float:
-    """The largest ρ with ε(α·ρ + release(α)) ≤ target (bisection, kept on the feasible side)."""
-    if _conv(release, delta) > target:
-        return 0.0
-    lo, hi = 0.0, 1.0
-    while _conv(_ORDERS * hi + release, delta) <= target:
-        lo, hi = hi, hi * 2.0
-        if hi > 1e12:
-            return lo
-    for _ in range(80):
-        mid = 0.5 * (lo + hi)
-        if _conv(_ORDERS * mid + release, delta) <= target:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
-def _too_small(s: LabelSettings, why: str) -> UnreachableTargetError:
-    return UnreachableTargetError(
-        "epsilon",
-        s.epsilon,
-        f"the budget is too small to answer even one query ({why})",
-        "raise ε, or raise the aggregator's noise (fewer, noisier answers), or lower the release cost",
-    )
-
-
 @dataclass(frozen=True)
 class BudgetPlan:
     """What the budget allows, computed from public settings only (no votes)."""
@@ -263,16 +222,28 @@ class BudgetPlan:
     answer_rdp: np.ndarray
     release_rdp: np.ndarray
     release_rdp_at_order: float
+    query_events: tuple[PrivacyEvent, ...] = ()
+    """Every event one query may spend (the aggregator's worst case)."""
+    rule: DataIndependentBudget | None = None
+    """Data-independent budget: the stopping rule and the guarantee it gives."""
 
 
 def _chunk(
     level: float, per_query: float, releases: int, rel_lam: float, order: float, s: LabelSettings, most: int
 ) -> int:
     """Largest n ≤ most with ε_λ(level + n·per_query + releases·ε_ss(λ)) ≤ target."""
-    return _largest(
+    return largest(
         lambda n: rdp_to_epsilon([order], [level + n * per_query + releases * rel_lam], s.delta) <= s.epsilon,
         most,
     )
+
+
+def _release_curves(s: LabelSettings) -> tuple[np.ndarray, float]:
+    """The RDP curve of one data-dependent release, and its value at the release order."""
+    release = s.release if s.uses_release else None
+    if release is None:
+        return np.zeros_like(ORDERS), 0.0
+    return release.rdp(ORDERS), float(release.rdp(release.order)[0])
 
 
 def plan_budget(settings: LabelSettings, secure: bool, available_queries: int | None = None) -> BudgetPlan:
@@ -281,53 +252,28 @@ def plan_budget(settings: LabelSettings, secure: bool, available_queries: int | 
     s = settings
     q_max = s.max_queries if available_queries is None else min(s.max_queries, available_queries)
     agg = s.aggregator
+    events = agg.query_events(secure)
     ans_event = agg.answer_event(secure)
-    thr_event = agg.threshold_event(secure) if agg.name == "confident-gnmax" else None
-    release = s.release if s.uses_release else None
-    if release is not None:
-        rel_curve = release.rdp(_ORDERS)
-        rel_lam = float(release.rdp(release.order)[0])
-    else:
-        rel_curve = np.zeros_like(_ORDERS)
-        rel_lam = 0.0
-    ans_rdp = _rdp_of(ans_event)
-    rho2 = 1.0 / (2.0 * ans_event.noise_multiplier**2) if isinstance(ans_event, Gaussian) else math.nan
-    rho1 = 1.0 / (2.0 * thr_event.noise_multiplier**2) if thr_event is not None else 0.0
-    n_answers = q_max
-    rho_max = math.inf
+    thr_event = events[0] if len(events) > 1 else None
+    assert thr_event is None or isinstance(thr_event, Gaussian)
+    rel_curve, rel_lam = _release_curves(s)
+    rho2 = rho_of(ans_event) if isinstance(ans_event, Gaussian) else math.nan
+    rho1 = rho_of(thr_event) if thr_event is not None else 0.0
+    n_answers, rho_max, rule = q_max, math.inf, None
     if s.budget == "data-independent":
-        if agg.name == "lnmax":
-            assert isinstance(ans_event, Laplace)
-
-            def fits(n: int) -> bool:
-                return make_accountant(s.accountant).compose(ans_event, n).epsilon(s.delta) <= s.epsilon
-
-            n_answers = _largest(fits, q_max)
-            if n_answers == 0:
-                raise _too_small(s, f"one LNMax answer with scale b={agg.scale:g} alone exceeds it")
-        elif agg.name == "gnmax":
-            n_answers = _largest(lambda n: _conv(n * ans_rdp + rel_curve, s.delta) <= s.epsilon, q_max)
-            if n_answers == 0:
-                raise _too_small(s, f"one GNMax answer with σ={agg.scale:g} plus the ε release exceeds it")
-        else:
-            rho_max = _largest_rho(rel_curve, s.epsilon, s.delta)
-            if rho1 + rho2 > rho_max:
-                raise _too_small(
-                    s,
-                    f"one Confident-GNMax query (σ₁={agg.sigma1:g}, σ₂={agg.scale:g}) plus the ε release "
-                    "exceeds it",
-                )
+        rule = agg.data_independent_budget(s.epsilon, s.delta, s.accountant, rel_curve, q_max, secure)
+        n_answers, rho_max = rule.max_answers, rule.rho_max
     elif s.budget == "ptr":
         _ptr_plan(s, secure, q_max)
     else:
-        assert release is not None
-        per_query = release.order * (rho1 + rho2)  # worst case of one query at λ (Gaussian events)
-        first = _chunk(0.0, per_query, 1, rel_lam, release.order, s, min(s.check_every, q_max))
-        if first == 0:
-            raise _too_small(
-                s, "the first chunk of queries must fit the target by its worst-case cost, and one does not"
+        assert s.release is not None
+        per_query = s.release.order * (rho1 + rho2)  # worst case of one query at λ (Gaussian events)
+        n_answers = _chunk(0.0, per_query, 1, rel_lam, s.release.order, s, min(s.check_every, q_max))
+        if n_answers == 0:
+            raise too_small(
+                s.epsilon,
+                "the first chunk of queries must fit the target by its worst-case cost, and one does not",
             )
-        n_answers = first
     return BudgetPlan(
         max_queries=q_max,
         max_answers=n_answers,
@@ -336,18 +282,20 @@ def plan_budget(settings: LabelSettings, secure: bool, available_queries: int | 
         rho_answer=rho2,
         answer_event=ans_event,
         threshold_event=thr_event,
-        answer_rdp=ans_rdp,
+        answer_rdp=rdp_of(ans_event),
         release_rdp=rel_curve,
         release_rdp_at_order=rel_lam,
+        query_events=events,
+        rule=rule,
     )
 
 
 def _ptr_plan(s: LabelSettings, secure: bool, available: int) -> PtrPlan:
-    thr = s.aggregator.threshold_event(secure) if s.aggregator.name == "confident-gnmax" else None
+    events = s.aggregator.query_events(secure)
     return plan_ptr(
         s.epsilon,
         s.delta,
-        threshold_rho=1.0 / (2.0 * thr.noise_multiplier**2) if thr is not None else None,
+        threshold_rho=rho_of(events[0]) if len(events) > 1 else None,
         available_queries=available,
         test_share=s.ptr_test_share,
         select_share=s.ptr_select_share,
@@ -355,63 +303,62 @@ def _ptr_plan(s: LabelSettings, secure: bool, available: int) -> PtrPlan:
     )
 
 
-def _label_ptr(hist: np.ndarray, s: LabelSettings, rng: RandomSource) -> LabelResult:
-    """Propose-Test-Release (:mod:`veil.pate.ptr`): select, test privately, release all or nothing."""
+def _ptr_select(
+    hist: np.ndarray, s: LabelSettings, plan: PtrPlan, rng: RandomSource
+) -> tuple[int, np.ndarray, EventTally]:
+    """PTR step 1: the queries asked, those selected, and the events the selection spent. GNMax: the
+    first queries (a fixed set); Confident-GNMax: the threshold checks, accounted data-independently."""
     agg = s.aggregator
-    secure = rng.secure
     q_max = min(s.max_queries, hist.shape[0])
-    plan = _ptr_plan(s, secure, q_max)
-    ans_event = agg.answer_event(secure)
-    assert isinstance(ans_event, Gaussian)
-    thr_event = agg.threshold_event(secure) if agg.name == "confident-gnmax" else None
-    # 1. Selection: fixed queries (GNMax) or data-independently accounted threshold checks.
-    if thr_event is not None:
-        assert agg.sigma1 is not None and agg.threshold is not None
+    spent = EventTally()
+    if isinstance(agg, ConfidentGNMax):
         asked = plan.checks
-        selected = [
-            i
-            for i in range(asked)
-            if float(gaussian_mechanism(float(hist[i].max()), sensitivity=1.0, std=agg.sigma1, rng=rng).value)
-            >= agg.threshold
-        ]
-    else:  # the fixed query set: the first queries, at most ptr_max_answers of them
+        selected = []
+        for i in range(asked):
+            passed, event = agg.threshold_check(hist[i], rng)
+            spent.add((event,))
+            if passed:
+                selected.append(i)
+    else:
         asked = min(q_max, s.ptr_max_answers or q_max)
         selected = list(range(asked))
     if s.ptr_max_answers is not None:
         selected = selected[: s.ptr_max_answers]
-    sel = np.asarray(selected, dtype=np.int64)
-    # 2. Test (only the bit is published) and 3. release.
+    return asked, np.asarray(selected, dtype=np.int64), spent
+
+
+def _label_ptr(hist: np.ndarray, s: LabelSettings, rng: RandomSource) -> LabelResult:
+    """Propose-Test-Release (:mod:`veil.pate.ptr`): select, test privately, release all or nothing."""
+    agg = s.aggregator
+    secure = rng.secure
+    plan = _ptr_plan(s, secure, min(s.max_queries, hist.shape[0]))
+    ans_event = agg.answer_event(secure)
+    assert isinstance(ans_event, Gaussian)
+    asked, sel, spent = _ptr_select(hist, s, plan, rng)
+    # 2. Test (only the bit is published) and 3. release (GNMax with the aggregator's σ).
     lattice = agg.answer_lattice(secure)
-    distance = ptr_distance(
-        sorted_gaps(hist[sel]),
-        plan.bound,
-        s.num_teachers,
-        agg.scale,
-        ans_event.noise_multiplier,
-        plan.order,
-        lattice,
-    )
+    gaps = sorted_gaps(hist[sel])
+    nm = ans_event.noise_multiplier
+    distance = ptr_distance(gaps, plan.bound, s.num_teachers, agg.scale, nm, plan.order, lattice)
     passed = ptr_test(distance, plan, rng)
     labels = np.full(asked, -1, dtype=np.int64)
     if passed:
+        answerer = GNMax(agg.scale)
         for i in sel:
-            labels[i] = int(answer_query(Aggregator("gnmax", agg.scale), hist[i], rng).label)  # type: ignore[arg-type]
+            ans = answerer.answer(hist[i], rng)
+            assert ans.label is not None
+            labels[i] = ans.label
     answered = int(sel.size) if passed else 0
-    # The data-independent bound of the same output: the checks and the answers (RDP), plus the
-    # pure ε_t of the test by basic composition (the discrete Laplace is ε_t-DP, not the continuous
-    # Laplace the RDP accountant models).
-    acc = make_accountant("rdp")
-    if thr_event is not None:
-        acc.compose(thr_event, asked)
-    if sel.size:
-        acc.compose(ans_event, int(sel.size))
-    eps_di = acc.epsilon(s.delta) + plan.eps_test
+    # The data-independent bound of the same mechanism (whatever the test's outcome): the checks
+    # spent and one answer per selected query (RDP), plus the pure ε_t of the test by basic
+    # composition (the discrete Laplace is ε_t-DP, not the continuous Laplace the RDP accountant models).
+    worst = EventTally.of([*spent, (ans_event, int(sel.size))])
+    eps_di = worst.epsilon("rdp", s.delta) + plan.eps_test
     stop = (
         f"PTR test passed: {answered} labels released"
         if passed
         else "PTR test failed: no label released (the ε is spent all the same)"
     )
-    info = plan.to_dict() | {"selected": int(sel.size), "passed": bool(passed)}
     return LabelResult(
         labels=labels,
         queries_asked=asked,
@@ -421,16 +368,14 @@ def _label_ptr(hist: np.ndarray, s: LabelSettings, rng: RandomSource) -> LabelRe
         guarantee="ptr",
         stop_reason=stop,
         answer_event=ans_event.to_dict(),
-        threshold_event=thr_event.to_dict() if thr_event is not None else None,
+        threshold_event=agg.query_events(secure)[0].to_dict() if isinstance(agg, ConfidentGNMax) else None,
         epsilon_curve=[(answered, asked, plan.epsilon)],
         epsilon_ptr=plan.epsilon,
-        ptr=info,
+        ptr=plan.to_dict() | {"selected": int(sel.size), "passed": bool(passed)},
     )
 
 
-def label_queries(histograms: np.ndarray, settings: LabelSettings, rng: RandomSource) -> LabelResult:
-    """Answer queries ``0, 1, …`` (rows of ``histograms``) until the budget or the queries run out."""
-    s = settings
+def _check_histograms(histograms: np.ndarray, s: LabelSettings) -> np.ndarray:
     hist = np.asarray(histograms)
     if hist.ndim != 2 or hist.shape[1] != s.num_classes or not np.issubdtype(hist.dtype, np.integer):
         raise InvalidParameterError(
@@ -446,132 +391,148 @@ def label_queries(histograms: np.ndarray, settings: LabelSettings, rng: RandomSo
             "every teacher votes once per query; the analysis assumes histograms summing to K",
             "pass the teachers' vote counts",
         )
-    if s.budget == "ptr":
-        return _label_ptr(hist, s, rng)
-    agg = s.aggregator
-    secure = rng.secure
-    plan = plan_budget(s, secure, hist.shape[0])
-    q_max, n_answers, rho_max = plan.max_queries, plan.max_answers, plan.rho_max
-    rho1, rho2 = plan.rho_threshold, plan.rho_answer
-    ans_event, thr_event = plan.answer_event, plan.threshold_event
-    ans_rdp, rel_curve, rel_lam = plan.answer_rdp, plan.release_rdp, plan.release_rdp_at_order
-    release = s.release if s.uses_release else None
-    dd = DataDependentAccount(s.num_teachers, s.num_classes, release) if release is not None else None
-    gn_lattice, thr_lattice = agg.answer_lattice(secure), agg.threshold_lattice(secure)
+    return hist
 
-    # -- the loop ----------------------------------------------------------------------------------
-    labels = np.full(q_max, -1, dtype=np.int64)
-    asked = answered = 0
-    rho_spent = 0.0
-    stop = "all queries asked"
-    curve: list[tuple[int, int, float]] = []
-    released_curve: list[tuple[int, int, float]] = []
+
+@dataclass
+class _Labelling:
+    """The state of one labelling run: what was asked and answered, the events spent, the releases."""
+
+    s: LabelSettings
+    plan: BudgetPlan
+    rng: RandomSource
+    labels: np.ndarray
+    dd: DataDependentAccount | None
+    spent: EventTally = field(default_factory=EventTally)
+    asked: int = 0
+    answered: int = 0
+    curve: list[tuple[int, int, float]] = field(default_factory=list)
+    released_curve: list[tuple[int, int, float]] = field(default_factory=list)
     released: float | None = None
-    asked_at_release = 0
-    every = max(1, q_max // 60)
-    # Data-dependent budget: the first chunk fits the target by its worst-case cost (from the plan).
-    next_release = n_answers if s.budget == "data-dependent" else -1
-    worst_per_query = release.order * (rho1 + rho2) if release is not None else math.inf
-    last_chunk = False
+    asked_at_release: int = 0
 
-    def do_release() -> float:
-        nonlocal released, asked_at_release
-        assert dd is not None and release is not None
-        released = dd.release(rng)
-        asked_at_release = asked
-        eps = rdp_to_epsilon([release.order], [max(released, 0.0) + dd.releases * rel_lam], s.delta)
-        released_curve.append((answered, asked, eps))
+    def ask(self, counts: np.ndarray) -> None:
+        """Answer the next query; the events it spent go to the tally (checked against the plan)."""
+        agg, secure = self.s.aggregator, self.rng.secure
+        ans = agg.answer(counts, self.rng)
+        if any(e not in self.plan.query_events for e in ans.events):
+            raise RuntimeError(  # an aggregator that breaks its own contract
+                f"{agg.name} spent {ans.events}, not the planned {self.plan.query_events}; "
+                "report this as a bug"
+            )
+        self.spent.add(ans.events)
+        if self.dd is not None:
+            agg.account_data_dependent(self.dd, counts, ans, secure)
+        if ans.label is not None:
+            self.labels[self.asked] = ans.label
+            self.answered += 1
+        self.asked += 1
+
+    def path_epsilon(self) -> float:
+        """The data-independent ε of the events spent so far (the path; not a guarantee)."""
+        s = self.s
+        return s.aggregator.epsilon_of(self.spent, s.delta, s.accountant, np.zeros_like(ORDERS))
+
+    def release(self) -> float:
+        """Release the data-dependent cost so far (paid for); returns its ε."""
+        assert self.dd is not None and self.s.release is not None
+        self.released = self.dd.release(self.rng)
+        self.asked_at_release = self.asked
+        level = max(self.released, 0.0) + self.dd.releases * self.plan.release_rdp_at_order
+        eps = rdp_to_epsilon([self.s.release.order], [level], self.s.delta)
+        self.released_curve.append((self.answered, self.asked, eps))
         return eps
 
-    def path_epsilon() -> float:
-        if agg.name == "lnmax":
-            return make_accountant(s.accountant).compose(ans_event, answered).epsilon(s.delta)
-        if agg.name == "gnmax":
-            return _conv(answered * ans_rdp, s.delta)
-        return _conv(_ORDERS * rho_spent, s.delta)
 
-    while asked < q_max:
-        if s.budget == "data-independent":
-            if agg.name == "confident-gnmax":
-                if rho_spent + rho1 + rho2 > rho_max:
-                    stop = "budget spent"
-                    break
-            elif answered >= n_answers:
-                stop = "budget spent"
-                break
-        elif asked == next_release:
-            # Release, then size the next chunk from released values only: per-query cost
-            # predicted as twice the released average, never above the worst case.
-            assert dd is not None and release is not None
-            do_release()
-            level = max(released or 0.0, 0.0)
-            guess = min(2.0 * level / asked, worst_per_query)
-            full = min(s.check_every, q_max - asked)
-            chunk = (
-                0 if last_chunk else _chunk(level, guess, dd.releases + 1, rel_lam, release.order, s, full)
-            )
+def _next_chunk(run: _Labelling, last: bool) -> int:
+    """Data-dependent budget: release, then size the next chunk from released values only (per-query
+    cost predicted as twice the released average, never above the worst case)."""
+    s, plan = run.s, run.plan
+    assert run.dd is not None and s.release is not None
+    run.release()
+    if last:
+        return 0
+    level = max(run.released or 0.0, 0.0)
+    worst = s.release.order * (plan.rho_threshold + plan.rho_answer)
+    guess = min(2.0 * level / run.asked, worst)
+    full = min(s.check_every, plan.max_queries - run.asked)
+    return _chunk(level, guess, run.dd.releases + 1, plan.release_rdp_at_order, s.release.order, s, full)
+
+
+def _ask_all(run: _Labelling, hist: np.ndarray) -> str:
+    """Ask queries in order until the budget or the queries run out; returns the stop reason."""
+    s, plan = run.s, run.plan
+    q_max = plan.max_queries
+    every = max(1, q_max // 60)
+    # Data-dependent budget: the first chunk fits the target by its worst-case cost (from the plan).
+    next_release = plan.max_answers if s.budget == "data-dependent" else -1
+    last_chunk = False
+    stop = "all queries asked"
+    while run.asked < q_max:
+        if plan.rule is not None and not plan.rule.allows_another(run.spent):
+            stop = "budget spent"
+            break
+        if run.asked == next_release:
+            full = min(s.check_every, q_max - run.asked)
+            chunk = _next_chunk(run, last_chunk)
             if chunk == 0:
                 stop = "budget spent (released data-dependent ε)"
                 break
             last_chunk = chunk < full  # a shortened chunk is the last one
-            next_release = asked + chunk
-        counts = hist[asked]
-        ans = answer_query(agg, counts, rng)
-        if dd is not None and thr_event is not None:
-            assert agg.sigma1 is not None and agg.threshold is not None
-            dd.add_threshold(
-                int(counts.max()), agg.threshold, agg.sigma1, thr_event.noise_multiplier, thr_lattice
-            )
-        rho_spent += rho1
-        if ans.label is not None:
-            labels[asked] = ans.label
-            answered += 1
-            rho_spent += rho2 if not math.isnan(rho2) else 0.0
-            if dd is not None:
-                dd.add_gnmax(counts, agg.scale, ans_event.noise_multiplier, gn_lattice)  # type: ignore[attr-defined]
-        asked += 1
-        if asked % every == 0 or asked == q_max:
-            curve.append((answered, asked, path_epsilon()))
-    if not curve or curve[-1][1] != asked:
-        curve.append((answered, asked, path_epsilon()))
+            next_release = run.asked + chunk
+        run.ask(hist[run.asked])
+        if run.asked % every == 0 or run.asked == q_max:
+            run.curve.append((run.answered, run.asked, run.path_epsilon()))
+    if not run.curve or run.curve[-1][1] != run.asked:
+        run.curve.append((run.answered, run.asked, run.path_epsilon()))
+    return stop
 
+
+def _worst_case_epsilon(run: _Labelling) -> float:
+    """The data-independent ε: the budget rule's guarantee, or (data-dependent budget) every query
+    asked at its worst case plus the most releases that can happen."""
+    s, plan = run.s, run.plan
+    if plan.rule is not None:
+        return plan.rule.epsilon(run.spent, plan.max_queries)
+    max_releases = math.ceil(plan.max_queries / s.check_every) + 2
+    per_query = EventTally.of((e, 1) for e in plan.query_events).rdp()
+    return rdp_epsilon(plan.max_queries * per_query + max_releases * plan.release_rdp, s.delta)
+
+
+def label_queries(histograms: np.ndarray, settings: LabelSettings, rng: RandomSource) -> LabelResult:
+    """Answer queries ``0, 1, …`` (rows of ``histograms``) until the budget or the queries run out."""
+    s = settings
+    hist = _check_histograms(histograms, s)
+    if s.budget == "ptr":
+        return _label_ptr(hist, s, rng)
+    plan = plan_budget(s, rng.secure, hist.shape[0])
+    release = s.release if s.uses_release else None
+    dd = DataDependentAccount(s.num_teachers, s.num_classes, release) if release is not None else None
+    run = _Labelling(s, plan, rng, np.full(plan.max_queries, -1, dtype=np.int64), dd)
+    stop = _ask_all(run, hist)
     eps_dd: float | None = None
-    if dd is not None and release is not None:
-        if released is None or asked > asked_at_release:
-            do_release()
-        eps_dd = released_curve[-1][2]
-
-    # -- the data-independent guarantee (public parameters only) ----------------------------------
-    if s.budget == "data-independent":
-        if agg.name == "lnmax":
-            eps_di = make_accountant(s.accountant).compose(ans_event, answered).epsilon(s.delta)
-        elif agg.name == "gnmax":
-            eps_di = _conv(answered * ans_rdp + rel_curve, s.delta)  # answered = min(Q, n_answers)
-        else:
-            eps_di = _conv(_ORDERS * min(rho_max, q_max * (rho1 + rho2)) + rel_curve, s.delta)
-    else:
-        assert dd is not None
-        max_releases = math.ceil(q_max / s.check_every) + 2
-        per_query = ans_rdp + (_ORDERS * rho1 if thr_event is not None else 0.0)
-        eps_di = _conv(q_max * per_query + max_releases * rel_curve, s.delta)
-
+    if dd is not None:
+        if run.released is None or run.asked > run.asked_at_release:
+            run.release()
+        eps_dd = run.released_curve[-1][2]
+    eps_di = _worst_case_epsilon(run)
     if eps_dd is not None:
         # The worst-case bound also bounds the per-instance loss: never report a larger one.
         eps_dd = min(eps_dd, eps_di)
     return LabelResult(
-        labels=labels[:asked],
-        queries_asked=asked,
-        queries_answered=answered,
+        labels=run.labels[: run.asked],
+        queries_asked=run.asked,
+        queries_answered=run.answered,
         epsilon_data_independent=eps_di,
         epsilon_data_dependent=eps_dd,
         guarantee=s.budget,
         stop_reason=stop,
-        released_rdp=released,
+        released_rdp=run.released,
         release_order=release.order if release is not None else None,
         releases=dd.releases if dd is not None else 0,
-        release_rdp_per_release=rel_lam if release is not None else None,
-        answer_event=ans_event.to_dict(),
-        threshold_event=thr_event.to_dict() if thr_event is not None else None,
-        epsilon_curve=curve,
-        released_curve=released_curve,
+        release_rdp_per_release=plan.release_rdp_at_order if release is not None else None,
+        answer_event=plan.answer_event.to_dict(),
+        threshold_event=plan.threshold_event.to_dict() if plan.threshold_event is not None else None,
+        epsilon_curve=run.curve,
+        released_curve=run.released_curve,
     )

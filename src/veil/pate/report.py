@@ -7,16 +7,17 @@ reported next to it.
 
 from __future__ import annotations
 
-import base64
-import io
 import json
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["PateReport", "epsilon_png", "guarantee_text", "margins_png", "render_html"]
+from veil.pipeline.outputs import finite
+from veil.report import Check
+from veil.report.plots import figure, png_bytes
+
+__all__ = ["PateReport", "epsilon_png", "guarantee_text", "margins_png", "pate_checks", "render_html"]
 
 
 class PateReport(BaseModel):
@@ -72,10 +73,12 @@ class PateReport(BaseModel):
     vote_margins: dict[str, Any]
     files: dict[str, str]
     out_dir: str
+    checks: list[Check] = Field(default_factory=list)
+    """The verification checklist, each item recomputed from what the run did."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the content of ``report.json``)."""
-        return self.model_dump(mode="json")
+        return dict(finite(self.model_dump(mode="json")))
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
@@ -134,6 +137,27 @@ def guarantee_text(r: PateReport) -> str:
     return di + ddtext
 
 
+def pate_checks(r: PateReport, units: int) -> list[Check]:
+    """The checklist: δ < 1/N over the ``units`` protected (examples or groups), and the ε that
+    stopped the run (the guarantee's, or the released data-dependent one) within the target."""
+    from veil.pipeline.checks import delta_check
+
+    if r.budget == "data-dependent":
+        eps, what = r.epsilon_data_dependent, "the released data-dependent ε (this run's budget)"
+    else:
+        eps, what = r.epsilon, f"the ε of the {r.guarantee} guarantee"
+    kept = eps is not None and eps <= r.target_epsilon * (1.0 + 1e-9)
+    shown = "not released" if eps is None else f"{eps:.4g}"
+    return [
+        delta_check(r.delta, units),
+        Check(
+            name="target_epsilon_kept",
+            passed=bool(kept),
+            detail=f"{what} = {shown}, target {r.target_epsilon:g}",
+        ),
+    ]
+
+
 def _caveats(r: PateReport) -> list[str]:
     out = [
         "Label accuracy, teacher accuracy, the vote margins and the student's test accuracy are "
@@ -150,27 +174,11 @@ def _caveats(r: PateReport) -> list[str]:
     return out
 
 
-def _figure(width: float, height: float) -> tuple[Any, Any]:
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    return plt, plt.figure(figsize=(width, height), dpi=100)
-
-
-def _png(plt: Any, fig: Any) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", bbox_inches="tight")
-    plt.close(fig)
-    return buf.getvalue()
-
-
 def epsilon_png(
     curve: Sequence[Sequence[float]], released: Sequence[Sequence[float]], target: float, delta: float
 ) -> bytes:
     """ε against queries answered: the data-independent cost of the path, and released values."""
-    plt, fig = _figure(6.0, 3.6)
+    plt, fig = figure(6.0, 3.6)
     ax = fig.add_subplot(1, 1, 1)
     if curve:
         ax.plot([c[0] for c in curve], [c[2] for c in curve], marker=".", label="data-independent (path)")
@@ -189,12 +197,12 @@ def epsilon_png(
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
     ax.set_title("Privacy spent while labelling")
-    return _png(plt, fig)
+    return png_bytes(plt, fig)
 
 
 def margins_png(margins: Sequence[int], answered: Sequence[bool], num_teachers: int) -> bytes:
     """Histogram of vote margins (top count − second count), answered vs not answered."""
-    plt, fig = _figure(6.0, 3.6)
+    plt, fig = figure(6.0, 3.6)
     ax = fig.add_subplot(1, 1, 1)
     bins = min(50, num_teachers + 1)
     yes = [m for m, a in zip(margins, answered, strict=True) if a]
@@ -205,89 +213,28 @@ def margins_png(margins: Sequence[int], answered: Sequence[bool], num_teachers: 
     ax.grid(alpha=0.3)
     ax.legend()
     ax.set_title("Teacher consensus on the queries asked")
-    return _png(plt, fig)
+    return png_bytes(plt, fig)
 
 
-_TEMPLATE = """<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<title>veil PATE report: {{ r.dataset.name }}, ε = {{ "%.3g"|format(r.epsilon) }}</title>
-<style>
-  body { font-family: system-ui, sans-serif; max-width: 60rem; margin: 2rem auto; padding: 0 1rem;
-         color: #1b1b1b; line-height: 1.45; }
-  h1 { font-size: 1.6rem; } h2 { font-size: 1.2rem; margin-top: 2rem; border-bottom: 1px solid #ddd; }
-  .guarantee { background: #eef6ee; border-left: 4px solid #2e7d32; padding: 0.8rem 1rem; }
-  .caveat { color: #555; font-size: 0.92rem; }
-  table { border-collapse: collapse; width: 100%; font-size: 0.93rem; }
-  td, th { text-align: left; padding: 0.3rem 0.6rem; border-bottom: 1px solid #eee; vertical-align: top; }
-  th { background: #fafafa; width: 30%; } img { max-width: 100%; }
-</style>
-</head>
-<body>
-<h1>PATE report: private labels from {{ r.teachers }} teachers</h1>
-<p class="caveat">veil {{ r.veil_version }} · dataset <code>{{ r.dataset.name }}</code> ·
-aggregator <code>{{ r.aggregator }}</code> · {{ "%.1f"|format(r.duration_s) }} s</p>
-<h2>The guarantee</h2>
-<p class="guarantee">{{ r.guarantee_statement }}</p>
-{% for c in caveats %}<p class="caveat">{{ c }}</p>
-{% endfor %}
-<h2>Result</h2>
-<table>
-<tr><th>ε (the {{ r.guarantee }} guarantee)</th><td>{{ "%.4g"|format(r.epsilon) }} at δ = {{ r.delta }}
- (target {{ r.target_epsilon }})</td></tr>
-<tr><th>ε data-independent (every dataset)</th><td>{{ "%.4g"|format(r.epsilon_data_independent) }}</td></tr>
-<tr><th>ε data-dependent (released)</th><td>{% if r.epsilon_data_dependent is not none %}
-{{ "%.4g"|format(r.epsilon_data_dependent) }}{% else %}not analysed for {{ r.aggregator }}{% endif %}
-</td></tr>
-<tr><th>Queries asked / answered</th><td>{{ r.queries_asked }} / {{ r.queries_answered }}
- (planned {{ r.queries_planned }}; stopped: {{ r.stop_reason }})</td></tr>
-<tr><th>Student test accuracy</th><td>{% if r.student_test_accuracy is not none %}
-{{ "%.4f"|format(r.student_test_accuracy) }} ({{ r.student_train_size }} labelled examples{% if
- r.student_semi_supervised %}, self-trained on {{ r.student_pseudo_labels }} unlabelled public
- examples{% endif %}){% else %}no student (no label released){% endif %}</td></tr>
-<tr><th>Label accuracy (answered vs truth)</th><td>{% if r.label_accuracy is not none %}
-{{ "%.4f"|format(r.label_accuracy) }}{% else %}unknown (public pool unlabelled){% endif %}</td></tr>
-<tr><th>Teacher accuracy (mean)</th><td>{{ "%.4f"|format(r.teacher_accuracy) }}</td></tr>
-</table>
-<h2>Parameters</h2>
-<table>
-<tr><th>Noise</th><td>{% for k, v in r.noise.items() %}{% if v is not none %}{{ k }} = {{ "%.5g"|format(v) }}
- {% endif %}{% endfor %}</td></tr>
-<tr><th>Budget / accountant</th><td>{{ r.budget }} / {{ r.accountant }}
- ({{ r.neighbouring }}; unit: {{ r.privacy_unit }})</td></tr>
-{% if r.data_dependent %}<tr><th>Data-dependent release</th><td>order λ = {{ r.data_dependent.order }},
- β = {{ "%.4g"|format(r.data_dependent.beta) }}, σ_s = {{ r.data_dependent.sigma_s }},
- confidence {{ r.data_dependent.confidence }}, {{ r.data_dependent.releases }} release(s)</td></tr>{% endif %}
-<tr><th>Teachers</th><td>{{ r.teachers }} ({{ r.teacher_model }}),
- partition sizes {{ r.teacher_sizes.min|int }}–{{ r.teacher_sizes.max|int }};
- {{ r.teachers_resumed }} resumed from disk</td></tr>
-<tr><th>Student</th><td>{{ r.student_model }}</td></tr>
-<tr><th>Data split</th><td>{{ r.dataset.split }}</td></tr>
-<tr><th>Randomness</th><td>
- {{ 'OS CSPRNG (secure)' if r.secure_rng else 'seeded (research mode), seed ' ~ r.seed }}</td></tr>
-</table>
-<h2>Plots</h2>
-{% for title, b64 in images.items() %}<h3>{{ title }}</h3>
-<img alt="{{ title }}" src="data:image/png;base64,{{ b64 }}">
-{% endfor %}
-</body>
-</html>
-"""
+def _page_files(r: PateReport) -> dict[str, str]:
+    """The run folder's files for the page: name → what it holds."""
+    what = {
+        "report_json": "this report, machine-readable",
+        "report_html": "this page",
+        "labels": "the released labels (public indices and labels)",
+        "student": "the student model (pickled)",
+        "teachers": "the teachers and their votes (as sensitive as the private data)",
+        "epsilon_plot": "ε against queries answered",
+        "margins_plot": "vote margins",
+    }
+    return {name: what.get(key, key) for key, name in r.files.items()}
 
 
 def render_html(r: PateReport, images: Mapping[str, bytes]) -> str:
-    """The report page; ``images`` maps a title to PNG bytes (embedded, no external assets)."""
-    import jinja2
+    """The report page (``veil/report/templates/pate.html.j2``, the skeleton every job's page shares);
+    ``images`` maps a title to PNG bytes (embedded, no external assets)."""
+    from veil.report.render import render_page
 
-    env = jinja2.Environment(autoescape=True)
-    return env.from_string(_TEMPLATE).render(
-        r=r,
-        caveats=_caveats(r),
-        images={t: base64.b64encode(p).decode("ascii") for t, p in images.items()},
+    return render_page(
+        "pate.html.j2", images, r=r, caveats=_caveats(r), checks=r.checks, files=_page_files(r)
     )
-
-
-def finite_or_none(x: float | None) -> float | None:
-    """JSON has no NaN/inf: map them to None."""
-    return None if x is None or not math.isfinite(x) else float(x)

@@ -1,13 +1,10 @@
 """``veil pate`` end to end: split, partition, teachers, private labels, student, report.
 
-:class:`PateConfig` holds every setting (defaults < TOML file < flags, unknown keys refused by
-name). :func:`run_pate` runs it and writes ``report.json``, ``report.html``, the plots, the
-released labels (``labels.npz``) and the student (``student.model``) into the run folder.
+:class:`~veil.pate.config.PateConfig` holds every setting. :func:`run_pate` runs it and writes
+``report.json``, ``report.html``, the plots, the released labels (``labels.npz``) and the student
+(``student.model``) into the run folder, each file atomically.
 
-Data. A built-in or user dataset is loaded by :func:`veil.data.load_dataset`; its training part
-is the private data (teachers). Its held-out part is split, fixed by ``seed`` and stratified, into
-the public pool (the student's unlabelled queries, ``public_fraction``) and the test set — unless
-``public_data`` names a file of public examples, which must share no row with the private data.
+The data (private part, public pool, test set) is prepared by :mod:`veil.pate.data`.
 
 A run folder whose labels were already released is refused: relabelling would draw fresh noise on
 the same data and spend the budget a second time. Teachers are resumed (they are not private
@@ -16,249 +13,37 @@ releases).
 
 from __future__ import annotations
 
-import difflib
 import hashlib
+import io
 import math
-import os
 import pickle
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from veil.errors import CheckpointError, ConfigError, DataError
+from veil.errors import CheckpointError
+from veil.pate.config import PateConfig, make_pate_config, resolve_pate_config
+from veil.pate.data import PateData, load_pate_data, load_public_data
 from veil.pate.report import PateReport
+from veil.pipeline.run_folder import check_out, default_out, write_files
+from veil.pipeline.seeds import Purpose, derive_seed
 
-__all__ = ["PateConfig", "load_public_data", "make_pate_config", "resolve_pate_config", "run_pate"]
-
-
-class PateConfig(BaseModel):
-    """Every setting of a ``veil pate`` run, with its default."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    # -- data ------------------------------------------------------------------------------------
-    dataset: str = "digits"
-    data_dir: str | None = None
-    target: str | None = None
-    public_data: str | None = None
-    """An ``.npz`` (array ``x``, optional ``y``) or ``.npy`` file of public examples."""
-    holdout_fraction: float = 0.4
-    """Share held out from the private data (datasets without a fixed test split)."""
-    public_fraction: float = 0.5
-    """Share of the held-out examples that form the public pool (the rest: test)."""
-    # -- teachers and student -------------------------------------------------------------------
-    teachers: int = 50
-    teacher_model: str = "sklearn-logreg"
-    student_model: str = "sklearn-logreg"
-    epochs: int = 20
-    """Epochs of the torch models (teachers and student)."""
-    workers: int = 1
-    # -- privacy --------------------------------------------------------------------------------
-    aggregator: Literal["lnmax", "gnmax", "confident-gnmax"] = "gnmax"
-    epsilon: float = 2.0
-    delta: float = 1e-5
-    queries: int | None = None
-    """Largest number of queries asked (default: the whole public pool)."""
-    sigma: float | None = None
-    """GNMax σ / Confident-GNMax σ₂ (default 0.16·K) or LNMax scale b (default 0.08·K), in votes."""
-    threshold: float | None = None
-    """Confident-GNMax threshold T (default 0.8·K)."""
-    sigma1: float | None = None
-    """Confident-GNMax threshold noise σ₁ (default 0.6·K)."""
-    budget: Literal["data-independent", "data-dependent", "ptr"] = "data-independent"
-    """Which ε stops the run; ``ptr``: Propose-Test-Release makes the data-dependent bound a guarantee."""
-    accountant: Literal["pld", "rdp"] = "pld"
-    """Accountant of LNMax; the Gaussian aggregators are accounted in RDP."""
-    data_dependent: bool = True
-    """Compute and privately release the data-dependent ε (GNMax, Confident-GNMax)."""
-    order: float | None = None
-    smooth_beta: float | None = None
-    smooth_sigma: float | None = None
-    dd_confidence: float = 0.95
-    dd_check_every: int = 50
-    ptr_test_share: float = 0.1
-    ptr_select_share: float = 0.3
-    ptr_order: float | None = None
-    ptr_max_answers: int | None = None
-    semi_supervised: bool = True
-    """Self-train the student on the unlabelled public pool (post-processing: no privacy cost)."""
-    # -- run --------------------------------------------------------------------------------------
-    seed: int = 0
-    secure_rng: bool = False
-    out: str | None = None
-    progress: bool = False
-
-    @field_validator("teachers", "epochs", "workers", "dd_check_every")
-    @classmethod
-    def _positive_int(cls, v: int, info: Any) -> int:
-        if v < 1:
-            raise ValueError(f"{info.field_name} must be ≥ 1")
-        return v
-
-    @field_validator("queries", "ptr_max_answers")
-    @classmethod
-    def _queries(cls, v: int | None) -> int | None:
-        if v is not None and v < 1:
-            raise ValueError("queries must be ≥ 1")
-        return v
-
-    @field_validator("holdout_fraction", "public_fraction")
-    @classmethod
-    def _fraction(cls, v: float, info: Any) -> float:
-        if not (0 < v < 1):
-            raise ValueError(f"{info.field_name} must lie in (0, 1)")
-        return v
-
-
-_KEYS = tuple(PateConfig.model_fields)
-
-
-def _normalise(values: Mapping[str, Any], source: str) -> dict[str, Any]:
-    out = {}
-    for key, value in values.items():
-        k = str(key).replace("-", "_")
-        if k not in _KEYS:
-            close = difflib.get_close_matches(k, _KEYS, n=1)
-            hint = f"did you mean '{close[0]}'? " if close else ""
-            raise ConfigError(
-                key,
-                value,
-                f"unknown {source} setting; a typo must not silently fall back to a default privacy setting",
-                f"{hint}use one of {', '.join(_KEYS)}",
-            )
-        out[k] = value
-    return out
-
-
-def make_pate_config(values: Mapping[str, Any] | None = None, source: str = "config") -> PateConfig:
-    """A validated :class:`PateConfig`; bad keys and values are refused with the key named."""
-    clean = _normalise(values or {}, source)
-    from veil.pate.aggregators import AGGREGATORS
-
-    if "aggregator" in clean and clean["aggregator"] not in AGGREGATORS:
-        raise ConfigError(
-            "aggregator",
-            clean["aggregator"],
-            "only LNMax, GNMax and Confident-GNMax have a privacy analysis here",
-            f"use one of {', '.join(AGGREGATORS)}",
-        )
-    if "budget" in clean and clean["budget"] not in ("data-independent", "data-dependent", "ptr"):
-        raise ConfigError(
-            "budget",
-            clean["budget"],
-            "the budget says which ε stops the run",
-            "use data-independent (a worst-case guarantee), data-dependent, or ptr (Propose-Test-Release)",
-        )
-    try:
-        return PateConfig(**clean)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        key = ".".join(str(p) for p in err.get("loc", ())) or "config"
-        raise ConfigError(
-            key, clean.get(key, err.get("input")), str(err.get("msg", "invalid value")), "fix this setting"
-        ) from None
-
-
-def resolve_pate_config(
-    config_file: str | os.PathLike[str] | None = None, overrides: Mapping[str, Any] | None = None
-) -> PateConfig:
-    """Defaults < ``config_file`` (a ``[pate]`` table or top-level keys) < ``overrides`` (None: unset)."""
-    merged: dict[str, Any] = {}
-    if config_file is not None:
-        from veil.config import load_config_file
-
-        data = load_config_file(config_file)
-        if isinstance(data.get("pate"), dict) and len(data) == 1:
-            data = data["pate"]
-        merged.update(_normalise(data, "config file"))
-    if overrides:
-        merged.update(_normalise({k: v for k, v in overrides.items() if v is not None}, "flag"))
-    return make_pate_config(merged)
-
-
-def load_public_data(path: str) -> tuple[np.ndarray, np.ndarray | None]:
-    """Public examples from ``.npz`` (``x``, optional ``y``) or ``.npy``."""
-    p = Path(path)
-    if not p.is_file():
-        raise DataError("public_data", str(p), "the file does not exist", "pass an .npz or .npy file")
-    try:
-        if p.suffix == ".npy":
-            return np.asarray(np.load(p, allow_pickle=False)), None
-        with np.load(p, allow_pickle=False) as z:
-            if "x" not in z:
-                raise DataError(
-                    "public_data", str(p), f"no array named 'x' (found {sorted(z.files)})", "save it as x="
-                )
-            return np.asarray(z["x"]), (np.asarray(z["y"]) if "y" in z else None)
-    except (OSError, ValueError) as exc:
-        raise DataError(
-            "public_data", str(p), f"not a readable numpy file ({exc})", "pass .npz/.npy"
-        ) from None
-
-
-def _child_seed(seed: int, purpose: str) -> int:
-    return int.from_bytes(hashlib.sha256(f"veil-pate:{seed}:{purpose}".encode()).digest()[:8], "little") >> 1
-
-
-def _split_holdout(
-    x: np.ndarray, y: np.ndarray, public_fraction: float, seed: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    from sklearn.model_selection import train_test_split
-
-    n = len(y)
-    n_pub = round(public_fraction * n)
-    if n_pub < 1 or n - n_pub < 1:
-        raise DataError(
-            "public_fraction",
-            public_fraction,
-            f"the {n} held-out examples leave no public pool or no test set",
-            "use more data or a different public_fraction",
-        )
-    counts = np.bincount(y)
-    strat = y if counts[counts > 0].min() >= 2 and min(n_pub, n - n_pub) >= len(counts) else None
-    i_pub, i_test = train_test_split(
-        np.arange(n), train_size=n_pub, random_state=_child_seed(seed, "holdout") % 2**32, stratify=strat
-    )
-    return x[i_pub], y[i_pub], x[i_test], y[i_test]
-
-
-def _default_out(cfg: PateConfig) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    name = cfg.dataset.replace(":", "-").replace("/", "_")[-40:]
-    return Path("runs") / f"pate-{name}-{stamp}"
-
-
-def _aggregator(cfg: PateConfig, k: int) -> Any:
+if TYPE_CHECKING:
+    from veil.data import Dataset
     from veil.pate.aggregators import Aggregator
-
-    if cfg.aggregator == "lnmax":
-        return Aggregator("lnmax", cfg.sigma if cfg.sigma is not None else 0.08 * k)
-    if cfg.aggregator == "gnmax":
-        return Aggregator("gnmax", cfg.sigma if cfg.sigma is not None else 0.16 * k)
-    return Aggregator(
-        "confident-gnmax",
-        cfg.sigma if cfg.sigma is not None else 0.16 * k,
-        threshold=cfg.threshold if cfg.threshold is not None else 0.8 * k,
-        sigma1=cfg.sigma1 if cfg.sigma1 is not None else 0.6 * k,
-    )
-
-
-def _release_params(cfg: PateConfig) -> Any:
-    from veil.pate.labelling import default_release_params
+    from veil.pate.labelling import LabelResult, LabelSettings
+    from veil.pate.partition import Partition
     from veil.pate.smooth_sensitivity import ReleaseParams
+    from veil.pate.student import StudentResult
+    from veil.pate.teachers import TeacherVotes
 
-    base = default_release_params(cfg.epsilon, cfg.delta, cfg.dd_confidence)
-    order = cfg.order if cfg.order is not None else base.order
-    beta = cfg.smooth_beta if cfg.smooth_beta is not None else 0.25 * math.log1p(1.0 / (order - 1.0))
-    sigma_s = cfg.smooth_sigma if cfg.smooth_sigma is not None else base.sigma_s
-    return ReleaseParams(
-        order=float(order), beta=float(beta), sigma_s=float(sigma_s), confidence=cfg.dd_confidence
-    )
+# The settings and the public-data reader live in veil.pate.config and veil.pate.data; their names
+# stay importable from here, as before.
+__all__ = ["PateConfig", "load_public_data", "make_pate_config", "resolve_pate_config", "run_pate"]
 
 
 def _fingerprint(*parts: Any) -> str:
@@ -271,6 +56,339 @@ def _fingerprint(*parts: Any) -> str:
         else:
             h.update(repr(p).encode())
     return h.hexdigest()
+
+
+# -- the run folder ---------------------------------------------------------------------------------
+def _checked_out(cfg: PateConfig) -> Path:
+    """The run folder (default ``runs/pate-<dataset>-<time>``), checked before any work. Refused if
+    labels were released there; a folder holding only trained teachers (``teachers/``) is resumed."""
+    out = Path(cfg.out) if cfg.out else default_out(cfg.dataset, "pate")
+    if (out / "labels.npz").exists() or (out / "report.json").exists():
+        raise CheckpointError(
+            "out",
+            str(out),
+            "labels were already released from this run folder; labelling again would draw fresh noise on "
+            "the same private data and spend the privacy budget a second time",
+            "use a new --out folder (teachers can be copied over to skip retraining)",
+        )
+    if not (out.is_dir() and {p.name for p in out.iterdir()} <= {"teachers"}):
+        check_out(out)
+    return out
+
+
+# -- privacy settings (public parameters only) -----------------------------------------------------
+def _release_params(cfg: PateConfig) -> ReleaseParams:
+    from veil.pate.labelling import default_release_params
+    from veil.pate.smooth_sensitivity import ReleaseParams
+
+    base = default_release_params(cfg.epsilon, cfg.delta, cfg.dd_confidence)
+    order = cfg.order if cfg.order is not None else base.order
+    beta = cfg.smooth_beta if cfg.smooth_beta is not None else 0.25 * math.log1p(1.0 / (order - 1.0))
+    sigma_s = cfg.smooth_sigma if cfg.smooth_sigma is not None else base.sigma_s
+    return ReleaseParams(
+        order=float(order), beta=float(beta), sigma_s=float(sigma_s), confidence=cfg.dd_confidence
+    )
+
+
+@dataclass(frozen=True)
+class _Privacy:
+    """The aggregator and the data-dependent release of a run, built from its settings."""
+
+    cfg: PateConfig
+    aggregator: Aggregator
+    release: ReleaseParams | None
+
+    def settings(self, max_queries: int, num_classes: int) -> LabelSettings:
+        from veil.pate.labelling import LabelSettings
+
+        cfg = self.cfg
+        return LabelSettings(
+            aggregator=self.aggregator,
+            epsilon=cfg.epsilon,
+            delta=cfg.delta,
+            max_queries=max_queries,
+            num_teachers=cfg.teachers,
+            num_classes=num_classes,
+            budget=cfg.budget,
+            accountant=cfg.accountant,
+            data_dependent=cfg.data_dependent,
+            release=self.release,
+            check_every=cfg.dd_check_every,
+            ptr_test_share=cfg.ptr_test_share,
+            ptr_select_share=cfg.ptr_select_share,
+            ptr_order=cfg.ptr_order,
+            ptr_max_answers=cfg.ptr_max_answers,
+        )
+
+
+def _privacy(cfg: PateConfig) -> _Privacy:
+    """The privacy settings, checked before any work: the budget plan depends on public parameters
+    only, so a budget too small for one query is refused before a teacher is trained."""
+    from veil.pate.aggregators import make_aggregator
+    from veil.pate.labelling import plan_budget
+
+    agg = make_aggregator(cfg.aggregator, cfg.sigma, cfg.threshold, cfg.sigma1, cfg.teachers)
+    uses_release = cfg.data_dependent and agg.has_data_dependent_analysis and cfg.budget != "ptr"
+    privacy = _Privacy(cfg, agg, _release_params(cfg) if uses_release else None)
+    plan_budget(privacy.settings(cfg.queries or 1, 2), cfg.secure_rng)
+    return privacy
+
+
+# -- teachers, labels, student ------------------------------------------------------------------------
+def _partition(cfg: PateConfig, data: PateData, groups: Any) -> Partition:
+    """One teacher per example (or group); δ ≥ 1/N over the protected units is refused, before any
+    teacher is trained."""
+    from veil.pate.partition import partition_teachers
+    from veil.pipeline.data import check_delta
+
+    ds = data.ds
+    part = partition_teachers(ds.x_train, ds.y_train, cfg.teachers, seed=cfg.seed, groups=groups)
+    check_delta(cfg.delta, part.num_units)
+    return part
+
+
+def _teacher_votes(
+    cfg: PateConfig, data: PateData, part: Partition, out: Path, groups: Any, t_factory: Any
+) -> TeacherVotes:
+    """Train (or resume) the teachers on their partitions; their votes on the queries and test set."""
+    from veil.pate.teachers import train_teachers
+    from veil.progress import CountProgress, progress_enabled
+
+    ds = data.ds
+    x_q = data.x_queries
+    fingerprint = _fingerprint(
+        ds.sha256,
+        part.assignment,
+        x_q,
+        data.x_test,
+        repr(t_factory),
+        cfg.teachers,
+        cfg.seed,
+        groups is not None,
+    )
+    with CountProgress(cfg.progress and progress_enabled(None), cfg.teachers, "teachers trained") as bar:
+        votes = train_teachers(
+            ds.x_train,
+            ds.y_train,
+            part.assignment,
+            cfg.teachers,
+            ds.num_classes,
+            x_q,
+            data.x_test,
+            t_factory,
+            run_dir=out,
+            fingerprint=fingerprint,
+            workers=cfg.workers,
+            progress=bar.update,
+        )
+    return votes
+
+
+def _label(cfg: PateConfig, privacy: _Privacy, hist: np.ndarray, out: Path, data: PateData) -> LabelResult:
+    """Answer the queries within the budget and write the released labels (``labels.npz``)."""
+    from veil.mechanisms import make_source
+    from veil.pate.labelling import label_queries
+
+    settings = privacy.settings(len(data.order), data.ds.num_classes)
+    rng = make_source(cfg.secure_rng, None if cfg.secure_rng else derive_seed(cfg.seed, Purpose.PATE_NOISE))
+    result = label_queries(hist, settings, rng)
+    idx = np.flatnonzero(result.labels >= 0)
+    buf = io.BytesIO()
+    np.savez(buf, public_index=data.order[idx], label=result.labels[idx])
+    write_files(out, {"labels.npz": buf.getvalue()})
+    return result
+
+
+def _student(
+    cfg: PateConfig, data: PateData, result: LabelResult, out: Path, s_factory: Any
+) -> StudentResult | None:
+    """Train the student on public inputs and released labels only (the pool's true labels are never
+    passed) and save it; None when a failed PTR test released nothing."""
+    from veil.pate.student import train_student
+
+    idx = np.flatnonzero(result.labels >= 0)
+    if not idx.size and cfg.budget == "ptr":
+        return None
+    unlabelled = np.ones(len(data.x_pub), dtype=bool)
+    unlabelled[data.order[idx]] = False
+    student = train_student(
+        data.x_queries[idx],
+        result.labels[idx],
+        data.x_test,
+        data.y_test,
+        s_factory,
+        x_unlabelled=data.x_pub[unlabelled],
+        semi_supervised=cfg.semi_supervised,
+    )
+    write_files(out, {"student.model": pickle.dumps(student.model, protocol=pickle.HIGHEST_PROTOCOL)})
+    return student
+
+
+# -- the report -----------------------------------------------------------------------------------------
+def _release_info(cfg: PateConfig, privacy: _Privacy, result: LabelResult) -> dict[str, Any] | None:
+    release = privacy.release
+    if release is None:
+        return None
+    return {
+        "order": release.order,
+        "beta": release.beta,
+        "sigma_s": release.sigma_s,
+        "confidence": release.confidence,
+        "releases": result.releases,
+        "released_rdp": result.released_rdp,
+        "release_rdp_each": result.release_rdp_per_release,
+        "check_every": cfg.dd_check_every if cfg.budget == "data-dependent" else None,
+    }
+
+
+def _dataset_info(data: PateData) -> dict[str, Any]:
+    ds = data.ds
+    return {
+        "name": ds.name,
+        "sha256": ds.sha256,
+        "num_classes": ds.num_classes,
+        "n_private": len(ds.y_train),
+        "n_public": len(data.x_pub),
+        "n_test": len(data.y_test),
+        "public_private_duplicates": int(data.duplicates),
+        "split": data.split,
+    }
+
+
+def _files(student: StudentResult | None) -> dict[str, str]:
+    files = {
+        "report_json": "report.json",
+        "report_html": "report.html",
+        "labels": "labels.npz",
+        "student": "student.model",
+        "teachers": "teachers/",
+        "epsilon_plot": "epsilon.png",
+        "margins_plot": "margins.png",
+    }
+    if student is None:
+        files.pop("student")
+    return files
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """What the run produced, as the report reads it."""
+
+    privacy: _Privacy
+    data: PateData
+    part: Partition
+    votes: TeacherVotes
+    result: LabelResult
+    student: StudentResult | None
+    margins: np.ndarray
+    models: tuple[str, str]
+    started: float
+
+
+def _margins(hist: np.ndarray, asked: int) -> np.ndarray:
+    """Top vote count minus the second, per query asked."""
+    srt = -np.sort(-hist[:asked], axis=1)
+    return (srt[:, 0] - srt[:, 1]).astype(int) if asked else np.zeros(0, dtype=int)
+
+
+def _build_report(cfg: PateConfig, o: _Outcome, out: Path) -> PateReport:
+    import veil
+    from veil.pate.report import guarantee_text, pate_checks
+    from veil.pate.teachers import mean_accuracy
+
+    result, student, agg = o.result, o.student, o.privacy.aggregator
+    idx = np.flatnonzero(result.labels >= 0)
+    y_q = o.data.y_queries
+    sizes, margins = o.part.sizes, o.margins
+    rep = PateReport(
+        epsilon=result.epsilon,
+        guarantee="ptr" if cfg.budget == "ptr" else "data-independent",
+        guarantee_statement="",
+        epsilon_data_independent=result.epsilon_data_independent,
+        epsilon_data_dependent=result.epsilon_data_dependent,
+        delta=cfg.delta,
+        target_epsilon=cfg.epsilon,
+        budget=cfg.budget,
+        privacy_unit=o.part.unit,
+        accountant=agg.accountant_used(cfg.accountant),
+        aggregator=agg.name,
+        noise=agg.noise_settings(),
+        data_dependent=_release_info(cfg, o.privacy, result),
+        events={"answer": result.answer_event, "threshold_check": result.threshold_event},
+        teachers=cfg.teachers,
+        teacher_sizes={"min": float(sizes.min()), "max": float(sizes.max()), "mean": float(sizes.mean())},
+        queries_planned=len(o.data.order),
+        queries_asked=result.queries_asked,
+        queries_answered=int(idx.size),
+        stop_reason=result.stop_reason,
+        label_accuracy=float(np.mean(result.labels[idx] == y_q[idx]))
+        if (y_q is not None and idx.size)
+        else None,
+        teacher_accuracy=float(mean_accuracy(o.votes.test, o.data.y_test)),
+        student_test_accuracy=student.test_accuracy if student is not None else None,
+        student_train_size=student.train_size if student is not None else 0,
+        student_semi_supervised=bool(student is not None and student.semi_supervised),
+        student_pseudo_labels=student.pseudo_labelled if student is not None else 0,
+        ptr=result.ptr,
+        dataset=_dataset_info(o.data),
+        teacher_model=o.models[0],
+        student_model=o.models[1],
+        seed=cfg.seed,
+        secure_rng=cfg.secure_rng,
+        teachers_resumed=o.votes.resumed,
+        veil_version=veil.__version__,
+        duration_s=time.time() - o.started,
+        history={
+            "epsilon_curve": [[float(a) for a in row] for row in result.epsilon_curve],
+            "released_curve": [[float(a) for a in row] for row in result.released_curve],
+        },
+        vote_margins={
+            "mean": float(margins.mean()) if margins.size else None,
+            "histogram": np.bincount(margins, minlength=cfg.teachers + 1).tolist() if margins.size else [],
+        },
+        files=_files(student),
+        out_dir=str(out),
+    )
+    return rep.model_copy(
+        update={"guarantee_statement": guarantee_text(rep), "checks": pate_checks(rep, o.part.num_units)}
+    )
+
+
+def _write_report(cfg: PateConfig, rep: PateReport, o: _Outcome, out: Path) -> None:
+    """The plots, ``report.html`` and (last, marking the run complete) ``report.json``."""
+    from veil.pate.report import epsilon_png, margins_png, render_html
+
+    images = {
+        "ε against queries answered": epsilon_png(
+            rep.history["epsilon_curve"], rep.history["released_curve"], cfg.epsilon, cfg.delta
+        ),
+        "Vote margins": margins_png(o.margins.tolist(), (o.result.labels >= 0).tolist(), cfg.teachers),
+    }
+    files: dict[str, bytes | str] = {
+        "epsilon.png": images["ε against queries answered"],
+        "margins.png": images["Vote margins"],
+        "report.html": render_html(rep, images),
+        "report.json": rep.to_json(),  # last: marks the run complete
+    }
+    write_files(out, files)
+
+
+def _factories(
+    cfg: PateConfig, ds: Dataset, teacher_factory: Callable[[int], Any] | None, student_factory: Any
+) -> tuple[Any, Any, tuple[str, str]]:
+    """The teacher and student factories (configured recipes unless given) and their report names."""
+    from veil.pate.teachers import ModelRecipe
+
+    def recipe(spec: str, seed: int) -> ModelRecipe:
+        return ModelRecipe(spec, ds.input_shape, ds.num_classes, ds.kind, ds.pixel_max, seed, cfg.epochs)
+
+    t_factory = teacher_factory or recipe(cfg.teacher_model, cfg.seed)
+    s_factory = student_factory or recipe(cfg.student_model, derive_seed(cfg.seed, Purpose.PATE_STUDENT))
+    names = (
+        repr(t_factory) if teacher_factory else cfg.teacher_model,
+        repr(s_factory) if student_factory else cfg.student_model,
+    )
+    return t_factory, s_factory, names
 
 
 def run_pate(
@@ -286,259 +404,19 @@ def run_pate(
     ``teacher_factory``/``student_factory``: ``factory(index) -> estimator`` with ``fit``/``predict``,
     instead of the configured model names (must be picklable when ``workers > 1``).
     """
-    t0 = time.time()
+    started = time.time()
     cfg = config if isinstance(config, PateConfig) else make_pate_config(config or {})
-    import veil
-    from veil.data import load_dataset
-    from veil.mechanisms import make_source
-    from veil.pate.labelling import LabelSettings, label_queries, plan_budget
-    from veil.pate.partition import check_public_disjoint, partition_teachers, row_digests
-    from veil.pate.report import epsilon_png, finite_or_none, guarantee_text, margins_png, render_html
-    from veil.pate.student import train_student
-    from veil.pate.teachers import ModelRecipe, mean_accuracy, train_teachers
-
-    out = Path(cfg.out) if cfg.out else _default_out(cfg)
-    if (out / "labels.npz").exists() or (out / "report.json").exists():
-        raise CheckpointError(
-            "out",
-            str(out),
-            "labels were already released from this run folder; labelling again would draw fresh noise on "
-            "the same private data and spend the privacy budget a second time",
-            "use a new --out folder (teachers can be copied over to skip retraining)",
-        )
-    # Settings errors before any work (the budget plan depends on public parameters only).
-    agg_probe = _aggregator(cfg, cfg.teachers)
-    release = (
-        _release_params(cfg)
-        if cfg.data_dependent and cfg.aggregator != "lnmax" and cfg.budget != "ptr"
-        else None
-    )
-
-    def settings_for(max_queries: int, num_classes: int) -> LabelSettings:
-        return LabelSettings(
-            aggregator=agg_probe,
-            epsilon=cfg.epsilon,
-            delta=cfg.delta,
-            max_queries=max_queries,
-            num_teachers=cfg.teachers,
-            num_classes=num_classes,
-            budget=cfg.budget,
-            accountant=cfg.accountant,
-            data_dependent=cfg.data_dependent,
-            release=release,
-            check_every=cfg.dd_check_every,
-            ptr_test_share=cfg.ptr_test_share,
-            ptr_select_share=cfg.ptr_select_share,
-            ptr_order=cfg.ptr_order,
-            ptr_max_answers=cfg.ptr_max_answers,
-        )
-
-    plan_budget(settings_for(cfg.queries or 1, 2), cfg.secure_rng)
-
-    # -- data --------------------------------------------------------------------------------------
-    ds = load_dataset(
-        cfg.dataset,
-        data_dir=cfg.data_dir,
-        target=cfg.target,
-        test_fraction=cfg.holdout_fraction,
-        seed=cfg.seed,
-    )
-    x_priv, y_priv = ds.x_train, ds.y_train
-    if cfg.public_data is not None:
-        x_pub, y_pub = load_public_data(cfg.public_data)
-        check_public_disjoint(x_priv, x_pub, what="public_data")
-        x_pub = x_pub.astype(x_priv.dtype, copy=False)
-        if y_pub is not None and (y_pub.shape[0] != x_pub.shape[0]):
-            y_pub = None
-        x_test, y_test = ds.x_test, ds.y_test
-        split = (
-            f"private: the {ds.n_train} training examples of '{ds.name}'; public pool: {len(x_pub)} examples "
-            f"from {cfg.public_data} (checked: no row equal to a private row); "
-            f"test: the {ds.n_test} held-out examples"
-        )
-        duplicates = 0
-    else:
-        x_pub, y_pub, x_test, y_test = _split_holdout(ds.x_test, ds.y_test, cfg.public_fraction, cfg.seed)
-        split = (
-            f"private: the {ds.n_train} training examples of '{ds.name}'; the {ds.n_test} held-out examples "
-            f"split (seed {cfg.seed}, stratified) into a public pool of {len(x_pub)} (labels hidden from "
-            f"the student, used only to score the released labels) and a test set of {len(x_test)}"
-        )
-        private_rows = set(row_digests(x_priv))
-        duplicates = sum(d in private_rows for d in row_digests(x_pub))
-        if duplicates:
-            split += (
-                f"; {duplicates} public rows equal a private row (independent examples with equal values)"
-            )
-    if len(x_pub) == 0:
-        raise DataError("public pool", 0, "there is nothing for the student to query", "provide public data")
-    q_planned = min(cfg.queries or len(x_pub), len(x_pub))
-    order = np.random.default_rng(_child_seed(cfg.seed, "queries")).permutation(len(x_pub))[:q_planned]
-    x_q = x_pub[order]
-    y_q = y_pub[order] if y_pub is not None else None
-
-    # -- teachers ----------------------------------------------------------------------------------
-    part = partition_teachers(x_priv, y_priv, cfg.teachers, seed=cfg.seed, groups=groups)
-
-    def recipe(spec: str, seed: int) -> ModelRecipe:
-        return ModelRecipe(spec, ds.input_shape, ds.num_classes, ds.kind, ds.pixel_max, seed, cfg.epochs)
-
-    t_factory = teacher_factory or recipe(cfg.teacher_model, cfg.seed)
-    s_factory = student_factory or recipe(cfg.student_model, _child_seed(cfg.seed, "student"))
-    fingerprint = _fingerprint(
-        ds.sha256, part.assignment, x_q, x_test, repr(t_factory), cfg.teachers, cfg.seed, groups is not None
-    )
-
-    def show(done: int, total: int) -> None:
-        if cfg.progress:
-            sys.stderr.write(f"\rteachers trained: {done}/{total}")
-            if done == total:
-                sys.stderr.write("\n")
-
-    votes = train_teachers(
-        x_priv,
-        y_priv,
-        part.assignment,
-        cfg.teachers,
-        ds.num_classes,
-        x_q,
-        x_test,
-        t_factory,
-        run_dir=out,
-        fingerprint=fingerprint,
-        workers=cfg.workers,
-        progress=show,
-    )
-    hist = votes.histograms(ds.num_classes)
-
-    # -- private labels ----------------------------------------------------------------------------
-    settings = settings_for(q_planned, ds.num_classes)
-    rng = make_source(cfg.secure_rng, None if cfg.secure_rng else _child_seed(cfg.seed, "noise"))
-    result = label_queries(hist, settings, rng)
-    asked = result.queries_asked
-    answered_mask = result.labels >= 0
-    idx = np.flatnonzero(answered_mask)
-    out.mkdir(parents=True, exist_ok=True)
-    np.savez(out / "labels.npz", public_index=order[idx], label=result.labels[idx])
-
-    # -- student -----------------------------------------------------------------------------------
-    # Public inputs and released labels only (the pool's true labels y_pub are never passed).
-    unlabelled = np.ones(len(x_pub), dtype=bool)
-    unlabelled[order[idx]] = False
-    student = None
-    if idx.size or cfg.budget != "ptr":  # a failed PTR test releases nothing: no student
-        student = train_student(
-            x_q[idx],
-            result.labels[idx],
-            x_test,
-            y_test,
-            s_factory,
-            x_unlabelled=x_pub[unlabelled],
-            semi_supervised=cfg.semi_supervised,
-        )
-        with open(out / "student.model", "wb") as fh:
-            pickle.dump(student.model, fh, protocol=pickle.HIGHEST_PROTOCOL)
-
-    # -- report ------------------------------------------------------------------------------------
-    label_acc = float(np.mean(result.labels[idx] == y_q[idx])) if (y_q is not None and idx.size) else None
-    srt = -np.sort(-hist[:asked], axis=1)
-    margins = (srt[:, 0] - srt[:, 1]).astype(int) if asked else np.zeros(0, dtype=int)
-    sizes = part.sizes
-    noise: dict[str, float | None] = {
-        "sigma" if agg_probe.name != "lnmax" else "laplace_scale": agg_probe.scale
-    }
-    if agg_probe.name == "confident-gnmax":
-        noise.update({"threshold": agg_probe.threshold, "sigma1": agg_probe.sigma1})
-    dd_info = None
-    if release is not None:
-        dd_info = {
-            "order": release.order,
-            "beta": release.beta,
-            "sigma_s": release.sigma_s,
-            "confidence": release.confidence,
-            "releases": result.releases,
-            "released_rdp": result.released_rdp,
-            "release_rdp_each": result.release_rdp_per_release,
-            "check_every": cfg.dd_check_every if cfg.budget == "data-dependent" else None,
-        }
-    files = {
-        "report_json": "report.json",
-        "report_html": "report.html",
-        "labels": "labels.npz",
-        "student": "student.model",
-        "teachers": "teachers/",
-        "epsilon_plot": "epsilon.png",
-        "margins_plot": "margins.png",
-    }
-    if student is None:
-        files.pop("student")
-    rep = PateReport(
-        epsilon=result.epsilon,
-        guarantee="ptr" if cfg.budget == "ptr" else "data-independent",
-        guarantee_statement="",
-        epsilon_data_independent=result.epsilon_data_independent,
-        epsilon_data_dependent=result.epsilon_data_dependent,
-        delta=cfg.delta,
-        target_epsilon=cfg.epsilon,
-        budget=cfg.budget,
-        privacy_unit=part.unit,
-        accountant=cfg.accountant if agg_probe.name == "lnmax" else "rdp",
-        aggregator=agg_probe.name,
-        noise=noise,
-        data_dependent=dd_info,
-        events={"answer": result.answer_event, "threshold_check": result.threshold_event},
-        teachers=cfg.teachers,
-        teacher_sizes={"min": float(sizes.min()), "max": float(sizes.max()), "mean": float(sizes.mean())},
-        queries_planned=q_planned,
-        queries_asked=asked,
-        queries_answered=int(idx.size),
-        stop_reason=result.stop_reason,
-        label_accuracy=label_acc,
-        teacher_accuracy=float(mean_accuracy(votes.test, y_test)),
-        student_test_accuracy=student.test_accuracy if student is not None else None,
-        student_train_size=student.train_size if student is not None else 0,
-        student_semi_supervised=bool(student is not None and student.semi_supervised),
-        student_pseudo_labels=student.pseudo_labelled if student is not None else 0,
-        ptr=result.ptr,
-        dataset={
-            "name": ds.name,
-            "sha256": ds.sha256,
-            "num_classes": ds.num_classes,
-            "n_private": len(y_priv),
-            "n_public": len(x_pub),
-            "n_test": len(y_test),
-            "public_private_duplicates": int(duplicates),
-            "split": split,
-        },
-        teacher_model=repr(t_factory) if teacher_factory else cfg.teacher_model,
-        student_model=repr(s_factory) if student_factory else cfg.student_model,
-        seed=cfg.seed,
-        secure_rng=cfg.secure_rng,
-        teachers_resumed=votes.resumed,
-        veil_version=veil.__version__,
-        duration_s=time.time() - t0,
-        history={
-            "epsilon_curve": [[float(a) for a in row] for row in result.epsilon_curve],
-            "released_curve": [[float(a) for a in row] for row in result.released_curve],
-        },
-        vote_margins={
-            "mean": finite_or_none(float(margins.mean())) if margins.size else None,
-            "histogram": np.bincount(margins, minlength=cfg.teachers + 1).tolist() if margins.size else [],
-        },
-        files=files,
-        out_dir=str(out),
-    )
-    rep = rep.model_copy(update={"guarantee_statement": guarantee_text(rep)})
-    images = {
-        "ε against queries answered": epsilon_png(
-            rep.history["epsilon_curve"], rep.history["released_curve"], cfg.epsilon, cfg.delta
-        ),
-        "Vote margins": margins_png(margins.tolist(), answered_mask.tolist(), cfg.teachers),
-    }
-    (out / "epsilon.png").write_bytes(images["ε against queries answered"])
-    (out / "margins.png").write_bytes(images["Vote margins"])
-    (out / "report.html").write_text(render_html(rep, images), encoding="utf-8")
-    tmp = out / "report.json.tmp"
-    tmp.write_text(rep.to_json(), encoding="utf-8")
-    os.replace(tmp, out / "report.json")
+    out = _checked_out(cfg)
+    privacy = _privacy(cfg)  # settings errors before any work
+    data = load_pate_data(cfg)
+    t_factory, s_factory, models = _factories(cfg, data.ds, teacher_factory, student_factory)
+    part = _partition(cfg, data, groups)
+    votes = _teacher_votes(cfg, data, part, out, groups, t_factory)
+    hist = votes.histograms(data.ds.num_classes)
+    result = _label(cfg, privacy, hist, out, data)
+    student = _student(cfg, data, result, out, s_factory)
+    margins = _margins(hist, result.queries_asked)
+    outcome = _Outcome(privacy, data, part, votes, result, student, margins, models, started)
+    rep = _build_report(cfg, outcome, out)
+    _write_report(cfg, rep, outcome, out)
     return rep

@@ -20,6 +20,7 @@ configuration is refused (:class:`~veil.errors.CheckpointError`).
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -33,6 +34,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from veil.errors import CheckpointError, ConfigError, InvalidParameterError
+from veil.pipeline.run_folder import write_files
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -355,12 +357,11 @@ def _train_one(
             )
     if folder is not None:
         base = Path(folder) / f"teacher_{index:05d}"
-        tmp = base.with_suffix(".tmp.npz")
-        np.savez(tmp, public=votes_public, test=votes_test, n_train=np.int64(len(y)))
-        with open(base.with_suffix(".model.tmp"), "wb") as fh:
-            pickle.dump(model, fh, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(base.with_suffix(".model.tmp"), base.with_suffix(".model"))
-        os.replace(tmp, base.with_suffix(".npz"))  # written last: marks the teacher as done
+        buf = io.BytesIO()
+        np.savez(buf, public=votes_public, test=votes_test, n_train=np.int64(len(y)))
+        model_bytes = pickle.dumps(model, protocol=pickle.HIGHEST_PROTOCOL)
+        # In order; the votes last: they mark the teacher as done.
+        write_files(Path(folder), {f"{base.name}.model": model_bytes, f"{base.name}.npz": buf.getvalue()})
     return index, votes_public, votes_test
 
 
@@ -396,8 +397,7 @@ def _check_manifest(folder: Path, fingerprint: str, k: int) -> None:
                 "use a new --out folder, or rerun with the original settings",
             )
         return
-    folder.mkdir(parents=True, exist_ok=True)
-    manifest.write_text(json.dumps({"fingerprint": fingerprint, "teachers": k}, indent=2))
+    write_files(folder, {manifest.name: json.dumps({"fingerprint": fingerprint, "teachers": k}, indent=2)})
 
 
 def train_teachers(

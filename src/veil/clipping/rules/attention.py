@@ -193,7 +193,11 @@ def _as_ghost(c: Contribution) -> Ghost:
     grads = c.grads
     return Ghost(
         grads.flatten(1).square().sum(dim=1),
-        lambda w: torch.tensordot(w.to(grads.dtype), grads, dims=1),
+        lambda w: torch.tensordot(
+            w.to(torch.promote_types(grads.dtype, torch.float32)),
+            grads.to(torch.promote_types(grads.dtype, torch.float32)),
+            dims=1,
+        ),
     )
 
 

@@ -49,7 +49,10 @@ class EmbeddingRule(LayerRule):
         batch, vocab, dim = record.batch_size, module.num_embeddings, module.embedding_dim
         idx = batched_input(record.args, record.kwargs, 1, "Embedding").reshape(batch, -1)
         rows_of = torch.arange(batch, device=idx.device).unsqueeze(1).expand_as(idx)
-        grads = g.reshape(batch, -1, dim).to(torch.promote_types(g.dtype, module.weight.dtype))
+        # ≥ float32: row sums, norms and the weighted sum all at one precision (see the clipper's
+        # low-precision guarantee)
+        work = torch.promote_types(torch.promote_types(g.dtype, module.weight.dtype), torch.float32)
+        grads = g.reshape(batch, -1, dim).to(work)
         if module.padding_idx is not None:
             keep = idx != module.padding_idx
             example, index, grad = rows_of[keep], idx[keep], grads[keep]

@@ -51,18 +51,23 @@ def _flat_ghost(
     """One position per example: ``‖g aᵀ‖² = ‖g‖²‖a‖²`` and the bias gradient is ``g`` itself."""
     g_sq = torch.linalg.vector_norm(g, dim=1, dtype=_norm_dtype(g)).square()
     out: dict[str, Contribution] = {}
+    # Book-keeping sums at ≥ float32 (the norms' precision): low-precision inputs are upcast.
+    work = _norm_dtype(g)
     if "weight" in names:
         a, g = common_dtype(batched_input(record.args, record.kwargs, 2, "Linear"), g)
         a_sq = torch.linalg.vector_norm(a, dim=1, dtype=_norm_dtype(a)).square()
         narrow_input = module.in_features < module.out_features
+        work = torch.promote_types(work, _norm_dtype(a))
 
         def weight_sum(c: Tensor) -> Tensor:
-            c = c.to(g.dtype).unsqueeze(1)
-            return (g.T @ (a * c)) if narrow_input else ((g * c).T @ a)
+            aw, gw = a.to(work), g.to(work)
+            c = c.to(work).unsqueeze(1)
+            return (gw.T @ (aw * c)) if narrow_input else ((gw * c).T @ aw)
 
         out["weight"] = Ghost(a_sq * g_sq, weight_sum)
     if "bias" in names:
-        out["bias"] = Ghost(g_sq, lambda c: c.to(g.dtype) @ g)
+        bias_g = g
+        out["bias"] = Ghost(g_sq, lambda c: c.to(work) @ bias_g.to(work))
     return out
 
 
