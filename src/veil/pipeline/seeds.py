@@ -35,6 +35,12 @@ class Purpose(enum.IntEnum):
     PATE_QUERIES = 21
     PATE_STUDENT = 22
     PATE_NOISE = 23
+    FEDERATED_SAMPLING = 30
+    """Client-level DP-FedAvg's Poisson sampling of clients."""
+    FEDERATED_NOISE = 31
+    """Client-level DP-FedAvg's noise on the sum of clipped updates."""
+    FEDERATED_LOCAL = 32
+    """A client's local training in one round (index: round × 1_000_003 + client + 1)."""
     SHADOW = 1000
     """A LiRA shadow model (index: which shadow)."""
 

@@ -1,0 +1,145 @@
+"""``veil federated``: federated learning with client-level or record-level DP, on Flower.
+
+See :mod:`veil.federated` and ``docs/federated.md``. Flower is the optional extra ``veil[federated]``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from veil.cli._output import emit
+from veil.errors import ConfigError
+
+
+def _flower_installed() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("flwr") is None:
+        raise ConfigError(
+            "federated",
+            "flwr missing",
+            "federated runs are executed by Flower, which is not installed",
+            "pip install 'veil[federated]'",
+        )
+
+
+def run_federated_command(options: dict[str, Any]) -> dict[str, Any]:
+    """The work of ``veil federated``: settings from flags, then run (or resume) and report."""
+    from veil.federated.privacy import sampling_rate
+    from veil.federated.settings import FederatedSettings
+
+    _flower_installed()
+    resume = options.pop("resume")
+    deployment = options.pop("deployment")
+    if resume:
+        from veil.federated.run import saved_settings, simulate
+
+        return simulate(saved_settings(Path(resume)).replace(out=str(Path(resume).resolve())), resume=True)
+    rate, per_round = options.pop("client_sampling_rate"), options.pop("clients_per_round")
+    if options["mode"] == "record-level":
+        if rate is not None or per_round is not None:
+            raise ConfigError(
+                "client_sampling_rate",
+                rate if rate is not None else per_round,
+                "record-level silos all take part in every round; their records are sampled by DP-SGD",
+                "leave out --client-sampling-rate/--clients-per-round with --mode record-level",
+            )
+        q = 1.0
+    else:
+        q = sampling_rate(options["clients"], rate, per_round)
+    from veil.pipeline.run_folder import default_out
+
+    out = options.pop("out") or str(default_out(options["dataset"], job="federated"))
+    settings = FederatedSettings(sampling_rate=q, out=str(Path(out).resolve()), **options)
+    if deployment:
+        from veil.federated.run import deploy
+
+        return deploy(settings)
+    from veil.federated.run import simulate
+
+    return simulate(settings)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("federated")
+    def federated_command(
+        mode: str = typer.Option(
+            "client-level", "--mode", help="client-level (DP-FedAvg) or record-level (DP-SGD in each silo)."
+        ),
+        dataset: str = typer.Option(
+            "digits", "--dataset", help="digits, fashion-mnist, mnist, breast-cancer, csv:PATH, ..."
+        ),
+        data_dir: str = typer.Option(
+            "", "--data-dir", help="Folder of the IDX files (fashion-mnist, mnist)."
+        ),
+        target: str = typer.Option("", "--target", help="Label column (csv) or label array (npz)."),
+        clients: int = typer.Option(10, "--clients", help="Number of clients (silos at record level)."),
+        client_sampling_rate: float = typer.Option(
+            None,
+            "--client-sampling-rate",
+            help="client-level: each client's probability of joining a round (Poisson).",
+        ),
+        clients_per_round: int = typer.Option(
+            None, "--clients-per-round", help="client-level: expected clients per round (q = K / clients)."
+        ),
+        rounds: int = typer.Option(20, "--rounds", help="Planned rounds: σ is calibrated for all of them."),
+        epsilon: float = typer.Option(
+            3.0, "--epsilon", help="Target ε (client- or record-level, by --mode)."
+        ),
+        delta: float = typer.Option(
+            1e-5, "--delta", help="Target δ, below 1/clients (client-level) or 1/rows of a silo."
+        ),
+        partition: str = typer.Option("iid", "--partition", help="iid, dirichlet:ALPHA or column:NAME."),
+        model: str = typer.Option(
+            "auto",
+            "--model",
+            help="auto, rff, scatternet, logreg, mlp (only the head trains on a fixed front).",
+        ),
+        clip: float = typer.Option(
+            1.0, "--clip", help="C: L2 bound of a client's update (client-level) or of an example's gradient."
+        ),
+        server_lr: float = typer.Option(1.0, "--server-lr", help="Server step on the noisy mean update."),
+        local_epochs: int = typer.Option(
+            1, "--local-epochs", help="client-level: local SGD epochs per round."
+        ),
+        local_lr: float = typer.Option(0.1, "--local-lr", help="Local learning rate."),
+        local_batch: int = typer.Option(
+            32, "--local-batch", help="Local batch (record-level: expected DP-SGD batch)."
+        ),
+        local_steps: int = typer.Option(
+            10, "--local-steps", help="record-level: DP-SGD steps per silo per round."
+        ),
+        accountant: str = typer.Option("pld", "--accountant", help="pld (default) or rdp."),
+        seed: int = typer.Option(
+            -1, "--seed", help="Research seed (reproducible noise: not releasable); default: OS CSPRNG."
+        ),
+        out: str = typer.Option("", "--out", help="Run folder (default runs/federated-<dataset>-<time>)."),
+        resume: str = typer.Option(
+            "", "--resume", help="Continue the run in this folder (charged rounds are kept)."
+        ),
+        deployment: bool = typer.Option(
+            False,
+            "--deployment",
+            help="Run as real processes: a SuperLink and one SuperNode per client on loopback.",
+        ),
+        json_output: bool = typer.Option(False, "--json", help="Print the report JSON on stdout."),
+    ) -> None:
+        """Train a model over clients that keep their data, with differential privacy (Flower)."""
+        options = {k: v for k, v in locals().items() if k != "json_output"}
+        report = run_federated_command(options)
+        if json_output:
+            emit(report, True)
+            return
+        g = report["guarantee"]
+        acc = report["non_private"]["final_test_accuracy"]
+        lines = [
+            f"{g['mode']}: ε = {g['epsilon_spent']:.4g} at δ = {g['delta']:g} ({g['neighbouring']}), "
+            f"{g['rounds_charged']} rounds; randomness {report['randomness']}",
+            f"final test accuracy (non-private figure) {acc:.4f}" if acc is not None else "no evaluation",
+            f"report: {Path(report['out_dir']) / 'report.json'}",
+        ]
+        sys.stdout.write("\n".join(lines) + "\n")

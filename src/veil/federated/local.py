@@ -1,0 +1,262 @@
+"""What the data holders compute: the federation's data, the model, local training and evaluation.
+
+Each client loads the dataset named by the run, keeps only its own rows (its partition) and maps
+them through the model's fixed front (scattering or random features: no parameters, each example on
+its own, drawn from a public seed — so precomputing costs no privacy and every party builds the same
+front). Only the head travels and trains.
+
+* client-level mode: :func:`local_sgd` — ordinary (non-private) SGD on the client's rows; privacy
+  comes from the server's clipping and noise, at the level of whole clients.
+* record-level mode: :func:`local_dpsgd` — DP-SGD with veil's :class:`~veil.engine.PrivacyEngine`
+  on the silo's rows; the silo's own accountant composes one event per step.
+
+Preprocessing is public: images are divided by the format's documented maximum pixel value; table
+features go through ``asinh`` (a fixed per-value map). No statistic of the private data is used.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from veil.data import Dataset, load_dataset
+from veil.errors import DataError
+from veil.federated.partition import check_non_empty, parse_partition, split_rows
+from veil.federated.settings import FederatedSettings
+from veil.models import InputTransform, build_model, fixed_features, resolve_name, split_fixed_front
+
+__all__ = [
+    "Federation",
+    "build_network",
+    "client_features",
+    "evaluate",
+    "federation",
+    "get_arrays",
+    "local_dpsgd",
+    "local_sgd",
+    "set_arrays",
+]
+
+FRONT_SEED = 20261130
+"""Public seed of the fixed front and of the initial head: the same model on every party."""
+
+
+@dataclass(frozen=True)
+class Federation:
+    """The dataset and each client's row indices (the partition column, if any, removed)."""
+
+    data: Dataset
+    parts: tuple[np.ndarray, ...]
+
+
+def _drop_column(data: Dataset, column: str) -> tuple[Dataset, np.ndarray]:
+    names = data.feature_names or []
+    if column not in names:
+        raise DataError(
+            "partition",
+            f"column:{column}",
+            "the data has no such column, so rows cannot be assigned to their clients",
+            f"name one of the feature columns ({', '.join(names[:8]) or 'none: not a table'})",
+        )
+    j = names.index(column)
+    keep = [i for i in range(len(names)) if i != j]
+    values = data.x_train[:, j].copy()
+    data = Dataset(
+        name=data.name,
+        kind=data.kind,
+        x_train=data.x_train[:, keep],
+        y_train=data.y_train,
+        x_test=data.x_test[:, keep],
+        y_test=data.y_test,
+        classes=data.classes,
+        sha256=data.sha256,
+        preset=data.preset,
+        feature_names=[names[i] for i in keep],
+        pixel_max=data.pixel_max,
+    )
+    return data, values
+
+
+@functools.lru_cache(maxsize=2)
+def _federation(
+    dataset: str, data_dir: str, target: str, test_fraction: float, partition: str, clients: int
+) -> Federation:
+    spec = parse_partition(partition)
+    data = load_dataset(
+        dataset, data_dir=data_dir or None, target=target or None, test_fraction=test_fraction, seed=0
+    )
+    column_values = None
+    if spec.kind == "column":
+        data, column_values = _drop_column(data, spec.column)
+    parts = split_rows(spec, data.y_train, clients, seed=FRONT_SEED, column_values=column_values)
+    check_non_empty(parts)
+    return Federation(data, tuple(parts))
+
+
+def federation(s: FederatedSettings) -> Federation:
+    """The run's data split over its clients (cached per process: simulated clients share it)."""
+    clients = 0 if s.partition.startswith("column:") else s.clients
+    fed = _federation(s.dataset, s.data_dir, s.target, s.test_fraction, s.partition, clients)
+    if s.partition.startswith("column:") and len(fed.parts) != s.clients:
+        raise DataError(
+            "clients",
+            s.clients,
+            f"the partition column defines {len(fed.parts)} clients",
+            f"pass --clients {len(fed.parts)}",
+        )
+    return fed
+
+
+def _preprocess(data: Dataset) -> nn.Module:
+    d = data.input_shape
+    zeros, ones = torch.zeros(d), torch.ones(d)
+    inf = torch.full(d, math.inf)
+    if data.kind == "image" and data.pixel_max:
+        return InputTransform(-inf, inf, zeros, ones / float(data.pixel_max))
+    return InputTransform(-inf, inf, zeros, ones, resolution=1.0 if data.kind == "table" else 0.0)
+
+
+def build_network(s: FederatedSettings, data: Dataset) -> tuple[nn.Module | None, nn.Module]:
+    """``(front, head)``: the fixed front (None for a model trained end to end) and the trained part."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(FRONT_SEED)
+        name = resolve_name(s.model, data.kind, data.input_shape)
+        net = build_model(name, data.input_shape, data.num_classes, data.kind)
+        model = nn.Sequential(_preprocess(data), net)
+    front, head = split_fixed_front(model)
+    return front, head
+
+
+@functools.lru_cache(maxsize=8)
+def _silo_features(s: FederatedSettings, pid: int) -> tuple[torch.Tensor, torch.Tensor]:
+    front, _ = build_network(s, federation(s).data)
+    return client_features(s, federation(s).parts[pid], front)
+
+
+def partition_features(
+    s: FederatedSettings, pid: int, front: nn.Module | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Client ``pid``'s features and labels. Silos (a few large partitions, every round) are cached per
+    process; the many small clients of a client-level run are recomputed (cheap, and memory stays flat)."""
+    if s.mode == "record-level":
+        return _silo_features(s, pid)
+    return client_features(s, federation(s).parts[pid], front)
+
+
+def client_features(
+    s: FederatedSettings, rows: np.ndarray | None, front: nn.Module | None, test: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Features (front applied) and labels of the given training rows, or of the test split."""
+    data = federation(s).data
+    x, y = (data.x_test, data.y_test) if test else (data.x_train[rows], data.y_train[rows])
+    feats = fixed_features(front, x) if front is not None else np.asarray(x, dtype=np.float32)
+    return torch.from_numpy(feats), torch.from_numpy(np.asarray(y, dtype=np.int64))
+
+
+def get_arrays(head: nn.Module) -> list[np.ndarray]:
+    """The head's trainable parameters, in order, as float32 numpy arrays (the travelling model)."""
+    return [p.detach().cpu().numpy().astype(np.float32, copy=True) for p in head.parameters()]
+
+
+def set_arrays(head: nn.Module, arrays: list[np.ndarray]) -> None:
+    params = list(head.parameters())
+    if len(params) != len(arrays) or any(
+        tuple(p.shape) != a.shape for p, a in zip(params, arrays, strict=False)
+    ):
+        raise DataError(
+            "model arrays",
+            [a.shape for a in arrays],
+            "the received model does not match this client's network, so its update would be meaningless",
+            "run every party with the same --dataset and --model",
+        )
+    with torch.no_grad():
+        for p, a in zip(params, arrays, strict=True):
+            p.copy_(torch.from_numpy(np.asarray(a)))
+
+
+def local_sgd(
+    head: nn.Module, x: torch.Tensor, y: torch.Tensor, s: FederatedSettings, seed: int | None
+) -> None:
+    """``local_epochs`` of minibatch SGD on the client's own rows (client-level mode: not private alone)."""
+    rng = np.random.default_rng(seed)
+    opt = torch.optim.SGD(head.parameters(), lr=s.local_lr)
+    loss_fn = nn.CrossEntropyLoss()
+    head.train()
+    for _ in range(s.local_epochs):
+        order = rng.permutation(len(x))
+        for i in range(0, len(order), s.local_batch):
+            idx = torch.from_numpy(order[i : i + s.local_batch])
+            opt.zero_grad()
+            loss_fn(head(x[idx]), y[idx]).backward()
+            opt.step()
+
+
+def silo_sampling_rate(s: FederatedSettings, n: int) -> float:
+    """q_k = B / n_k of a silo's Poisson batches (its size n_k is treated as public, as in DP-SGD)."""
+    if n < s.local_batch:
+        raise DataError(
+            "silo size",
+            n,
+            f"a silo with fewer rows than the expected batch {s.local_batch} cannot sample batches at q ≤ 1",
+            "lower --local-batch or merge small silos",
+        )
+    return s.local_batch / n
+
+
+def _engine(s: FederatedSettings, seed: int | None) -> Any:
+    """veil's engine: secure randomness, or the research seed (asking for reproducibility by name
+    where the engine's signature has ``reproducible``)."""
+    import inspect
+
+    from veil.engine import PrivacyEngine
+
+    if s.secure:
+        return PrivacyEngine(accountant=s.accountant, secure_rng=True)
+    kwargs: dict[str, Any] = {"secure_rng": False, "seed": seed}
+    if "reproducible" in inspect.signature(PrivacyEngine).parameters:
+        kwargs["reproducible"] = True
+    return PrivacyEngine(accountant=s.accountant, **kwargs)
+
+
+def local_dpsgd(
+    head: nn.Module, x: torch.Tensor, y: torch.Tensor, s: FederatedSettings, sigma: float, seed: int | None
+) -> int:
+    """``local_steps`` DP-SGD steps with veil's engine on the silo's rows; returns the steps taken."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    engine = _engine(s, seed)
+    opt = torch.optim.SGD(head.parameters(), lr=s.local_lr)
+    loss_fn = nn.CrossEntropyLoss()
+    model, optimizer, loader = engine.make_private(
+        module=head,
+        optimizer=opt,
+        data_loader=DataLoader(TensorDataset(x, y), batch_size=s.local_batch),
+        max_grad_norm=s.clip,
+        noise_multiplier=sigma,
+        criterion=loss_fn,
+    )
+    model.train()
+    while engine.steps < s.local_steps:
+        for xb, yb in loader:
+            loss_fn(model(xb), yb).backward()  # an empty Poisson batch still takes a noisy step
+            optimizer.step()
+            optimizer.zero_grad()
+            if engine.steps >= s.local_steps:
+                break
+    return engine.steps
+
+
+def evaluate(head: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    """``(accuracy, mean cross-entropy)`` of the head on features ``x`` (non-private figures)."""
+    head.eval()
+    with torch.no_grad():
+        logits = head(x)
+        loss = float(nn.functional.cross_entropy(logits, y))
+        acc = float((logits.argmax(1) == y).float().mean()) if len(y) else math.nan
+    return acc, loss

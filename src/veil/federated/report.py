@@ -1,0 +1,284 @@
+"""The report of a federated run, a function of its run folder (ledger, history, silos, settings).
+
+The guarantee is recomputed from the ledger's charged events with veil's accountant, never taken
+from what the run believed: client level, every charged round (``step`` and ``recovered`` records);
+record level, each silo's own records (a ``recovered`` record, whose silo is unknown, is charged to
+every silo) and the maximum over silos (parallel composition). Figures computed from private data
+without noise — test accuracy of the global model, how many clients replied or failed — sit in the
+``non_private`` section.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from veil.accounting.calibrate import epsilon_of
+from veil.accounting.events import PrivacyEvent, event_from_dict
+from veil.accounting.ledger import Ledger
+from veil.federated.files import HISTORY, LEDGER, MODEL, SILOS
+from veil.federated.privacy import flower_epsilon, record_level_guarantee
+from veil.federated.settings import FederatedSettings
+
+__all__ = ["build_report", "epsilon_curve", "guarantee_text", "render_report", "write_report"]
+
+_CURVE_POINTS = 12
+
+
+def _epsilon(events: list[PrivacyEvent], delta: float, accountant: str) -> float:
+    return epsilon_of(events, delta, accountant)  # type: ignore[arg-type]
+
+
+def epsilon_curve(events: list[PrivacyEvent], delta: float, accountant: str) -> list[tuple[int, float]]:
+    """ε after round r for about 12 rounds spread over the run (and always the last)."""
+    n = len(events)
+    if n == 0:
+        return []
+    stride = max(1, n // _CURVE_POINTS)
+    marks = sorted({*range(stride, n + 1, stride), n})
+    return [(r, _epsilon(events[:r], delta, accountant)) for r in marks]
+
+
+def _silo_events(ledger: Ledger, silos: dict[str, Any]) -> dict[str, list[PrivacyEvent]]:
+    out: dict[str, list[PrivacyEvent]] = {name: [] for name in silos}
+    for r in ledger.records:
+        if r["kind"] == "step" and r.get("silo") in out:
+            out[r["silo"]].append(event_from_dict(r["event"]))
+        elif r["kind"] == "recovered":
+            for events in out.values():
+                events.append(event_from_dict(r["event"]))
+    return out
+
+
+def build_report(run_dir: Path, duration_s: float | None = None) -> dict[str, Any]:
+    """``report.json``'s content for the run in ``run_dir``."""
+    run_dir = Path(run_dir)
+    ledger = Ledger.open(run_dir / LEDGER)
+    s = FederatedSettings.from_run_config(ledger.header["settings"])
+    history = json.loads((run_dir / HISTORY).read_text())["rounds"] if (run_dir / HISTORY).exists() else []
+    finished = ledger.last("end") is not None
+    last = history[-1] if history else {}
+    checks: list[dict[str, Any]] = []
+    guarantee: dict[str, Any] = {
+        "mode": s.mode,
+        "target_epsilon": s.epsilon,
+        "delta": s.delta,
+        "accountant": s.accountant,
+    }
+    plan: dict[str, Any] = {"clients": s.clients, "rounds_planned": s.rounds, "partition": s.partition}
+    plots: dict[str, Any] = {}
+    if s.mode == "client-level":
+        events = ledger.events()
+        eps = _epsilon(events, s.delta, s.accountant)
+        guarantee |= {
+            "neighbouring": "add_or_remove_one_client",
+            "epsilon_spent": eps,
+            "rounds_charged": ledger.steps,
+            "unit": "client: everything one client holds",
+        }
+        plan |= {
+            "client_sampling": "poisson",
+            "sampling_rate": s.sampling_rate,
+            "expected_clients_per_round": s.expected_clients,
+            "noise_multiplier": s.sigma,
+            "update_clip_norm": s.clip,
+            "noise_std_on_sum": s.sigma * s.clip,
+            "server_lr": s.server_lr,
+            "local_epochs": s.local_epochs,
+            "local_lr": s.local_lr,
+            "local_batch": s.local_batch,
+        }
+        plots["epsilon_per_round"] = epsilon_curve(events, s.delta, s.accountant)
+        if s.sampling_rate == 1.0 and ledger.steps:
+            guarantee["flower_rdp_epsilon"] = flower_epsilon(s.sigma, ledger.steps, s.clients, s.delta)
+            guarantee["flower_rdp_note"] = (
+                "Flower's own RDP accountant (flwr.serverapp.RdpAccountant, no amplification) on the "
+                "same rounds, side by side: it covers this case only (every client each round, fixed C)"
+            )
+        checks.append(
+            {
+                "name": "budget",
+                "passed": eps <= s.epsilon * (1 + 1e-9),
+                "detail": f"ε = {eps:.4f} ≤ target {s.epsilon:g} over {ledger.steps} charged rounds",
+            }
+        )
+        checks.append(
+            {
+                "name": "delta",
+                "passed": s.delta < 1.0 / s.clients,
+                "detail": f"δ = {s.delta:g} < 1/N = {1.0 / s.clients:g} (N clients)",
+            }
+        )
+    else:
+        silos = json.loads((run_dir / SILOS).read_text()) if (run_dir / SILOS).exists() else {}
+        per_silo = _silo_events(ledger, silos)
+        spend = {
+            name: {**info, "epsilon": _epsilon(per_silo[name], s.delta, s.accountant), "steps": 0}
+            for name, info in silos.items()
+        }
+        for name in spend:
+            spend[name]["steps"] = sum(getattr(e, "count", 1) for e in per_silo[name])
+        top = record_level_guarantee(spend)
+        guarantee |= {
+            "neighbouring": "add_or_remove_one_record",
+            "epsilon_spent": top["epsilon"],
+            "composition": top["composition"],
+            "worst_silo": top.get("worst_silo"),
+            "rounds_charged": len({r.get("round") for r in ledger.records if r["kind"] == "step"}),
+            "unit": "record: one row of one silo",
+            "silos": spend,
+        }
+        plan |= {
+            "local_steps": s.local_steps,
+            "record_clip_norm": s.clip,
+            "local_batch": s.local_batch,
+            "local_lr": s.local_lr,
+        }
+        reported = {
+            f"silo-{int(m['partition-id'])}": float(m["epsilon"])
+            for m in last.get("silos", [])
+            if "epsilon" in m
+        }
+        agree = all(
+            abs(reported[k] - spend[k]["epsilon"]) <= 1e-6 * max(1.0, spend[k]["epsilon"]) for k in reported
+        )
+        checks.append(
+            {
+                "name": "budget",
+                "passed": top["epsilon"] <= s.epsilon * (1 + 1e-9),
+                "detail": f"max over silos ε = {top['epsilon']:.4f} ≤ target {s.epsilon:g}",
+            }
+        )
+        checks.append(
+            {
+                "name": "silo accounts agree",
+                "passed": agree,
+                "detail": "each silo's own accountant reports the ε the server's ledger composes"
+                if reported
+                else "no silo reply in the last round to compare",
+            }
+        )
+        checks.append(
+            {
+                "name": "delta",
+                "passed": all(s.delta < 1.0 / v["rows"] for v in silos.values()),
+                "detail": f"δ = {s.delta:g} below 1/n of every silo",
+            }
+        )
+    checks.append(
+        {
+            "name": "rounds",
+            "passed": guarantee["rounds_charged"] <= s.rounds,
+            "detail": f"{guarantee['rounds_charged']} of {s.rounds} planned rounds charged",
+        }
+    )
+    randomness = (
+        "secure (OS CSPRNG)" if s.secure else f"seeded (research mode, seed {s.seed}): not releasable"
+    )
+    release_ready = s.secure and finished and all(c["passed"] for c in checks)
+    return {
+        "job": "federated",
+        "guarantee": guarantee,
+        "plan": plan,
+        "dataset": s.dataset,
+        "model": s.model,
+        "randomness": randomness,
+        "release_ready": release_ready,
+        "finished": finished,
+        "checks": checks,
+        "non_private": {
+            "note": "computed from data without noise: for evaluation, not covered by the guarantee",
+            "final_test_accuracy": last.get("test_accuracy"),
+            "per_round": [
+                {
+                    k: v
+                    for k, v in h.items()
+                    if k in ("round", "test_accuracy", "test_loss", "replied", "failed")
+                }
+                for h in history
+            ],
+        },
+        "plots": plots,
+        "files": {
+            LEDGER: "the privacy ledger (hash-chained, fsync'ed before each round)",
+            MODEL: "the released global model (the head's arrays; the front is fixed by a public seed)",
+            HISTORY: "per-round non-private evaluation",
+        },
+        "duration_s": duration_s,
+        "out_dir": str(run_dir),
+    }
+
+
+def guarantee_text(report: dict[str, Any]) -> str:
+    """The guarantee in one sentence, for the report page."""
+    g = report["guarantee"]
+    if g["mode"] == "client-level":
+        return (
+            f"The released global model satisfies ({g['epsilon_spent']:.3g}, {g['delta']:g})-differential "
+            "privacy at the client level: whether any one client took part (with all of its data) changes "
+            f"the probability of any outcome by at most a factor e^{g['epsilon_spent']:.3g}, except with "
+            f"probability {g['delta']:g}. Accounted with veil's {g['accountant']} accountant over "
+            f"{g['rounds_charged']} Poisson-sampled rounds; the server is trusted to clip and add the noise."
+        )
+    return (
+        f"The released global model satisfies ({g['epsilon_spent']:.3g}, {g['delta']:g})-differential "
+        "privacy at the record level: adding or removing one record of one silo. Each silo trained with "
+        "DP-SGD on its own data; the silos' data are disjoint, so by parallel composition the guarantee "
+        f"is the largest silo's ε ({g.get('worst_silo', 'none')}); every silo's spend is listed below."
+    )
+
+
+def _plots(report: dict[str, Any]) -> dict[str, bytes]:
+    from veil.report.plots import epsilon_png, figure, png_bytes
+
+    images: dict[str, bytes] = {}
+    g = report["guarantee"]
+    curve = report["plots"].get("epsilon_per_round")
+    if curve:
+        images["ε spent against the round (client level)"] = epsilon_png(
+            [tuple(p) for p in curve], g["target_epsilon"], g["rounds_charged"], g["delta"]
+        )
+    rows = [h for h in report["non_private"]["per_round"] if h.get("test_accuracy") is not None]
+    if rows:
+        plt, fig = figure(6.0, 3.6)
+        ax = fig.add_subplot(1, 1, 1)
+        ax.plot([h["round"] for h in rows], [h["test_accuracy"] for h in rows], marker=".")
+        ax.set_xlabel("round")
+        ax.set_ylabel("test accuracy")
+        ax.grid(alpha=0.3)
+        ax.set_title("Global model's test accuracy per round (non-private figure)")
+        images["Test accuracy per round (non-private figure)"] = png_bytes(plt, fig)
+    return images
+
+
+def render_report(report: dict[str, Any]) -> str:
+    """``report.html``: the federated page of veil's one report stack."""
+    from veil.report.render import render_page
+
+    return render_page(
+        "federated.html.j2",
+        _plots(report),
+        r=report,
+        g=report["guarantee"],
+        guarantee=guarantee_text(report),
+        checks=report["checks"],
+        files=report["files"],
+    )
+
+
+def write_report(run_dir: Path, duration_s: float | None = None) -> dict[str, Any]:
+    """Build the report from the run folder and write ``report.json`` and ``report.html`` atomically."""
+    from veil.pipeline.outputs import finite
+    from veil.pipeline.run_folder import write_files
+
+    report = finite(build_report(run_dir, duration_s))
+    report["files"] |= {"report.json": "this report, machine-readable", "report.html": "this report"}
+    write_files(
+        Path(run_dir),
+        {
+            "report.json": json.dumps(report, indent=2, allow_nan=False) + "\n",
+            "report.html": render_report(report),
+        },
+    )
+    return dict(report)

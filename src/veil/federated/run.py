@@ -1,0 +1,162 @@
+"""The federated job: check and plan the run, run it on Flower, write the report.
+
+Order (nothing expensive and nothing written before every check passed): settings → the data and
+its partition (every client non-empty, the column present) → σ for the client-level target over the
+planned rounds → the run folder → Flower (the simulation engine here; real SuperLink/SuperNodes with
+:mod:`veil.federated.deploy`) → the report, computed from the run folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from veil.errors import ConfigError
+from veil.federated.settings import FederatedRunError, FederatedSettings
+
+__all__ = ["FederatedRunError", "plan", "report_files", "run_simulation_engine", "simulate"]
+
+
+def plan(s: FederatedSettings) -> FederatedSettings:
+    """Check the data and its partition, and calibrate σ (client level). Returns the settings to run."""
+    from veil.federated.local import federation
+    from veil.federated.privacy import client_level_sigma
+
+    fed = federation(s)  # refuses a missing column, an empty client, more clients than rows
+    if s.mode == "client-level":
+        sigma = client_level_sigma(s.epsilon, s.delta, s.sampling_rate, s.rounds, s.clients, s.accountant)
+        return s.replace(sigma=sigma)
+    smallest = min(len(p) for p in fed.parts)
+    if s.delta >= 1.0 / smallest:
+        raise ConfigError(
+            "delta",
+            s.delta,
+            f"δ ≥ 1/n for the smallest silo (n = {smallest}) allows publishing one of its records outright",
+            "pass a smaller --delta",
+        )
+    if smallest < s.local_batch:
+        raise ConfigError(
+            "local_batch",
+            s.local_batch,
+            f"the smallest silo has {smallest} rows, fewer than the expected batch: q = B/n would exceed 1",
+            f"pass --local-batch ≤ {smallest}",
+        )
+    return s
+
+
+@contextlib.contextmanager
+def quiet_flower() -> Iterator[None]:
+    """Flower and Ray log to the console; keep them at warnings so ``--json`` output stays clean."""
+    logger = logging.getLogger("flwr")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def run_simulation_engine(s: FederatedSettings, cpus: int = 2) -> None:
+    """Flower's simulation engine (Ray): one virtual SuperNode per client, the ServerApp in-process."""
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    # Ray kills workers when the machine as a whole is above 95% memory, whoever uses it; a client
+    # needs little, so leave the kernel to judge real shortages.
+    os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
+    from flwr.simulation import run_simulation
+
+    from veil.federated.apps import make_client_app, make_server_app
+
+    backend: dict[str, Any] = {
+        "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+        "init_args": {"num_cpus": cpus, "num_gpus": 0, "log_to_driver": False, "logging_level": "error"},
+    }
+    with quiet_flower():
+        run_simulation(
+            make_server_app(s), make_client_app(s), num_supernodes=s.clients, backend_config=backend
+        )
+
+
+def raise_if_failed(run_dir: Path) -> None:
+    """The server's recorded refusal, or an unfinished run, as one error."""
+    from veil.federated.files import ERROR, LEDGER
+
+    error = run_dir / ERROR
+    if error.exists():
+        raise FederatedRunError(
+            "federated run", str(run_dir), error.read_text().strip(), "fix the cause and resume with --resume"
+        )
+    if not (run_dir / LEDGER).exists():
+        raise FederatedRunError(
+            "federated run",
+            str(run_dir),
+            "the server never started the run",
+            "see the Flower log above; rerun",
+        )
+
+
+def report_files(run_dir: Path, duration_s: float | None) -> dict[str, Any]:
+    """Build the report from the run folder; write ``report.json`` and ``report.html`` (atomically)."""
+    from veil.federated.report import write_report
+
+    return write_report(run_dir, duration_s)
+
+
+def check_new_folder(run_dir: Path) -> None:
+    """A fresh run needs a new (or empty) writable folder: a run's ledger must never be overwritten."""
+    from veil.pipeline.run_folder import check_out
+
+    check_out(run_dir)
+
+
+def deploy(s: FederatedSettings, timeout: float = 3600.0) -> dict[str, Any]:
+    """Plan, run as real processes on loopback (:func:`veil.federated.deploy.local_deployment`), report."""
+    from veil.federated.deploy import local_deployment
+
+    run_dir = Path(s.out)
+    check_new_folder(run_dir)
+    s = plan(s)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    local_deployment(s, run_dir / "deployment", timeout=timeout)
+    raise_if_failed(run_dir)
+    return report_files(run_dir, time.monotonic() - start)
+
+
+def saved_settings(run_dir: Path) -> FederatedSettings:
+    """The settings a run folder was started with (its ledger header), for ``--resume``."""
+    from veil.federated.files import LEDGER
+
+    path = run_dir / LEDGER
+    try:
+        header = json.loads(path.read_bytes().split(b"\n", 1)[0])
+        return FederatedSettings.from_run_config(header["settings"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ConfigError(
+            "resume",
+            str(run_dir),
+            "it holds no readable federated run ledger",
+            "pass the --out folder of a federated run",
+        ) from None
+
+
+def simulate(s: FederatedSettings, *, resume: bool = False, cpus: int = 2) -> dict[str, Any]:
+    """Plan, run in Flower's simulation engine, report. ``resume`` continues the run in ``s.out``."""
+    run_dir = Path(s.out)
+    if resume:
+        s = saved_settings(run_dir)
+        (run_dir / "error.txt").unlink(missing_ok=True)
+    else:
+        check_new_folder(run_dir)
+        s = plan(s)
+        run_dir.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    run_simulation_engine(s, cpus=cpus)
+    raise_if_failed(run_dir)
+    return report_files(run_dir, time.monotonic() - start)
