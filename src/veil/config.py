@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from veil.data import Dataset
 
 __all__ = [
+    "MAX_EPSILON",
     "PRESETS",
     "PRIVACY_KEYS",
     "TrainConfig",
@@ -44,6 +45,9 @@ __all__ = [
 ]
 
 DataKind = Literal["image", "table"]
+
+MAX_EPSILON = 100.0
+"""The largest target ε accepted: beyond it a guarantee means nothing and σ leaves the accountants' range."""
 
 
 class TrainConfig(BaseModel):
@@ -158,6 +162,16 @@ class TrainConfig(BaseModel):
                 v,
                 "ε bounds the privacy loss and must be a finite number > 0",
                 "pass e.g. --epsilon 3",
+            )
+        if v > MAX_EPSILON:
+            raise InvalidParameterError(
+                "epsilon",
+                v,
+                f"an ε above {MAX_EPSILON:g} promises nothing (a factor e^{MAX_EPSILON:g} ≈ "
+                f"{math.exp(MAX_EPSILON):.1e} between neighbouring outcomes), and the noise it calibrates to "
+                "is below what the accountants resolve",
+                f"pass --epsilon ≤ {MAX_EPSILON:g}, or measure a non-private reference with "
+                "`veil audit --noise-multiplier 0`",
             )
         return float(v)
 
@@ -353,14 +367,14 @@ def _legacy_secure_rng(value: Any, out: dict[str, Any], source: str) -> None:
     """The old ``secure_rng`` key: true is the default now (nothing to do), false asks for research mode."""
     if not isinstance(value, bool):
         raise ConfigError(
-            f"{source} key secure_rng",
+            "secure_rng",
             value,
-            f"expected true or false, got {_type_name(value)}; a mistyped setting is refused rather than guessed",
+            f"expected true or false, got {_type_name(value)}; a mistyped setting is refused, not guessed",
             "write reproducible = true for a seeded research run, or drop the key (secure is the default)",
         )
     if value is True and out.get("reproducible") is True:
         raise ConfigError(
-            f"{source} key secure_rng",
+            "secure_rng",
             value,
             "secure_rng = true forbids the seeded noise that reproducible = true asks for",
             "keep one of them: reproducible = true (research) or neither (secure, the default)",

@@ -157,19 +157,34 @@ def _step_limit(plan: RunPlan, ledger: Ledger) -> tuple[int, str | None]:
     )
 
 
-def _execute(plan: RunPlan, run_dir: Path, ledger: Ledger, t0: float, progress: bool | None) -> Report:
+def _curve(plan: RunPlan, ledger: Ledger | None) -> list[tuple[int, float]]:
+    """ε against the step for the planned run, after the released (or, before the run, planned)
+    preprocessing; computed for a new run before its folder is created."""
+    cfg, steps = plan.cfg, plan.steps
+    if ledger is None:
+        base_events = plan.prepared.pre_events
+    else:
+        base_events = [
+            e for r, e in zip(_event_records(ledger), ledger.events(), strict=True) if r["kind"] == "event"
+        ]
+    return epsilon_curve(steps.step_event, steps.steps_planned, cfg.delta, cfg.accountant, prefix=base_events)
+
+
+def _execute(
+    plan: RunPlan,
+    run_dir: Path,
+    ledger: Ledger,
+    t0: float,
+    progress: bool | None,
+    curve: list[tuple[int, float]] | None = None,
+) -> Report:
     from veil.progress import TrainingProgress, progress_enabled
 
-    cfg, steps = plan.cfg, plan.steps
+    cfg = plan.cfg
     assert cfg.epochs is not None
     s = start(plan, run_dir, ledger)
     limit, stop_reason = _step_limit(plan, ledger)
-    base_events = [
-        e for r, e in zip(_event_records(ledger), ledger.events(), strict=True) if r["kind"] == "event"
-    ]
-    curve = epsilon_curve(
-        steps.step_event, steps.steps_planned, cfg.delta, cfg.accountant, prefix=base_events
-    )
+    curve = curve if curve is not None else _curve(plan, ledger)
     enabled = progress_enabled(progress if progress is not None else cfg.progress)
     with TrainingProgress(enabled, limit, cfg.epochs) as bar:
         train_steps(s, plan, run_dir, ledger, limit, curve, bar)
@@ -198,7 +213,7 @@ def _execute(plan: RunPlan, run_dir: Path, ledger: Ledger, t0: float, progress: 
         baseline_acc=baseline_acc,
         history={"dp": s.history, "baseline": baseline_history},
         checks=train_checks(
-            plan.prepared, steps, eps, engine_eps, s.engine, ledger, s.clip_check, (s.drawn, s.taken)
+            plan.prepared, plan.steps, eps, engine_eps, s.engine, ledger, s.clip_check, (s.drawn, s.taken)
         ),
         stop_reason=stop_reason,
         duration=time.monotonic() - t0,
@@ -265,7 +280,11 @@ def _report(plan: RunPlan, run_dir: Path, ledger: Ledger, model: nn.Module, **re
             kind=data.kind,
             num_classes=data.num_classes,
         ),
-        label_set={"source": "declared", "classes": list(data.classes), "declared_by": data.classes_declared_by},
+        label_set={
+            "source": "declared",
+            "classes": list(data.classes),
+            "declared_by": data.classes_declared_by,
+        },
         model=plan.model_name,
         parameters=sum(p.numel() for p in model.parameters() if p.requires_grad),
         optimizer=cfg.optimizer or "sgd",
@@ -404,12 +423,13 @@ def train(
         return _resume(Path(resume), overrides, progress, t0)
     cfg = config if isinstance(config, TrainConfig) else make_config(config or {})
     plan = _prepare(cfg, None)
+    curve = _curve(plan, None)  # before the folder exists: an accounting failure leaves nothing behind
     run_dir = plan.out
     run_dir.mkdir(parents=True, exist_ok=True)
     with RunLock(run_dir):
         ledger = Ledger.create(run_dir / LEDGER, _header(plan))  # exclusive: never over another run
         try:
             write_config(plan.cfg, run_dir / CONFIG)
-            return _execute(plan, run_dir, ledger, t0, progress)
+            return _execute(plan, run_dir, ledger, t0, progress, curve)
         finally:
             ledger.close()

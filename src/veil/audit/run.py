@@ -43,8 +43,8 @@ from veil.audit.settings import (
 )
 from veil.errors import DataError, InvalidParameterError
 from veil.pipeline.outputs import finite
-from veil.pipeline.run_folder import check_out, default_out, write_files
 from veil.pipeline.randomness import private_source, randomness_of
+from veil.pipeline.run_folder import check_out, default_out, write_files
 from veil.pipeline.seeds import Purpose
 
 if TYPE_CHECKING:

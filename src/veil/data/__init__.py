@@ -200,8 +200,14 @@ def load_dataset(
 
     ``classes``: the public label set (required for the user's own data; a built-in dataset declares
     its own, and a different declaration is refused)."""
-    data = _load(name, data_dir=data_dir, target=target, test_fraction=test_fraction, seed=seed, classes=classes)
-    if classes is not None and data.classes_declared_by.startswith("the dataset's") and classes != data.classes:
+    data = _load(
+        name, data_dir=data_dir, target=target, test_fraction=test_fraction, seed=seed, classes=classes
+    )
+    if (
+        classes is not None
+        and data.classes_declared_by.startswith("the dataset's")
+        and classes != data.classes
+    ):
         raise ConfigError(
             "classes",
             ",".join(classes),

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from veil.accounting.calibrate import dpsgd_event
 from veil.accounting.events import event_from_dict
 from veil.pipeline.seeds import Purpose, derive_seed
-from veil.accounting.calibrate import dpsgd_event
 from veil.report import NON_PRIVATE_FIELDS, Check
 
 if TYPE_CHECKING:
@@ -29,6 +29,7 @@ __all__ = [
     "clipping_check",
     "data_use_check",
     "delta_check",
+    "epsilon_check",
     "sampling_check",
     "sampling_detail",
     "train_checks",
@@ -37,6 +38,21 @@ __all__ = [
 
 _CLIP_CHECK_EXAMPLES = 4
 _CLIP_CHECK_TOLERANCE = 1e-6
+
+
+def epsilon_check(
+    eps: float, engine_eps: float, target: float, delta: float, accountant: str, events: int
+) -> Check:
+    """The ledger's ε is finite, within the target, and not below what the engine itself counted."""
+    return Check(
+        name="epsilon_reported",
+        passed=bool(math.isfinite(eps) and eps <= target and engine_eps <= eps + 1e-9),
+        detail=(
+            f"ε = {eps:.6g} ≤ target {target:g} at δ = {delta:g}, composed by the {accountant} "
+            f"accountant from all {events} events in the ledger (the engine's own accountant, "
+            f"which saw only this process's steps, reports {engine_eps:.6g})"
+        ),
+    )
 
 
 def delta_check(delta: float, n: int) -> Check:
@@ -209,7 +225,9 @@ def data_use_check(prepared: Prepared, ledger: Ledger, report: dict[str, Any]) -
         "early stopping on private data)",
     ]
     return Check(
-        name="no_unaccounted_data_use", passed=bool(data_ok and labels_ok and not stray), detail="; ".join(parts)
+        name="no_unaccounted_data_use",
+        passed=bool(data_ok and labels_ok and not stray),
+        detail="; ".join(parts),
     )
 
 
@@ -231,17 +249,7 @@ def train_checks(
     n = prepared.data.n_train
     assert cfg.batch_size is not None
     return [
-        Check(
-            name="epsilon_reported",
-            passed=bool(math.isfinite(eps) and eps <= cfg.epsilon and engine_eps <= eps + 1e-9),
-            detail=(
-                f"ε = {eps:.6g} ≤ target {cfg.epsilon:g} at δ = "
-                f"{cfg.delta:g}, composed by the {cfg.accountant} "
-                f"accountant from all {len(ledger.events())} events "
-                "in the ledger (the engine's own accountant, "
-                f"which saw only this process's steps, reports {engine_eps:.6g})"
-            ),
-        ),
+        epsilon_check(eps, engine_eps, cfg.epsilon, cfg.delta, cfg.accountant, len(ledger.events())),
         delta_check(cfg.delta, n),
         sampling_check(steps, n, cfg.batch_size, engine, ledger, sampled),
         clip_check,

@@ -108,9 +108,7 @@ def make_engine(cfg: TrainConfig, seed: int) -> PrivacyEngine:
 
     if not cfg.reproducible:
         return PrivacyEngine(accountant=cfg.accountant)
-    return PrivacyEngine(
-        accountant=cfg.accountant, seed=derive_seed(seed, Purpose.ENGINE), reproducible=True
-    )
+    return PrivacyEngine(accountant=cfg.accountant, seed=derive_seed(seed, Purpose.ENGINE), reproducible=True)
 
 
 def evaluate(
