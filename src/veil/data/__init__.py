@@ -151,32 +151,35 @@ def check_labels(y: np.ndarray, classes: list[str], where: str) -> None:
         )
 
 
-def held_out(x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int) -> np.ndarray:
+def held_out(
+    x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int, classes: list[str] | None = None
+) -> np.ndarray:
     """Which rows are held out: row ``i`` is when a keyed hash of its own content (features and
-    label, key from ``seed``) falls below ``test_fraction``.
+    label name, ``classes[y[i]]``, or the index without names; key from ``seed``) falls below
+    ``test_fraction``.
 
     Guarantee. A row's side depends on that row alone, never on its position or on the other rows:
     adding or removing one row leaves every other row on its side, so neighbouring datasets keep
     neighbouring training splits (add/remove-one). Equal rows land on the same side."""
     key = hashlib.blake2b(f"veil.split/{int(seed)}".encode(), digest_size=32).digest()
     rows = np.ascontiguousarray(np.asarray(x, dtype=np.float64).reshape(len(x), -1) + 0.0)
-    labels = np.asarray(y, dtype=np.int64)
+    labels = [str(classes[int(v)]) if classes is not None else str(int(v)) for v in np.asarray(y)]
     out = np.empty(len(rows), dtype=bool)
     for i in range(len(rows)):
         h = hashlib.blake2b(rows[i].tobytes(), digest_size=8, key=key)
-        h.update(b"|" + int(labels[i]).to_bytes(8, "little", signed=True))
+        h.update(b"|" + labels[i].encode())
         out[i] = int.from_bytes(h.digest(), "little") < test_fraction * 2.0**64
     return out
 
 
 def split(
-    x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int
+    x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int, classes: list[str] | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """A train/test split by :func:`held_out` (each row by a keyed hash of its content; key from ``seed``).
 
     About ``test_fraction`` of the rows are held out (the count varies like a binomial). The test
     metrics computed on them are a non-private release about those rows."""
-    test = held_out(x, y, test_fraction, seed)
+    test = held_out(x, y, test_fraction, seed, classes)
     if test.all() or not test.any():
         raise DataError(
             "dataset",

@@ -116,7 +116,7 @@ def _from_columns(
     x = _feature_matrix(columns, features, first_row)
     y, classes = encode_labels(columns[target], f"target '{target}'", declared)
     check_labels(y, classes, f"target '{target}'")
-    x_tr, y_tr, x_te, y_te = split(x.astype(np.float32), y, test_fraction, seed)
+    x_tr, y_tr, x_te, y_te = split(x.astype(np.float32), y, test_fraction, seed, classes)
     return Dataset(
         name=name,
         kind="table",
@@ -239,7 +239,7 @@ def _load_npz(
     pixel_max = 255.0 if image and x.dtype == np.uint8 else None
     if x.ndim == 3:
         x = x[:, None]
-    x_tr, y_tr, x_te, y_te = split(x.astype(np.float32), y, test_fraction, seed)
+    x_tr, y_tr, x_te, y_te = split(x.astype(np.float32), y, test_fraction, seed, classes)
     return Dataset(
         name=f"npz:{p}",
         kind="image" if image else "table",

@@ -146,15 +146,15 @@ def sampling_check(
 ) -> Check:
     """The steps were sampled and accounted as claimed, from evidence independent of the plan.
 
-    * every ``step`` in the ledger carries the event recomputed here from the configuration
-      (q = B/N and σ) by :func:`~veil.accounting.calibrate.dpsgd_event`;
+    * the plan's q and every ``step`` in the ledger carry the event recomputed here from the
+      configuration (q = B/N and σ) by :func:`~veil.accounting.calibrate.dpsgd_event`;
     * the engine's loader samples by Poisson at that q and noises at that σ;
     * the batches this process drew (``sampled`` = (examples drawn, logical steps)) total within
       6 standard deviations of Binomial(N·steps, q): a loader that drew at another rate fails.
     """
     q = min(1.0, batch_size / n)
     expected = dpsgd_event(q, steps.sigma).to_dict()
-    events_ok = all(r["event"] == expected for r in ledger.of_kind("step"))
+    events_ok = steps.q == q and all(r["event"] == expected for r in ledger.of_kind("step"))
     engine_ok = (
         engine.sampling == "poisson" and engine.sampling_rate == q and engine.noise_multiplier == steps.sigma
     )
