@@ -229,3 +229,29 @@ def test_data_use_check_fails_on_unlabelled_or_unaccounted_use() -> None:
     dp = _prepared(public=False)
     dp.prep.event = dpsgd_event(1.0, 2.0)
     assert not data_use_check(dp, _Ledger([]), GOOD_REPORT).passed
+
+
+# -- hints never advise spending the budget again ------------------------------------------------------------
+def test_resume_refusals_point_to_resume_or_the_budget_registry(tmp_path: Path) -> None:
+    from veil.accounting.ledger import Ledger
+    from veil.config import make_config
+    from veil.errors import CheckpointError
+    from veil.pipeline.checkpoints import check_overrides, load_checkpoint
+    from veil.pipeline.run_folder import check_out
+
+    saved = make_config({"epsilon": 3.0})
+    with pytest.raises(CheckpointError) as changed:
+        check_overrides(saved, {"epsilon": 5.0})
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "ledger.jsonl").write_text("")
+    with pytest.raises(ConfigError) as taken:
+        check_out(tmp_path / "run")
+    ledger = Ledger.create(tmp_path / "l.jsonl", {"target_epsilon": 3.0})
+    ledger.append("checkpoint", charged=1, applied=1, file="checkpoints/step-0000001.pt", sha256="0" * 64)
+    with pytest.raises(CheckpointError) as lost:
+        load_checkpoint(tmp_path, ledger)
+    ledger.close()
+    for err in (changed, taken, lost):
+        message = str(err.value)
+        assert "another --out" not in message and "new run with" not in message, message
+        assert "--resume" in message or "veil budget" in message, message

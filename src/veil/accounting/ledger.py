@@ -48,8 +48,8 @@ __all__ = [
 GENESIS = "0" * 64
 FORMAT = "veil.ledger/1"
 _FIX_CORRUPT = (
-    "restore the run folder from a backup, or start a new run with another --out; a damaged ledger "
-    "cannot prove how much budget was spent"
+    "restore the run folder from a backup, then --resume; a damaged ledger cannot prove how much "
+    "budget was spent, so count the run's whole target ε as spent on its data (`veil budget`)"
 )
 
 
@@ -137,7 +137,7 @@ class RunLock:
                 "run folder",
                 str(self.path.parent),
                 "another veil process is writing this run folder; two writers could each spend its budget",
-                "wait for the other run to finish, or use another --out",
+                "wait for the other run to finish",
             ) from None
         self._fh = fh
         return self

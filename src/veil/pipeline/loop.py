@@ -98,7 +98,8 @@ def ensure_preprocessing(plan: RunPlan, run_dir: Path, ledger: Ledger) -> None:
             "preprocessing",
             plan.prep.method,
             "releasing the preprocessing statistic again would pass the target ε",
-            "start a new run with another --out",
+            "the release already charged stays spent: restore preprocessing.json and --resume, and count "
+            "this run's ε against the data's budget (`veil budget`) before any new run on it",
         )
     released_before = len(list(ledger.of_kind("event")))
     ledger.append("event", label="preprocessing", method=plan.prep.method, event=plan.prep.event.to_dict())
