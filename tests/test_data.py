@@ -162,7 +162,9 @@ def test_npz_reader(tmp_path: Path) -> None:
 
 def test_split_never_leaves_a_side_empty() -> None:
     with pytest.raises(DataError, match="no example"):
-        split(np.zeros((2, 1)), np.array([0, 1]), 0.1, 0)
+        split(np.zeros((1, 1)), np.array([0]), 0.1, 0)  # one row: one side is always empty
+    with pytest.raises(DataError, match="no example"):
+        split(np.zeros((5, 1)), np.zeros(5, dtype=np.int64), 0.1, 0)  # equal rows share one side
 
 
 # -- preprocessing ---------------------------------------------------------------------------------

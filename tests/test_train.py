@@ -197,11 +197,8 @@ def test_npz_with_fewer_training_rows_than_the_preset_batch_trains_at_q_1(
     data = tmp_path / "small.npz"
     np.savez(data, x=rng.integers(0, 256, (60, 8, 8), dtype=np.uint8), y=np.arange(60) % 3)
     out = tmp_path / "run"
-    code, _, err = run_cli(
-        ["train", "--dataset", f"npz:{data}", "--classes", "0,1,2", "--epochs", "3", "--out", str(out)]
-        + ["--json", "--no-baseline"],
-        capsys,
-    )
+    args = ["train", "--dataset", f"npz:{data}", "--classes", "0,1,2", "--epochs", "3", "--out", str(out)]
+    code, _, err = run_cli([*args, "--json", "--no-baseline"], capsys)
     assert code == 0, err
     report = json.loads((out / "report.json").read_text())
     n = report["dataset"]["n_train"]
