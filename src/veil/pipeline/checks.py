@@ -1,7 +1,7 @@
 """The checks a report lists, each recomputed from what the run did (ledger, engine, model).
 
-A failed check does not stop a finished run; it is printed as FAIL in the report's checklist so
-that the reader (and ``veil train``'s exit code) sees it.
+A failed check does not stop a finished run; it is printed as FAIL in the report's checklist and
+named in ``veil train``'s summary, and it makes the report's ``release_ready`` false.
 """
 
 from __future__ import annotations
