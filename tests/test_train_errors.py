@@ -71,6 +71,7 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
         "fewer examples",
     ),
     ("epsilon huge", lambda t: ["--epsilon", "1e9"], "epsilon=1000000000.0"),
+    ("epsilon tiny", lambda t: ["--epsilon", "1e-9"], "epsilon=1e-09"),
     ("epsilon zero", lambda t: ["--epsilon", "0"], "epsilon=0.0"),
     ("epsilon negative", lambda t: ["--epsilon", "-1"], "epsilon=-1.0"),
     ("delta >= 1/N", lambda t: ["--delta", "0.001"], "1/N"),

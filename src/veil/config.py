@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_EPSILON",
+    "MIN_EPSILON",
     "PRESETS",
     "PRIVACY_KEYS",
     "TrainConfig",
@@ -48,6 +49,9 @@ DataKind = Literal["image", "table"]
 
 MAX_EPSILON = 100.0
 """The largest target ε accepted: beyond it a guarantee means nothing and σ leaves the accountants' range."""
+MIN_EPSILON = 1e-4
+"""The smallest target ε accepted: below it σ passes 10⁴ (digits: 1.3·10⁴ at 1e-4), the noise drowns
+every update, and the calibration's search leaves the range where ε is resolved (1e-6 fails there)."""
 
 
 class TrainConfig(BaseModel):
@@ -162,6 +166,14 @@ class TrainConfig(BaseModel):
                 v,
                 "ε bounds the privacy loss and must be a finite number > 0",
                 "pass e.g. --epsilon 3",
+            )
+        if v < MIN_EPSILON:
+            raise InvalidParameterError(
+                "epsilon",
+                v,
+                f"an ε below {MIN_EPSILON:g} calibrates the noise above 10⁴ times the clip norm per step, "
+                "which drowns every update, and leaves the range where the accountants resolve ε",
+                f"pass --epsilon ≥ {MIN_EPSILON:g}",
             )
         if v > MAX_EPSILON:
             raise InvalidParameterError(
