@@ -139,6 +139,7 @@ def test_loss_attack_on_an_overfit_non_private_model(tmp_path) -> None:  # type:
     np.savez(tmp_path / "noisy.npz", x=x, y=y)
     config = {
         "dataset": f"npz:{tmp_path / 'noisy.npz'}",
+        "classes": ["0", "1"],
         "model": "mlp",
         "epochs": 100,
         "batch_size": 30,

@@ -23,7 +23,8 @@ from veil.errors import ConfigError, InvalidParameterError
 def test_defaults_are_the_documented_ones() -> None:
     c = TrainConfig()
     assert (c.dataset, c.model, c.epsilon, c.delta, c.accountant) == ("digits", "auto", 3.0, 1e-5, "pld")
-    assert c.secure_rng is False and c.baseline is True and c.noise_multiplier is None
+    assert c.reproducible is False and c.secure_rng is True  # secure randomness by default
+    assert c.baseline is True and c.noise_multiplier is None and c.classes is None
     assert c.epochs is None and c.batch_size is None  # tuned presets fill them per data kind
 
 
@@ -54,6 +55,8 @@ def test_unknown_key_is_refused_by_name_with_a_suggestion(tmp_path: Path) -> Non
         ("epochs", "ten", "an integer"),
         ("epsilon", "3", "a number"),
         ("secure_rng", 1, "true or false"),
+        ("reproducible", 1, "true or false"),
+        ("classes", 3, "a list"),
         ("epochs", 2.5, "an integer"),
     ],
 )

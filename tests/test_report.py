@@ -8,8 +8,8 @@ import json
 import markupsafe
 import numpy as np
 
-from veil.report import Check, DatasetInfo, Report
-from veil.report.html import guarantee_text, render_html
+from veil.report import Check, DatasetInfo, NonPrivate, Report
+from veil.report.html import exp_factor, guarantee_text, render_html
 from veil.report.plots import curves_png, epsilon_png
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -36,18 +36,23 @@ def _report(**changes: object) -> Report:
         "parameters": 650,
         "optimizer": "sgd",
         "lr": 1.5,
-        "test_accuracy": 0.94,
-        "baseline_test_accuracy": 0.97,
-        "utility_drop": 0.03,
+        "label_set": {"source": "declared", "classes": [str(i) for i in range(10)], "declared_by": "docs"},
+        "randomness": "seeded",
+        "release_ready": False,
+        "covers": "the released weights",
         "seed": 0,
-        "secure_rng": False,
         "veil_version": "0.1.0",
         "duration_s": 12.5,
         "checks": [
             Check(name="epsilon_reported", passed=True, detail="ε = 2.97 ≤ 3"),
             Check(name="per_sample_clipping", passed=False, detail="relative error <1e-3> & more"),
         ],
-        "history": {"dp": [{"epoch": 1.0, "test_loss": 1.0, "test_accuracy": 0.8}], "baseline": []},
+        "non_private": NonPrivate(
+            test_accuracy=0.94,
+            baseline_test_accuracy=0.97,
+            utility_drop=0.03,
+            history={"dp": [{"epoch": 1.0, "test_loss": 1.0, "test_accuracy": 0.8}], "baseline": []},
+        ),
         "files": {"report.json": "this report"},
         "out_dir": "runs/x",
     }
@@ -59,10 +64,14 @@ def test_json_has_the_stable_fields_and_round_trips() -> None:
     report = _report()
     data = json.loads(report.to_json())
     for key in ("epsilon_spent", "target_epsilon", "delta", "accountant", "noise_multiplier", "max_grad_norm",
-                "sampling", "sampling_rate", "steps", "epochs", "dataset", "model", "test_accuracy",
-                "baseline_test_accuracy", "utility_drop", "seed", "secure_rng", "veil_version", "duration_s",
-                "checks"):  # fmt: skip
+                "sampling", "sampling_rate", "steps", "epochs", "dataset", "model", "label_set", "randomness",
+                "release_ready", "covers", "seed", "veil_version", "duration_s", "checks",
+                "non_private"):  # fmt: skip
         assert key in data, key
+    # Every non-private figure sits in the one non_private section, nowhere else.
+    assert set(data["non_private"]) >= {"test_accuracy", "baseline_test_accuracy", "utility_drop", "history"}
+    assert not {"test_accuracy", "baseline_test_accuracy", "utility_drop", "history", "audit"} & set(data)
+    assert report.test_accuracy == 0.94 and report.baseline_test_accuracy == 0.97  # the Python names stay
     assert data["sampling"] == "poisson" and data["checks"][0] == {
         "name": "epsilon_reported",
         "passed": True,
@@ -100,9 +109,21 @@ def test_html_is_self_contained_and_states_the_guarantee() -> None:
     assert "(2.97, 1e-05)-differentially private" in guarantee_text(report)
     assert "PASS" in page and "FAIL" in page and "per_sample_clipping" in page
     assert "&lt;1e-3&gt; &amp; more" in page  # details are escaped
-    assert "--secure-rng" in page  # seeded runs carry the research-mode caveat
-    secure = render_html(_report(secure_rng=True), {})
-    assert "--secure-rng" not in secure and "OS CSPRNG" in secure
+    # Seeded runs carry the research-mode caveat in the guarantee itself.
+    assert "not private against anyone who knows the seed" in guarantee_text(report)
+    assert "--reproducible" in page and "NO" in page
+    secure = render_html(_report(randomness="secure", release_ready=True), {})
+    assert "--reproducible" not in secure and "OS CSPRNG" in secure
+    assert "knows the seed" not in guarantee_text(_report(randomness="secure"))
+    # The non-private figures are a visibly separate, internal section.
+    assert '<section class="internal">' in page and "Internal: non-private" in page
+    internal = page[page.index('<section class="internal">') :]
+    assert "0.9400" in internal and "0.9400" not in page[: page.index('<section class="internal">')]
+
+
+def test_guarantee_text_survives_a_huge_epsilon() -> None:
+    assert exp_factor(1e9).startswith("10^") and exp_factor(3.0) == "20.1"
+    assert "e^1e+09" in guarantee_text(_report(epsilon_spent=1e9))
 
 
 SKELETON = [

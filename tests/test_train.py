@@ -18,14 +18,15 @@ from veil.config import load_config_file, make_config
 
 REPORT_FIELDS = {
     "epsilon_spent", "target_epsilon", "delta", "accountant", "noise_multiplier", "max_grad_norm", "sampling",
-    "sampling_rate", "steps", "epochs", "dataset", "model", "test_accuracy", "baseline_test_accuracy",
-    "utility_drop", "seed", "secure_rng", "veil_version", "duration_s", "checks",
+    "sampling_rate", "steps", "epochs", "dataset", "model", "label_set", "randomness", "release_ready",
+    "covers", "seed", "veil_version", "duration_s", "checks", "non_private",
 }  # fmt: skip
 CHECKS = {
     "epsilon_reported",
     "delta_below_1_over_n",
     "poisson_sampling_matches_accountant",
     "per_sample_clipping",
+    "secure_randomness",
     "no_unaccounted_data_use",
 }
 
@@ -56,12 +57,18 @@ def test_digits_flow_report_and_files(digits_run: tuple[Path, dict[str, Any]]) -
     assert 0 < report["epsilon_spent"] <= report["target_epsilon"] == 3.0
     assert (
         set(report["dataset"]) >= {"name", "n_train", "n_test", "sha256"}
-        and report["dataset"]["n_train"] == 1438
+        and report["dataset"]["n_train"] + report["dataset"]["n_test"] == 1797
     )
-    assert report["steps"] == report["steps_planned"] == 2 * math.ceil(1438 / report["batch_size"])
-    assert math.isclose(report["sampling_rate"], report["batch_size"] / 1438)
-    assert 0 <= report["test_accuracy"] <= 1 and 0 <= report["baseline_test_accuracy"] <= 1
-    assert math.isclose(report["utility_drop"], report["baseline_test_accuracy"] - report["test_accuracy"])
+    n = report["dataset"]["n_train"]
+    assert report["steps"] == report["steps_planned"] == 2 * math.ceil(n / report["batch_size"])
+    assert math.isclose(report["sampling_rate"], report["batch_size"] / n)
+    assert report["randomness"] == "secure" and report["release_ready"] is True
+    assert report["label_set"]["source"] == "declared" and len(report["label_set"]["classes"]) == 10
+    internal = report["non_private"]
+    assert 0 <= internal["test_accuracy"] <= 1 and 0 <= internal["baseline_test_accuracy"] <= 1
+    assert math.isclose(
+        internal["utility_drop"], internal["baseline_test_accuracy"] - internal["test_accuracy"]
+    )
     assert {c["name"] for c in report["checks"]} == CHECKS and all(c["passed"] for c in report["checks"])
     for name in (
         "report.json",
@@ -96,7 +103,8 @@ def test_digits_model_weights_reload_and_reproduce_accuracy(digits_run: tuple[Pa
     model.eval()
     with torch.no_grad():
         pred = model(torch.from_numpy(data.x_test)).argmax(1).numpy()
-    assert math.isclose(float((pred == data.y_test).mean()), report["test_accuracy"], abs_tol=1e-9)
+    accuracy = report["non_private"]["test_accuracy"]
+    assert math.isclose(float((pred == data.y_test).mean()), accuracy, abs_tol=1e-9)
 
 
 def test_breast_cancer_flow_charges_dp_preprocessing(tmp_path: Path) -> None:
@@ -156,8 +164,8 @@ def test_resume_of_a_finished_run_adds_no_step(digits_run: tuple[Path, dict[str,
     assert code == 0
     again = json.loads(stdout)
     assert again["steps"] == report["steps"] and again["epsilon_spent"] == report["epsilon_spent"]
-    assert again["resumes"] == 1 and again["baseline_test_accuracy"] is None
-    assert np.isclose(again["test_accuracy"], report["test_accuracy"])
+    assert again["resumes"] == 1 and again["non_private"]["baseline_test_accuracy"] is None
+    assert np.isclose(again["non_private"]["test_accuracy"], report["non_private"]["test_accuracy"])
 
 
 def test_train_with_one_run_audit(tmp_path: Path) -> None:
@@ -169,7 +177,7 @@ def test_train_with_one_run_audit(tmp_path: Path) -> None:
     code = main([*args, "--json"])
     assert code == 0
     report = json.loads((out / "report.json").read_text())
-    audit = report["audit"]
+    audit = report["non_private"]["audit"]
     assert audit["confidence"] == 0.95
     assert audit["epsilon_theoretical"] == report["epsilon_spent"]
     # A sound lower bound stays below the promise (false alarm ≤ 5% by construction; seeded run).
@@ -189,10 +197,8 @@ def test_npz_with_fewer_training_rows_than_the_preset_batch_trains_at_q_1(
     data = tmp_path / "small.npz"
     np.savez(data, x=rng.integers(0, 256, (60, 8, 8), dtype=np.uint8), y=np.arange(60) % 3)
     out = tmp_path / "run"
-    code, _, err = run_cli(
-        ["train", "--dataset", f"npz:{data}", "--epochs", "3", "--out", str(out), "--json", "--no-baseline"],
-        capsys,
-    )
+    args = ["train", "--dataset", f"npz:{data}", "--classes", "0,1,2", "--epochs", "3", "--out", str(out)]
+    code, _, err = run_cli([*args, "--json", "--no-baseline"], capsys)
     assert code == 0, err
     report = json.loads((out / "report.json").read_text())
     n = report["dataset"]["n_train"]

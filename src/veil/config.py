@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from veil.data import Dataset
 
 __all__ = [
+    "MAX_EPSILON",
+    "MIN_EPSILON",
     "PRESETS",
     "PRIVACY_KEYS",
     "TrainConfig",
@@ -44,6 +46,12 @@ __all__ = [
 ]
 
 DataKind = Literal["image", "table"]
+
+MAX_EPSILON = 100.0
+"""The largest target ε accepted: beyond it a guarantee means nothing and σ leaves the accountants' range."""
+MIN_EPSILON = 1e-4
+"""The smallest target ε accepted: below it σ passes 10⁴ (digits: 1.3·10⁴ at 1e-4), the noise drowns
+every update, and the calibration's search leaves the range where ε is resolved (1e-6 fails there)."""
 
 
 class TrainConfig(BaseModel):
@@ -112,10 +120,16 @@ class TrainConfig(BaseModel):
     epochs: int | None = None
     """Planned epochs; ⌈N/B⌉ noisy steps each (preset when unset)."""
     accountant: Literal["pld", "rdp"] = "pld"
-    secure_rng: bool = False
-    """Noise and sampling from the OS CSPRNG (not reproducible; required for a released model)."""
+    reproducible: bool = False
+    """Research mode: noise and Poisson sampling from generators seeded by ``seed`` (replayable, so
+    **not** private against anyone who knows the seed; the report is then not release-ready). By
+    default (false) they come from the OS CSPRNG and a resume draws fresh noise."""
     seed: int = 0
-    """Seeds the split, the initialisation and, without secure_rng, the sampling and noise."""
+    """Seeds the data-independent choices only: the split key, the initialisation, random features
+    (and, with ``reproducible``, the noise and sampling)."""
+    classes: list[str] | None = None
+    """The public label set, in class-index order (``--classes a,b,c``). Built-in datasets declare
+    theirs; the user's own data must declare it: veil never reads the label set off private rows."""
 
     # -- optimisation (no privacy impact) ----------------------------------------------------
     lr: float | None = None
@@ -149,6 +163,27 @@ class TrainConfig(BaseModel):
     progress: bool | None = None
     """Show a progress bar (default: only when stdout is a terminal)."""
 
+    @property
+    def secure_rng(self) -> bool:
+        """Noise and sampling from the OS CSPRNG: ``not reproducible`` (the name older code reads)."""
+        return not self.reproducible
+
+    @field_validator("classes")
+    @classmethod
+    def _classes(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        names = [str(c).strip() for c in v]
+        if len(names) < 2 or len(set(names)) != len(names) or "" in names:
+            raise ConfigError(
+                "classes",
+                v,
+                "the declared label set fixes the model's outputs and must list at least two distinct, "
+                "non-empty class names",
+                "pass e.g. --classes no,yes",
+            )
+        return names
+
     @field_validator("epsilon")
     @classmethod
     def _epsilon(cls, v: float) -> float:
@@ -158,6 +193,24 @@ class TrainConfig(BaseModel):
                 v,
                 "ε bounds the privacy loss and must be a finite number > 0",
                 "pass e.g. --epsilon 3",
+            )
+        if v < MIN_EPSILON:
+            raise InvalidParameterError(
+                "epsilon",
+                v,
+                f"an ε below {MIN_EPSILON:g} calibrates the noise above 10⁴ times the clip norm per step, "
+                "which drowns every update, and leaves the range where the accountants resolve ε",
+                f"pass --epsilon ≥ {MIN_EPSILON:g}",
+            )
+        if v > MAX_EPSILON:
+            raise InvalidParameterError(
+                "epsilon",
+                v,
+                f"an ε above {MAX_EPSILON:g} promises nothing (a factor e^{MAX_EPSILON:g} ≈ "
+                f"{math.exp(MAX_EPSILON):.1e} between neighbouring outcomes), and the noise it calibrates to "
+                "is below what the accountants resolve",
+                f"pass --epsilon ≤ {MAX_EPSILON:g}, or measure a non-private reference with "
+                "`veil audit --noise-multiplier 0`",
             )
         return float(v)
 
@@ -272,8 +325,9 @@ PRIVACY_KEYS = frozenset(
         "batch_size",
         "epochs",
         "accountant",
-        "secure_rng",
+        "reproducible",
         "seed",
+        "classes",
     }
 )
 
@@ -386,11 +440,35 @@ def snake_keys(values: Mapping[str, Any]) -> dict[str, Any]:
     return {str(k).replace("-", "_"): v for k, v in values.items()}
 
 
+def _legacy_secure_rng(value: Any, out: dict[str, Any], source: str) -> None:
+    """The old ``secure_rng`` key: true is the default now (nothing to do), false asks for research mode."""
+    if not isinstance(value, bool):
+        raise ConfigError(
+            "secure_rng",
+            value,
+            f"expected true or false, got {_type_name(value)}; a mistyped setting is refused, not guessed",
+            "write reproducible = true for a seeded research run, or drop the key (secure is the default)",
+        )
+    if value is True and out.get("reproducible") is True:
+        raise ConfigError(
+            "secure_rng",
+            value,
+            "secure_rng = true forbids the seeded noise that reproducible = true asks for",
+            "keep one of them: reproducible = true (research) or neither (secure, the default)",
+        )
+    out["reproducible"] = not value
+
+
 def _normalise_keys(values: Mapping[str, Any], source: str) -> dict[str, Any]:
     known = list(TrainConfig.model_fields)
     out: dict[str, Any] = {}
     for raw_key, value in values.items():
         key = str(raw_key).replace("-", "_")
+        if key == "secure_rng":
+            _legacy_secure_rng(value, out, source)
+            continue
+        if key == "classes" and isinstance(value, str):  # --classes a,b,c
+            value = [c.strip() for c in value.split(",")]
         if key not in TrainConfig.model_fields:
             close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
             hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(sorted(known))}"

@@ -1,8 +1,9 @@
 """A live progress bar for training: epoch, step, loss, ε spent so far, time left.
 
 Quiet (a no-op) when disabled: with ``--json``, or when stdout is not a terminal. The loss shown is
-the running loss of the sampled training batches: it is displayed to the operator who holds the data
-and never stored or released (the report's curves use the test split).
+the running loss of the sampled training batches, labelled non-private: a statistic of the private
+batches shown to the operator who holds the data, never stored or released (the report's curves use
+the held-out split and sit in its ``non_private`` section).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class TrainingProgress:
             TextColumn("epoch {task.fields[epoch]}/{task.fields[epochs]}"),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}"),
+            TextColumn("non-private train loss {task.fields[loss]}"),
             TextColumn("ε {task.fields[eps]}"),
             TimeRemainingColumn(),
             transient=False,

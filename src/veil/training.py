@@ -14,8 +14,14 @@ that would not fit. A resumed run charges every step ever recorded, including st
 crash lost. Everything is validated (config, data, model, calibration, output folder) before the run
 folder is created, so bad input leaves nothing behind and existing outputs untouched.
 
-Not covered by the guarantee (documented in the report): the test accuracy and the non-private
-baseline, which are computed without privacy for the report's reader, and N (treated as public).
+Randomness. Noise and Poisson sampling come from the OS CSPRNG unless research mode is asked for
+(``reproducible``; :mod:`veil.pipeline.randomness`); the report says which (``randomness``) and
+whether the model may be released (``release_ready``: secure randomness and every check passed).
+
+Not covered by the guarantee (the report's one ``non_private`` section): the test metrics (a
+non-private release about the held-out rows), the non-private baseline (trained on the private
+split; skip it with ``--no-baseline``), the one-run audit, and the dataset's sha256 fingerprint. N
+is treated as public; the label set is public by declaration.
 """
 
 from __future__ import annotations
@@ -36,15 +42,16 @@ from veil.distributed.runtime import rank_and_world, refuse_private_preprocessin
 from veil.errors import BudgetExhaustedError, CheckpointError, ConfigError, DataError, InvalidParameterError
 from veil.pipeline import checkpoints as ckpt
 from veil.pipeline.budget import allowed_steps, plan_steps
-from veil.pipeline.checks import train_checks
+from veil.pipeline.checks import data_use_check, train_checks
 from veil.pipeline.data import prepare
 from veil.pipeline.loop import RunPlan, evaluate_released, start, train_steps, trainable_view
 from veil.pipeline.model import assemble, build_net, evaluate
 from veil.pipeline.outputs import model_bytes
+from veil.pipeline.randomness import RESEARCH_CAVEAT, randomness_of, release_ready
 from veil.pipeline.run_folder import CHECKPOINTS, CONFIG, LEDGER, check_out, default_out, write_files
 from veil.pipeline.seeds import Purpose, derive_seed
 from veil.registry.charge import DatasetCharge
-from veil.report import DatasetInfo, Report
+from veil.report import DatasetInfo, NonPrivate, Report
 
 if TYPE_CHECKING:
     from torch import nn
@@ -172,19 +179,34 @@ def _step_limit(plan: RunPlan, ledger: Ledger) -> tuple[int, str | None]:
     )
 
 
-def _execute(plan: RunPlan, run_dir: Path, ledger: Ledger, t0: float, progress: bool | None) -> Report:
+def _curve(plan: RunPlan, ledger: Ledger | None) -> list[tuple[int, float]]:
+    """ε against the step for the planned run, after the released (or, before the run, planned)
+    preprocessing; computed for a new run before its folder is created."""
+    cfg, steps = plan.cfg, plan.steps
+    if ledger is None:
+        base_events = plan.prepared.pre_events
+    else:
+        base_events = [
+            e for r, e in zip(_event_records(ledger), ledger.events(), strict=True) if r["kind"] == "event"
+        ]
+    return epsilon_curve(steps.step_event, steps.steps_planned, cfg.delta, cfg.accountant, prefix=base_events)
+
+
+def _execute(
+    plan: RunPlan,
+    run_dir: Path,
+    ledger: Ledger,
+    t0: float,
+    progress: bool | None,
+    curve: list[tuple[int, float]] | None = None,
+) -> Report:
     from veil.progress import TrainingProgress, progress_enabled
 
-    cfg, steps = plan.cfg, plan.steps
+    cfg = plan.cfg
     assert cfg.epochs is not None
     s = start(plan, run_dir, ledger)
     limit, stop_reason = _step_limit(plan, ledger)
-    base_events = [
-        e for r, e in zip(_event_records(ledger), ledger.events(), strict=True) if r["kind"] == "event"
-    ]
-    curve = epsilon_curve(
-        steps.step_event, steps.steps_planned, cfg.delta, cfg.accountant, prefix=base_events
-    )
+    curve = curve if curve is not None else _curve(plan, ledger)
     enabled = progress_enabled(progress if progress is not None else cfg.progress)
     with TrainingProgress(enabled, limit, cfg.epochs) as bar:
         train_steps(s, plan, run_dir, ledger, limit, curve, bar)
@@ -212,7 +234,9 @@ def _execute(plan: RunPlan, run_dir: Path, ledger: Ledger, t0: float, progress: 
         test_acc=test_acc,
         baseline_acc=baseline_acc,
         history={"dp": s.history, "baseline": baseline_history},
-        checks=train_checks(plan.prepared, steps, eps, engine_eps, s.engine, ledger, s.clip_check),
+        checks=train_checks(
+            plan.prepared, plan.steps, eps, engine_eps, s.engine, ledger, s.clip_check, (s.drawn, s.taken)
+        ),
         stop_reason=stop_reason,
         duration=time.monotonic() - t0,
         audit=audit,
@@ -229,7 +253,7 @@ _FILES = {
     "report.json": "this report, machine-readable",
     "report.html": "this report as a page",
     "epsilon.png": "ε spent against the step",
-    "curves.png": "test loss and accuracy per epoch, DP and baseline",
+    "curves.png": "INTERNAL, non-private: test loss and accuracy per epoch, DP and baseline",
     "model.pt": "the DP model's state_dict (torch.load(path, "
     "weights_only=True)); preprocessing included as buffers",
     "config.toml": "the resolved configuration",
@@ -253,7 +277,8 @@ def _report(plan: RunPlan, run_dir: Path, ledger: Ledger, model: nn.Module, **re
             "the table encoder (schema and feature layout): veil predict encodes new rows with it"
         )
     baseline_acc, test_acc = result["baseline_acc"], result["test_acc"]
-    return Report(
+    randomness = randomness_of(cfg.reproducible)
+    report = Report(
         epsilon_spent=result["eps"],
         target_epsilon=cfg.epsilon,
         delta=cfg.delta,
@@ -281,25 +306,58 @@ def _report(plan: RunPlan, run_dir: Path, ledger: Ledger, model: nn.Module, **re
             kind=data.kind,
             num_classes=data.num_classes,
         ),
+        label_set={
+            "source": "declared",
+            "classes": list(data.classes),
+            "declared_by": data.classes_declared_by,
+        },
         model=plan.model_name,
         parameters=sum(p.numel() for p in model.parameters() if p.requires_grad),
         optimizer=cfg.optimizer or "sgd",
         lr=cfg.lr,
-        test_accuracy=test_acc,
-        baseline_test_accuracy=baseline_acc,
-        utility_drop=None if baseline_acc is None else baseline_acc - test_acc,
+        randomness=randomness,
+        release_ready=False,
+        covers=_covers(plan, ledger),
         seed=cfg.seed,
-        secure_rng=cfg.secure_rng,
         veil_version=veil.__version__,
         duration_s=result["duration"],
         resumes=sum(1 for _ in ledger.of_kind("resume")),
         world_size=rank_and_world()[1],
         checks=result["checks"],
-        audit=result["audit"],
-        history=result["history"],
+        non_private=NonPrivate(
+            test_accuracy=test_acc,
+            baseline_test_accuracy=baseline_acc,
+            utility_drop=None if baseline_acc is None else baseline_acc - test_acc,
+            history=result["history"],
+            audit=result["audit"],
+            labelled_elsewhere={
+                "dataset.sha256": "a fingerprint of the whole private file: it confirms a guess of the "
+                "entire dataset; kept for the audit trail and resume checks",
+                "dataset.n_test": "the number of held-out rows",
+            },
+        ),
         files=files,
         out_dir=str(run_dir),
     )
+    checks = [*result["checks"], data_use_check(plan.prepared, ledger, report.to_dict())]
+    return report.model_copy(update={"checks": checks, "release_ready": release_ready(randomness, checks)})
+
+
+def _covers(plan: RunPlan, ledger: Ledger) -> str:
+    """What the (ε, δ) guarantee covers, in words (the report's ``covers``)."""
+    cfg = plan.cfg
+    pre = "" if plan.prep.public else " and the DP preprocessing statistic (preprocessing.json)"
+    text = (
+        f"the released weights (model.pt){pre}, as a function of the {plan.data.n_train} training rows, "
+        f"under add/remove-one neighbouring: all {ledger.steps} charged DP-SGD steps"
+        f"{'' if plan.prep.public else ' and the preprocessing release'} are in the ledger. Not covered: "
+        "everything in the report's non_private section (test metrics, a non-private release about the "
+        "held-out rows; the non-private baseline; any audit) and the dataset fingerprint. N and the "
+        "label set are public by declaration"
+    )
+    if cfg.reproducible:
+        text += f". {RESEARCH_CAVEAT[0].upper()}{RESEARCH_CAVEAT[1:]}: not release-ready"
+    return text
 
 
 def _write_outputs(
@@ -314,7 +372,11 @@ def _write_outputs(
     curves = curves_png(report.history["dp"], report.history["baseline"])
     page = render_html(
         report,
-        {"ε spent against the step": eps_png, "Test loss and accuracy, DP against non-private": curves},
+        {
+            "ε spent against the step": eps_png,
+            "Internal, non-private (not covered by the guarantee): test loss and accuracy per epoch, "
+            "DP model against the non-private baseline": curves,
+        },
     )
     write_files(
         run_dir,
@@ -429,6 +491,7 @@ def train(
     charge = _open_charge(cfg)  # refuses an exhausted dataset before a row is read
     try:
         plan = _prepare(cfg, None)
+        curve = _curve(plan, None)  # before the folder exists: an accounting failure leaves nothing behind
         run_id = uuid.uuid4().hex
         # Admission: the whole plan against the dataset's budget, before anything is written or released.
         charge.reserve(_planned_events(plan), run_id, cfg.delta)
@@ -441,7 +504,7 @@ def train(
                 ledger = Ledger.create(run_dir / LEDGER, header)  # exclusive: never over another run
                 try:
                     write_config(plan.cfg, run_dir / CONFIG)
-                    return _execute(plan, run_dir, ledger, t0, progress)
+                    return _execute(plan, run_dir, ledger, t0, progress, curve)
                 finally:
                     ledger.close()
         finally:

@@ -48,8 +48,8 @@ __all__ = [
 GENESIS = "0" * 64
 FORMAT = "veil.ledger/1"
 _FIX_CORRUPT = (
-    "restore the run folder from a backup: a damaged ledger cannot prove how much budget was spent, and "
-    "a new run would spend the dataset's budget again (see veil budget show for what remains)"
+    "restore the run folder from a backup, then --resume; a damaged ledger cannot prove how much "
+    "budget was spent, so count the run's whole target ε as spent on its data (`veil budget`)"
 )
 
 

@@ -43,8 +43,9 @@ from veil.audit.settings import (
 )
 from veil.errors import DataError, InvalidParameterError
 from veil.pipeline.outputs import finite
+from veil.pipeline.randomness import private_source, randomness_of
 from veil.pipeline.run_folder import check_out, default_out, write_files
-from veil.pipeline.seeds import Purpose, derive_seed
+from veil.pipeline.seeds import Purpose
 
 if TYPE_CHECKING:
     from torch import nn
@@ -225,7 +226,6 @@ def audit(
     before training. See the module docstring for what is measured.
     """
     from veil.config import TrainConfig, make_config
-    from veil.mechanisms.rng import make_source
 
     settings = settings or AuditSettings()
     cfg = config if isinstance(config, TrainConfig) else make_config(config or {})
@@ -234,7 +234,7 @@ def audit(
     out_dir = Path(out) if out is not None else default_out(cfg.dataset, "audit")
     if write:
         check_out(out_dir)
-    rng = make_source(cfg.secure_rng, None if cfg.secure_rng else derive_seed(cfg.seed, Purpose.AUDIT))
+    rng = private_source(cfg.reproducible, cfg.seed, Purpose.AUDIT)
     canaries = _design_canaries(setup, settings, rng)
     sigma = sigma_for(setup, len(canaries.y))
     t0 = time.perf_counter()
@@ -275,6 +275,7 @@ def audit(
             "shadow_training_s": lira_seconds,
         },
         veil_version=_version(),
+        randomness=randomness_of(cfg.reproducible),
     )
     if write:
         _write(report, out_dir, plots(attacks, groups))
@@ -307,7 +308,7 @@ def _run_info(
         "optimizer": cfg.optimizer or "sgd",
         "accountant": cfg.accountant,
         "seed": cfg.seed,
-        "secure_rng": cfg.secure_rng,
+        "reproducible": cfg.reproducible,
         "test_accuracy": accuracy,
         "attack": settings.attack,
     }
@@ -381,7 +382,6 @@ def audit_run(
     inserted during training). ``settings.attack``: ``loss`` (default), ``lira`` or ``all`` (both;
     LiRA trains shadow models with the run's own settings and σ)."""
     from veil.config import load_config_file, make_config
-    from veil.mechanisms.rng import make_source
 
     settings = settings or AuditSettings(attack="loss")
     run = Path(run_dir)
@@ -404,7 +404,7 @@ def audit_run(
     members = (data.x_train, data.y_train)
     nonmembers = (data.x_test, data.y_test)
     t0 = time.perf_counter()
-    rng = make_source(cfg.secure_rng, None if cfg.secure_rng else derive_seed(cfg.seed, Purpose.AUDIT))
+    rng = private_source(cfg.reproducible, cfg.seed, Purpose.AUDIT)
     attacks, lira_seconds = membership_attacks(setup, model, members, nonmembers, settings, sigma, rng)
     mia = mia_section(attacks)
     report = AuditReport(
@@ -430,6 +430,7 @@ def audit_run(
         },
         timing={"attacks_s": time.perf_counter() - t0, "shadow_training_s": lira_seconds},
         veil_version=_version(),
+        randomness=randomness_of(cfg.reproducible),
     )
     if write:
         _write(report, out_dir, plots(attacks, {}))

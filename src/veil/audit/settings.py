@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from veil.audit.bounds import check_confidence
 from veil.audit.canaries import Direction
@@ -108,6 +108,12 @@ class AuditReport:
     files: dict[str, str] = field(default_factory=dict)
     out_dir: str | None = None
     veil_version: str = ""
+    randomness: str = "secure"
+
+    NON_PRIVATE_NOTE: ClassVar[str] = (
+        "every figure of an audit (bounds, attack scores, accuracy) is computed from the private data "
+        "without privacy: keep this report internal"
+    )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -125,6 +131,9 @@ class AuditReport:
             "files": self.files,
             "out_dir": self.out_dir,
             "veil_version": self.veil_version,
+            "randomness": self.randomness,
+            "release_ready": False,
+            "non_private": {"covers": "the whole report", "note": self.NON_PRIVATE_NOTE},
         }
 
     def to_json(self) -> str:

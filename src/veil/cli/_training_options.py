@@ -25,3 +25,21 @@ MAX_GRAD_NORM = typer.Option(None, "--max-grad-norm", help="Per-example clip nor
 LR = typer.Option(None, "--lr", help="Learning rate.")
 OPTIMIZER = typer.Option(None, "--optimizer", help="sgd (with momentum) or adam.")
 ACCOUNTANT = typer.Option(None, "--accountant", help="pld (default, tightest) or rdp.")
+REPRODUCIBLE = typer.Option(
+    None,
+    "--reproducible",
+    help="Research mode: noise and sampling seeded by --seed (replayable; NOT private against anyone "
+    "who knows the seed; the report is not release-ready). Default: OS CSPRNG.",
+)
+SECURE_RNG = typer.Option(
+    None, "--secure-rng", hidden=True, help="Accepted for old scripts: secure randomness is the default."
+)
+CLASSES = typer.Option(
+    None,
+    "--classes",
+    help="The public label set, comma-separated in class order (required for csv/parquet/npz data; "
+    "built-in datasets declare theirs).",
+)
+NO_BASELINE = typer.Option(
+    None, "--no-baseline", help="Skip the non-private baseline (it trains on the private split)."
+)

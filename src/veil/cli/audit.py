@@ -54,8 +54,9 @@ DELTA = typer.Option(None, "--delta", help="Target δ (< 1/N); also the δ of th
 NOISE_MULTIPLIER = typer.Option(
     None, "--noise-multiplier", help="σ instead of calibrating it; 0 audits a non-private run."
 )
-SEED = typer.Option(None, "--seed", help="Seed of split, initialisation, noise and canaries.")
-SECURE_RNG = typer.Option(None, "--secure-rng", help="Noise, sampling and canaries from the OS CSPRNG.")
+SEED = typer.Option(
+    None, "--seed", help="Seed of split and initialisation (and with --reproducible: noise and canaries)."
+)
 CANARIES = typer.Option(
     None, "--canaries", help="Canaries per kind (default 1000 gradient / 500 input, capped by the data)."
 )
@@ -97,6 +98,10 @@ def summary(report: dict[str, Any]) -> str:
             f"{mia['tpr_at_0.1pct_fpr']:.4f} at 0.1% FPR"
         )
     lines.append(report["reading"])
+    lines.append(
+        "non-private: every figure of an audit is computed from the private data; keep it internal"
+        + ("" if report.get("randomness", "secure") == "secure" else " (research mode: seeded noise)")
+    )
     lines.append(f"report: {report['out_dir']}/report.html")
     return "\n".join(lines) + "\n"
 
@@ -123,7 +128,9 @@ def register(app: typer.Typer) -> None:
         accountant: str = opts.ACCOUNTANT,
         noise_multiplier: float = NOISE_MULTIPLIER,
         seed: int = SEED,
-        secure_rng: bool = SECURE_RNG,
+        reproducible: bool = opts.REPRODUCIBLE,
+        secure_rng: bool = opts.SECURE_RNG,
+        classes: str = opts.CLASSES,
         canaries: int = CANARIES,
         canary_kind: str = CANARY_KIND,
         canary_direction: str = CANARY_DIRECTION,

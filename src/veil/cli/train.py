@@ -94,10 +94,12 @@ def register(app: typer.Typer) -> None:
             help="σ instead of calibrating it; training still stops at the target ε.",
         ),
         seed: int = typer.Option(
-            None, "--seed", help="Seed of split, initialisation and (without --secure-rng) noise."
+            None, "--seed", help="Seed of split and initialisation (and with --reproducible: noise)."
         ),
-        secure_rng: bool = typer.Option(None, "--secure-rng", help="Noise and sampling from the OS CSPRNG."),
-        no_baseline: bool = typer.Option(None, "--no-baseline", help="Skip the non-private baseline."),
+        reproducible: bool = opts.REPRODUCIBLE,
+        secure_rng: bool = opts.SECURE_RNG,
+        classes: str = opts.CLASSES,
+        no_baseline: bool = opts.NO_BASELINE,
         out: str = typer.Option(None, "--out", help="Run folder (default runs/<dataset>-<time>)."),
         resume: str = typer.Option(None, "--resume", help="Continue the interrupted run in this folder."),
         audit: bool = typer.Option(
@@ -142,7 +144,9 @@ def register(app: typer.Typer) -> None:
             "accountant": accountant,
             "noise_multiplier": noise_multiplier,
             "seed": seed,
+            "reproducible": reproducible,
             "secure_rng": secure_rng,
+            "classes": classes,
             "baseline": False if no_baseline else None,
             "out": out,
             "audit": audit,
@@ -157,15 +161,28 @@ def register(app: typer.Typer) -> None:
         if json_output:
             emit(report, True)
             return
-        folder = Path(report["out_dir"])
-        base = report["baseline_test_accuracy"]
-        lines = [
-            f"DP test accuracy {report['test_accuracy']:.4f}"
-            + (f" (non-private baseline {base:.4f})" if base is not None else "")
-            + f" at ε = {report['epsilon_spent']:.3f} (target "
-            f"{report['target_epsilon']:g}), δ = {report['delta']:g}",
-            f"checks: {sum(c['passed'] for c in report['checks'])}/{len(report['checks'])} passed",
-            f"report: {folder / 'report.html'}",
-            f"        {folder / 'report.json'}",
-        ]
-        sys.stdout.write("\n".join(lines) + "\n")
+        sys.stdout.write(summary(report))
+
+
+def summary(report: dict[str, Any]) -> str:
+    """The lines ``veil train`` prints without --json: the guarantee first, the non-private figures
+    labelled as such, research mode said plainly."""
+    folder = Path(report["out_dir"])
+    internal = report["non_private"]
+    base = internal["baseline_test_accuracy"]
+    failed = [c["name"] for c in report["checks"] if not c["passed"]]
+    lines = [
+        f"model.pt: ({report['epsilon_spent']:.3f}, {report['delta']:g})-DP (target ε "
+        f"{report['target_epsilon']:g}), randomness {report['randomness']}, "
+        + ("release-ready" if report["release_ready"] else "NOT release-ready"),
+        f"non-private (internal): test accuracy {internal['test_accuracy']:.4f}"
+        + (f", baseline {base:.4f}" if base is not None else ""),
+        f"checks: {len(report['checks']) - len(failed)}/{len(report['checks'])} passed"
+        + (f" (failed: {', '.join(failed)})" if failed else ""),
+    ]
+    if report["randomness"] != "secure":
+        lines.append(
+            "research mode (--reproducible): not private against anyone who knows the seed; do not release"
+        )
+    lines += [f"report: {folder / 'report.html'}", f"        {folder / 'report.json'}"]
+    return "\n".join(lines) + "\n"

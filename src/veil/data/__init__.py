@@ -66,6 +66,8 @@ class Dataset:
     pixel_max: float | None = None
     """Public maximum pixel value (images): the documented range of the format, not a data statistic."""
     notes: list[str] = field(default_factory=list)
+    classes_declared_by: str = "the dataset's documentation (built in)"
+    """Where the public label set comes from (never from the private rows)."""
 
     @property
     def num_classes(self) -> int:
@@ -94,8 +96,14 @@ def sha256_arrays(*arrays: np.ndarray) -> str:
     return h.hexdigest()
 
 
-def encode_labels(raw: list[Any] | np.ndarray, where: str) -> tuple[np.ndarray, list[str]]:
-    """Class indices 0..K-1 and the class names (sorted numerically when all are numbers)."""
+def encode_labels(
+    raw: list[Any] | np.ndarray, where: str, declared: list[str] | None = None
+) -> tuple[np.ndarray, list[str]]:
+    """Class indices 0..K-1 in the order of the ``declared`` public label set.
+
+    The label set is public by declaration: it fixes the model's output width, so reading it off the
+    private rows would reveal a row whose label is unique. Without a declaration the data is refused;
+    a row whose label is not declared is refused (nothing is dropped silently)."""
     values = [
         str(v).strip() if not isinstance(v, (int, np.integer)) else str(int(v))
         for v in np.asarray(raw).ravel()
@@ -110,15 +118,25 @@ def encode_labels(raw: list[Any] | np.ndarray, where: str) -> tuple[np.ndarray, 
                 "fill in or remove the rows without a label",
             )
 
-    def key(v: str) -> tuple[int, float, str]:
-        try:
-            return (0, float(v), v)
-        except ValueError:
-            return (1, 0.0, v)
-
-    classes = sorted(set(values), key=key)
-    index = {c: i for i, c in enumerate(classes)}
-    return np.array([index[v] for v in values], dtype=np.int64), classes
+    if declared is None:
+        raise ConfigError(
+            "classes",
+            None,
+            "the label set sets the model's output width; read off the private rows it would reveal a "
+            "row whose label is unique, so veil never takes it from the data",
+            "declare the public label set in class order: --classes a,b,c (config key classes)",
+        )
+    index = {c: i for i, c in enumerate(declared)}
+    for i, v in enumerate(values):
+        if v not in index:
+            raise DataError(
+                f"{where} row {i + 1}",
+                v,
+                "this label is not in the declared public label set, and dropping the row or widening "
+                "the set from the data would change the output without accounting",
+                "add the label to --classes, or remove the row",
+            )
+    return np.array([index[v] for v in values], dtype=np.int64), list(declared)
 
 
 def check_labels(y: np.ndarray, classes: list[str], where: str) -> None:
@@ -140,37 +158,43 @@ def check_labels(y: np.ndarray, classes: list[str], where: str) -> None:
         )
 
 
+def held_out(
+    x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int, classes: list[str] | None = None
+) -> np.ndarray:
+    """Which rows are held out: row ``i`` is when a keyed hash of its own content (features and
+    label name, ``classes[y[i]]``, or the index without names; key from ``seed``) falls below
+    ``test_fraction``.
+
+    Guarantee. A row's side depends on that row alone, never on its position or on the other rows:
+    adding or removing one row leaves every other row on its side, so neighbouring datasets keep
+    neighbouring training splits (add/remove-one). Equal rows land on the same side."""
+    key = hashlib.blake2b(f"veil.split/{int(seed)}".encode(), digest_size=32).digest()
+    rows = np.ascontiguousarray(np.asarray(x, dtype=np.float64).reshape(len(x), -1) + 0.0)
+    labels = [str(classes[int(v)]) if classes is not None else str(int(v)) for v in np.asarray(y)]
+    out = np.empty(len(rows), dtype=bool)
+    for i in range(len(rows)):
+        h = hashlib.blake2b(rows[i].tobytes(), digest_size=8, key=key)
+        h.update(b"|" + labels[i].encode())
+        out[i] = int.from_bytes(h.digest(), "little") < test_fraction * 2.0**64
+    return out
+
+
 def split(
-    x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int
+    x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int, classes: list[str] | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """A train/test split fixed by ``seed``, stratified by class when every class has ≥ 2 examples."""
-    n = len(y)
-    n_test = round(test_fraction * n)
-    if n_test < 1 or n - n_test < 1:
+    """A train/test split by :func:`held_out` (each row by a keyed hash of its content; key from ``seed``).
+
+    About ``test_fraction`` of the rows are held out (the count varies like a binomial). The test
+    metrics computed on them are a non-private release about those rows."""
+    test = held_out(x, y, test_fraction, seed, classes)
+    if test.all() or not test.any():
         raise DataError(
             "dataset",
-            f"{n} examples",
+            f"{len(y)} examples",
             f"a test fraction of {test_fraction} leaves no example on one side of the split",
             "provide more examples or change test_fraction",
         )
-    counts = np.bincount(y)
-    stratify = (
-        y if counts[counts > 0].min() >= 2 and n_test >= len(counts) and n - n_test >= len(counts) else None
-    )
-    from sklearn.model_selection import train_test_split
-
-    idx_train, idx_test = train_test_split(
-        np.arange(n), test_size=n_test, random_state=seed, shuffle=True, stratify=stratify
-    )
-    missing = sorted(set(np.unique(y).tolist()) - set(np.unique(y[idx_train]).tolist()))
-    if missing:
-        raise DataError(
-            "dataset",
-            f"class index {missing[0]}",
-            "a class has no example in the training split, so fewer training examples than classes are seen",
-            "provide more examples of every class",
-        )
-    return x[idx_train], y[idx_train], x[idx_test], y[idx_test]
+    return x[~test], y[~test], x[test], y[test]
 
 
 def load_dataset(
@@ -183,10 +207,43 @@ def load_dataset(
     schema: str | None = None,
     table: str | None = None,
     query: str | None = None,
+    classes: list[str] | None = None,
 ) -> Dataset:
-    """Load, check and split the dataset called ``name`` (see the module docstring)."""
+    """Load, check and split the dataset called ``name`` (see the module docstring).
+
+    ``classes``: the public label set (required for the user's own data unless a reviewed ``schema``
+    declares it; a built-in dataset or a schema declares its own, and a different declaration is
+    refused)."""
     if schema is not None or name.startswith("sql:"):
-        return _load_with_schema(name, schema, target, table, query, test_fraction, seed)
+        data = _load_with_schema(name, schema, target, table, query, test_fraction, seed)
+    else:
+        data = _load(
+            name, data_dir=data_dir, target=target, test_fraction=test_fraction, seed=seed, classes=classes
+        )
+    if (
+        classes is not None
+        and not data.classes_declared_by.startswith("--classes")
+        and classes != data.classes
+    ):
+        raise ConfigError(
+            "classes",
+            ",".join(classes),
+            f"'{name}' declares its own public label set ({', '.join(data.classes)}): "
+            f"{data.classes_declared_by}",
+            "drop --classes, or change the declaration where it is made",
+        )
+    return data
+
+
+def _load(
+    name: str,
+    *,
+    data_dir: str | None,
+    target: str | None,
+    test_fraction: float,
+    seed: int,
+    classes: list[str] | None,
+) -> Dataset:
     if ":" in name:
         scheme, _, path = name.partition(":")
         if scheme not in USER_SCHEMES or not path:
@@ -199,7 +256,7 @@ def load_dataset(
             )
         from veil.data.tabular import load_user
 
-        return load_user(scheme, path, target=target, test_fraction=test_fraction, seed=seed)
+        return load_user(scheme, path, target=target, test_fraction=test_fraction, seed=seed, classes=classes)
     if name in ("digits", "breast-cancer"):
         from veil.data.builtin import load_builtin
 
@@ -283,4 +340,5 @@ def _load_with_schema(
         feature_names=list(loaded.encoder.feature_names),
         notes=loaded.notes,
         encoder=loaded.encoder,
+        classes_declared_by="the reviewed schema's target classes (public by declaration)",
     )

@@ -3,7 +3,8 @@
 Every feature must be a finite number: a NaN, an infinity or a text cell is refused with its row and
 column, never imputed or dropped (imputing from other rows would be an unaccounted statistic of the
 private data; dropping rows silently changes what the guarantee covers). Labels may be numbers or
-text; they are mapped to classes 0..K-1 in sorted order.
+text; they are mapped to classes 0..K-1 in the order of the declared public label set (``--classes``),
+which is required: veil never reads the label set off the private rows.
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ def _from_columns(
     test_fraction: float,
     seed: int,
     first_row: int,
+    declared: list[str] | None,
 ) -> Dataset:
     features = [c for c in columns if c != target]
     if not features:
@@ -112,9 +114,9 @@ def _from_columns(
     if not columns[target]:
         raise DataError("dataset", name, "the file has no data rows", "provide a file with examples")
     x = _feature_matrix(columns, features, first_row)
-    y, classes = encode_labels(columns[target], f"target '{target}'")
+    y, classes = encode_labels(columns[target], f"target '{target}'", declared)
     check_labels(y, classes, f"target '{target}'")
-    x_tr, y_tr, x_te, y_te = split(x.astype(np.float32), y, test_fraction, seed)
+    x_tr, y_tr, x_te, y_te = split(x.astype(np.float32), y, test_fraction, seed, classes)
     return Dataset(
         name=name,
         kind="table",
@@ -126,6 +128,7 @@ def _from_columns(
         sha256=digest,
         preset="table",
         feature_names=features,
+        classes_declared_by="--classes (public by declaration)",
     )
 
 
@@ -180,7 +183,9 @@ def _read_parquet(p: Path) -> dict[str, list[Any]]:
     return {str(k): list(v) for k, v in table.to_pydict().items()}
 
 
-def _load_npz(p: Path, target: str | None, test_fraction: float, seed: int) -> Dataset:
+def _load_npz(
+    p: Path, target: str | None, test_fraction: float, seed: int, declared: list[str] | None
+) -> Dataset:
     try:
         with np.load(p, allow_pickle=False) as archive:
             arrays = {k: archive[k] for k in archive.files}
@@ -228,13 +233,13 @@ def _load_npz(p: Path, target: str | None, test_fraction: float, seed: int) -> D
             float(x.reshape(len(x), -1)[row, col]),
             "is not finite (NaN or infinity)",
         )
-    y, classes = encode_labels(labels, f"npz array '{label_key}'")
+    y, classes = encode_labels(labels, f"npz array '{label_key}'", declared)
     check_labels(y, classes, f"npz array '{label_key}'")
     image = x.ndim >= 3
     pixel_max = 255.0 if image and x.dtype == np.uint8 else None
     if x.ndim == 3:
         x = x[:, None]
-    x_tr, y_tr, x_te, y_te = split(x.astype(np.float32), y, test_fraction, seed)
+    x_tr, y_tr, x_te, y_te = split(x.astype(np.float32), y, test_fraction, seed, classes)
     return Dataset(
         name=f"npz:{p}",
         kind="image" if image else "table",
@@ -247,15 +252,25 @@ def _load_npz(p: Path, target: str | None, test_fraction: float, seed: int) -> D
         preset=("image" if x.shape[-1] >= 16 else "image-small") if image else "table",
         feature_names=None if image else [f"{feature_key}[{j}]" for j in range(x.shape[1])],
         pixel_max=pixel_max,
+        classes_declared_by="--classes (public by declaration)",
         notes=[] if pixel_max or not image else ["image values are used as given (not rescaled)"],
     )
 
 
-def load_user(scheme: str, path: str, *, target: str | None, test_fraction: float, seed: int) -> Dataset:
-    """Load ``scheme:path`` (csv, parquet or npz) with labels from ``target``."""
+def load_user(
+    scheme: str,
+    path: str,
+    *,
+    target: str | None,
+    test_fraction: float,
+    seed: int,
+    classes: list[str] | None = None,
+) -> Dataset:
+    """Load ``scheme:path`` (csv, parquet or npz) with labels from ``target``, in the order of the
+    declared public label set ``classes`` (required)."""
     p = _file(path)
     if scheme == "npz":
-        return _load_npz(p, target, test_fraction, seed)
+        return _load_npz(p, target, test_fraction, seed, classes)
     columns = _read_csv(p) if scheme == "csv" else _read_parquet(p)
     label = _require_target(target, scheme, list(columns))
     return _from_columns(
@@ -266,4 +281,5 @@ def load_user(scheme: str, path: str, *, target: str | None, test_fraction: floa
         test_fraction,
         seed,
         first_row=2 if scheme == "csv" else 1,
+        declared=classes,
     )

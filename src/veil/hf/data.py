@@ -39,6 +39,7 @@ def load_text_dataset(
     test_fraction: float,
     seed: int,
     preset: str,
+    classes: list[str] | None = None,
 ) -> Dataset:
     """Tokenized texts ``[N, 2, max_length]`` (int64) and labels from ``csv:PATH``/``parquet:PATH``."""
     from veil.data.tabular import _file, _read_csv, _read_parquet, _require_target, _sha256
@@ -69,7 +70,7 @@ def load_text_dataset(
             "text_column", text_column, "it is also the target column", "name the text and label columns"
         )
     texts = check_texts(columns[text_column], text_column)
-    y, classes = encode_labels(columns[label], f"column {label}")
+    y, classes = encode_labels(columns[label], f"column {label}", classes)
     check_labels(y, classes, f"column {label}")
     x = tokenize(load_tokenizer(folder), texts, max_length)
     x_train, y_train, x_test, y_test = split(x, y, test_fraction, seed)
@@ -85,4 +86,5 @@ def load_text_dataset(
         preset=preset,
         feature_names=[text_column],
         notes=[f"texts of column '{text_column}' tokenized by the model's tokenizer to {max_length} tokens"],
+        classes_declared_by="--classes (public by declaration)",
     )

@@ -2,6 +2,8 @@
 :mod:`veil.pate.run`); below the jobs, above the core (accounting, engine, clipping, data, models).
 
 * :mod:`~veil.pipeline.seeds` — :func:`derive_seed` and the :class:`Purpose` of each random part;
+* :mod:`~veil.pipeline.randomness` — secure (OS CSPRNG, default) or seeded research randomness of the
+  private draws, the ``secure_randomness`` check and ``release_ready``;
 * :mod:`~veil.pipeline.data` — load and check the data, presets, preprocessing plan and release;
 * :mod:`~veil.pipeline.budget` — σ for the planned run, steps that fit (via ``veil.accounting``);
 * :mod:`~veil.pipeline.model` — network, released model, trainable part, optimizer, engine, evaluation;

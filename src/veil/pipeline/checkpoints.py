@@ -96,8 +96,8 @@ def load_checkpoint(run_dir: Path, ledger: Ledger) -> dict[str, Any] | None:
         return None
     path = run_dir / record["file"]
     fix = (
-        "restore the checkpoint from a backup (the ledger keeps the spent budget; a new run would spend "
-        "the dataset's budget again: see veil budget show)"
+        "restore the checkpoint from a backup, then --resume (the ledger keeps the spent budget; a new "
+        "run on the same data spends it again, so count it with `veil budget`)"
     )
     if not path.is_file():
         raise CheckpointError(
@@ -182,8 +182,7 @@ def verified_preprocessing_file(run_dir: Path, ledger: Ledger) -> Path | None:
             "preprocessing",
             str(path),
             "the released preprocessing statistic is missing or does not match its checksum",
-            "restore it from a backup (a new run would spend the dataset's budget again: "
-            "see veil budget show)",
+            "restore it from a backup, then --resume (its release is already charged in the ledger)",
         )
     return path
 
@@ -203,7 +202,7 @@ def check_overrides(saved: TrainConfig, overrides: Mapping[str, Any]) -> dict[st
                 value,
                 f"resuming with a changed {kind}: the run was planned "
                 f"and accounted with {key}={getattr(saved, key)!r}",
-                f"resume without changing {key}",
+                f"--resume without changing {key} (the spent budget was planned with the recorded value)",
             )
     return update
 
@@ -218,6 +217,5 @@ def check_header(recorded: Mapping[str, Any], now: Mapping[str, Any]) -> None:
                 f"the run was accounted with {key}={recorded.get(key)!r} "
                 "but would now continue with "
                 f"{now[key]!r} (changed data, settings or veil version)",
-                "restore the original data and settings (a new run would spend the dataset's budget "
-                "again: see veil budget show)",
+                "restore the original data and settings, then --resume (the budget it spent stays spent)",
             )

@@ -1,7 +1,7 @@
 """The checks a report lists, each recomputed from what the run did (ledger, engine, model).
 
-A failed check does not stop a finished run; it is printed as FAIL in the report's checklist so
-that the reader (and ``veil train``'s exit code) sees it.
+A failed check does not stop a finished run; it is printed as FAIL in the report's checklist and
+named in ``veil train``'s summary, and it makes the report's ``release_ready`` false.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from veil.accounting.calibrate import dpsgd_event
 from veil.accounting.events import event_from_dict
 from veil.pipeline.seeds import Purpose, derive_seed
-from veil.report import Check
+from veil.report import NON_PRIVATE_FIELDS, Check
 
 if TYPE_CHECKING:
     from torch import nn
@@ -24,10 +25,34 @@ if TYPE_CHECKING:
     from veil.pipeline.budget import StepPlan
     from veil.pipeline.data import Prepared
 
-__all__ = ["clipping_check", "delta_check", "sampling_detail", "train_checks"]
+__all__ = [
+    "clipping_check",
+    "data_use_check",
+    "delta_check",
+    "epsilon_check",
+    "sampling_check",
+    "sampling_detail",
+    "train_checks",
+    "unlabelled_non_private",
+]
 
 _CLIP_CHECK_EXAMPLES = 4
 _CLIP_CHECK_TOLERANCE = 1e-6
+
+
+def epsilon_check(
+    eps: float, engine_eps: float, target: float, delta: float, accountant: str, events: int
+) -> Check:
+    """The ledger's ε is finite, within the target, and not below what the engine itself counted."""
+    return Check(
+        name="epsilon_reported",
+        passed=bool(math.isfinite(eps) and eps <= target and engine_eps <= eps + 1e-9),
+        detail=(
+            f"ε = {eps:.6g} ≤ target {target:g} at δ = {delta:g}, composed by the {accountant} "
+            f"accountant from all {events} events in the ledger (the engine's own accountant, "
+            f"which saw only this process's steps, reports {engine_eps:.6g})"
+        ),
+    )
 
 
 def delta_check(delta: float, n: int) -> Check:
@@ -114,25 +139,71 @@ def clipping_check(model: nn.Module, data: Dataset, seed: int, criterion: nn.Mod
     )
 
 
-def train_checks(
-    prepared: Prepared,
-    steps: StepPlan,
-    eps: float,
-    engine_eps: float,
-    engine: Any,
-    ledger: Ledger,
-    clip_check: Check,
-) -> list[Check]:
-    """The checklist of a ``veil train`` report, each item recomputed from the ledger and the engine."""
-    cfg, prep = prepared.cfg, prepared.prep
-    n = prepared.data.n_train
-    step_dict = steps.step_event.to_dict()
-    poisson_ok = (
-        engine.sampling == "poisson"
-        and engine.sampling_rate == steps.q
-        and engine.noise_multiplier == steps.sigma
-        and all(r["event"] == step_dict for r in ledger.of_kind("step"))
+# A realised total batch size further than this many standard deviations from its Poisson mean fails
+# the sampling check: false-failure rate below 2e-9 (a two-sided normal tail at 6σ, plus the
+# continuity margin of one example).
+_SAMPLING_Z = 6.0
+
+
+def sampling_check(
+    steps: StepPlan, n: int, batch_size: int, engine: Any, ledger: Ledger, sampled: tuple[int, int]
+) -> Check:
+    """The steps were sampled and accounted as claimed, from evidence independent of the plan.
+
+    * the plan's q and every ``step`` in the ledger carry the event recomputed here from the
+      configuration (q = B/N and σ) by :func:`~veil.accounting.calibrate.dpsgd_event`;
+    * the engine's loader samples by Poisson at that q and noises at that σ;
+    * the batches this process drew (``sampled`` = (examples drawn, logical steps)) total within
+      6 standard deviations of Binomial(N·steps, q): a loader that drew at another rate fails.
+    """
+    q = min(1.0, batch_size / n)
+    expected = dpsgd_event(q, steps.sigma).to_dict()
+    events_ok = steps.q == q and all(r["event"] == expected for r in ledger.of_kind("step"))
+    engine_ok = (
+        engine.sampling == "poisson" and engine.sampling_rate == q and engine.noise_multiplier == steps.sigma
     )
+    drawn, taken = sampled
+    mean = taken * n * q
+    sd = math.sqrt(taken * n * q * (1 - q))
+    z = abs(drawn - mean) / sd if sd > 0 else (0.0 if drawn == mean else math.inf)
+    draws_ok = taken == 0 or abs(drawn - mean) <= _SAMPLING_Z * sd + 1.0
+    return Check(
+        name="poisson_sampling_matches_accountant",
+        passed=bool(events_ok and engine_ok and draws_ok),
+        detail=(
+            f"{sampling_detail(steps)}; the ledger's step events "
+            f"{'all equal' if events_ok else 'DIFFER from'} the event recomputed from B/N = {q:.6g}; "
+            f"the engine {'samples' if engine_ok else 'does NOT sample'} by Poisson at that rate; "
+            f"{drawn} examples drawn in {taken} steps of this process against {mean:.1f} expected "
+            f"(z = {z:.2f}, bound {_SAMPLING_Z:g})"
+        ),
+    )
+
+
+def unlabelled_non_private(report: Any, path: str = "") -> list[str]:
+    """Paths in a report dict where a non-private figure sits outside the ``non_private`` section."""
+    found: list[str] = []
+    if isinstance(report, dict):
+        for key, value in report.items():
+            here = f"{path}.{key}" if path else str(key)
+            if key == "non_private" and not path:
+                continue
+            if key in NON_PRIVATE_FIELDS:
+                found.append(here)
+            found.extend(unlabelled_non_private(value, here))
+    elif isinstance(report, list):
+        for i, value in enumerate(report):
+            found.extend(unlabelled_non_private(value, f"{path}[{i}]"))
+    return found
+
+
+def data_use_check(prepared: Prepared, ledger: Ledger, report: dict[str, Any]) -> Check:
+    """Every use of the private data is accounted in the ledger, declared public, or labelled non-private.
+
+    ``report``: the report as a dict (its checks aside). Fails when the preprocessing release is not
+    in the ledger as planned, the label set was not declared (nor DP-released), or a non-private
+    figure (test metrics, baseline, losses, audit) sits outside the ``non_private`` section."""
+    prep = prepared.prep
     pre_records = list(ledger.of_kind("event"))
     if prep.public:
         data_detail = f"preprocessing is public ({prep.description})"
@@ -144,34 +215,47 @@ def train_checks(
             f"preprocessing is a DP release charged in the ledger ({prep.description}; "
             f"{len(pre_records)} release(s), event {prep.event.to_json()})"
         )
+    labels = report.get("label_set") or {}
+    labels_ok = labels.get("source") == "declared"
+    stray = unlabelled_non_private({k: v for k, v in report.items() if k != "checks"})
+    parts = [
+        data_detail,
+        f"label set {'declared public' if labels_ok else 'NOT declared'} ({labels.get('declared_by', '?')})",
+        "test metrics, baseline and audit only in the non_private section"
+        if not stray
+        else "non-private figures outside the non_private section: " + ", ".join(stray),
+        f"model '{prepared.model_name}' and hyperparameters come from the configuration and veil's "
+        "presets, not from the private data; the final iterate is released (no model selection or "
+        "early stopping on private data)",
+    ]
+    return Check(
+        name="no_unaccounted_data_use",
+        passed=bool(data_ok and labels_ok and not stray),
+        detail="; ".join(parts),
+    )
+
+
+def train_checks(
+    prepared: Prepared,
+    steps: StepPlan,
+    eps: float,
+    engine_eps: float,
+    engine: Any,
+    ledger: Ledger,
+    clip_check: Check,
+    sampled: tuple[int, int],
+) -> list[Check]:
+    """The checklist of a ``veil train`` report, each item recomputed from the ledger and the engine
+    (``no_unaccounted_data_use`` needs the report itself: :func:`data_use_check`)."""
+    from veil.pipeline.randomness import randomness_check, randomness_of
+
+    cfg = prepared.cfg
+    n = prepared.data.n_train
+    assert cfg.batch_size is not None
     return [
-        Check(
-            name="epsilon_reported",
-            passed=bool(math.isfinite(eps) and eps <= cfg.epsilon and engine_eps <= eps + 1e-9),
-            detail=(
-                f"ε = {eps:.6g} ≤ target {cfg.epsilon:g} at δ = "
-                f"{cfg.delta:g}, composed by the {cfg.accountant} "
-                f"accountant from all {len(ledger.events())} events "
-                "in the ledger (the engine's own accountant, "
-                f"which saw only this process's steps, reports {engine_eps:.6g})"
-            ),
-        ),
+        epsilon_check(eps, engine_eps, cfg.epsilon, cfg.delta, cfg.accountant, len(ledger.events())),
         delta_check(cfg.delta, n),
-        Check(
-            name="poisson_sampling_matches_accountant",
-            passed=bool(poisson_ok),
-            detail=sampling_detail(steps),
-        ),
+        sampling_check(steps, n, cfg.batch_size, engine, ledger, sampled),
         clip_check,
-        Check(
-            name="no_unaccounted_data_use",
-            passed=bool(data_ok),
-            detail=(
-                f"{data_detail}; model '{prepared.model_name}' and "
-                "hyperparameters come from the configuration and "
-                "veil's presets, not from the private data; the "
-                "final iterate is released (no model selection "
-                "or early stopping on private data)"
-            ),
-        ),
+        randomness_check(randomness_of(cfg.reproducible)),
     ]

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 from veil.config import TrainConfig, apply_presets, preset_for
 from veil.errors import InvalidParameterError, SamplingError
-from veil.mechanisms.rng import make_source
-from veil.pipeline.seeds import Purpose, derive_seed
+from veil.pipeline.randomness import private_source
+from veil.pipeline.seeds import Purpose
 
 if TYPE_CHECKING:
     from veil.accounting.events import PrivacyEvent
@@ -63,7 +63,8 @@ class UsesPrepared:
 
 
 def load_data(cfg: TrainConfig) -> Dataset:
-    """The configured dataset, split by the run's seed."""
+    """The configured dataset, split by a keyed hash of each row (key from the run's seed), labels in
+    the order of the declared public label set."""
     from veil.data import load_dataset
 
     if cfg.text_column is not None or cfg.model.startswith("hf:"):
@@ -78,6 +79,7 @@ def load_data(cfg: TrainConfig) -> Dataset:
             test_fraction=cfg.test_fraction,
             seed=cfg.seed,
             preset="text" if cfg.fine_tune == "head" else "text-finetune",
+            classes=cfg.classes,
         )
     return load_dataset(
         cfg.dataset,
@@ -88,6 +90,7 @@ def load_data(cfg: TrainConfig) -> Dataset:
         schema=cfg.table_schema,
         table=cfg.table,
         query=cfg.query,
+        classes=cfg.classes,
     )
 
 
@@ -134,5 +137,8 @@ def release_preprocessing(prepared: Prepared, index: int = 0) -> None:
     from veil.data.preprocess import run_preprocessing
 
     cfg = prepared.cfg
-    seed = None if cfg.secure_rng else derive_seed(cfg.seed, Purpose.PREPROCESSING, index)
-    run_preprocessing(prepared.prep, prepared.data, make_source(cfg.secure_rng, seed))
+    run_preprocessing(
+        prepared.prep,
+        prepared.data,
+        private_source(cfg.reproducible, cfg.seed, Purpose.PREPROCESSING, index),
+    )

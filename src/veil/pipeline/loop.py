@@ -130,6 +130,10 @@ class Session:
     history: list[dict[str, float]]
     applied: int
     resumed: bool
+    drawn: int = 0
+    """Examples the sampler drew in this process (for the sampling check; not stored)."""
+    taken: int = 0
+    """Logical steps taken in this process."""
 
 
 class _Rows(tuple):
@@ -316,10 +320,12 @@ def train_steps(
             loss_value = float(loss.detach())
             if len(yb) and math.isfinite(loss_value):
                 running.append(loss_value)
+            s.drawn += len(yb)
             new_logical = s.loader.signal.last_chunk
             if not new_logical:
                 continue
             s.applied += 1
+            s.taken += 1
             update_ema(s, cfg.ema_decay)
             k = ledger.steps
             if k % spe == 0 or k == limit:

@@ -111,15 +111,14 @@ def make_optimizer(cfg: TrainConfig, params: Any) -> torch.optim.Optimizer:
 
 
 def make_engine(cfg: TrainConfig, seed: int) -> PrivacyEngine:
-    """A privacy engine with the configured accountant; noise and sampling from the OS CSPRNG in
-    secure mode, else from the seed derived from ``seed`` for :attr:`Purpose.ENGINE`."""
+    """A privacy engine with the configured accountant; noise and sampling from the OS CSPRNG (the
+    default), or in research mode (``cfg.reproducible``) from the seed derived from ``seed`` for
+    :attr:`Purpose.ENGINE`. No seed is derived in secure mode."""
     from veil.engine import PrivacyEngine
 
-    return PrivacyEngine(
-        accountant=cfg.accountant,
-        secure_rng=cfg.secure_rng,
-        seed=None if cfg.secure_rng else derive_seed(seed, Purpose.ENGINE),
-    )
+    if not cfg.reproducible:
+        return PrivacyEngine(accountant=cfg.accountant)
+    return PrivacyEngine(accountant=cfg.accountant, seed=derive_seed(seed, Purpose.ENGINE), reproducible=True)
 
 
 def evaluate(

@@ -42,7 +42,8 @@ def check_out(out: Path) -> None:
                 "out",
                 str(out),
                 "it already holds a run, whose outputs and ledger must not be overwritten",
-                f"continue it with --resume {out}, or pass another --out",
+                f"continue it with --resume {out} (a new run on the same data would spend its budget "
+                "again: count every run against the data's budget with `veil budget`)",
             )
         if any(out.iterdir()):
             raise ConfigError(

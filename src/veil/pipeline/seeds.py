@@ -1,6 +1,6 @@
 """Seeds for the parts of a run: one derivation from the user's seed, one purpose per consumer.
 
-In research mode (``secure_rng = False``) every random part of a job (initialisation, preprocessing
+In research mode (``reproducible = true``) every random part of a job (initialisation, preprocessing
 noise, DP-SGD noise and sampling, the baseline's shuffling, canaries, shadow models, PATE's splits)
 draws from its own seed, derived from the run's seed and the part's :class:`Purpose` by
 :func:`derive_seed`: distinct purposes (and distinct indices of one purpose) give independent

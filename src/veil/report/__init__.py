@@ -10,7 +10,25 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["Check", "DatasetInfo", "Report"]
+__all__ = ["NON_PRIVATE_FIELDS", "Check", "DatasetInfo", "NonPrivate", "Report"]
+
+# Figures computed from the private data without privacy. They belong in the report's one
+# ``non_private`` section (or are labelled there by path, see NonPrivate.labelled_elsewhere); the
+# ``no_unaccounted_data_use`` check fails when one turns up anywhere else.
+NON_PRIVATE_FIELDS = frozenset(
+    {
+        "test_accuracy",
+        "test_loss",
+        "baseline_test_accuracy",
+        "utility_drop",
+        "train_loss",
+        "loss",
+        "history",
+        "audit",
+        "epsilon_lower_bound",
+        "mia",
+    }
+)
 
 
 class Check(BaseModel):
@@ -32,6 +50,30 @@ class DatasetInfo(BaseModel):
     sha256: str
     kind: str
     num_classes: int
+
+
+class NonPrivate(BaseModel):
+    """What a run computed from the private data *without* privacy: not covered by the guarantee.
+
+    The test metrics are a non-private release about the held-out rows; the baseline trains on the
+    private training split without noise; an audit measures the private model on private rows."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    note: str = (
+        "Not covered by the DP guarantee: computed from the private data without privacy, for the "
+        "operator only. Keep this section internal; release model.pt."
+    )
+    test_accuracy: float
+    """Accuracy of the released model on the held-out rows (a non-private release about them)."""
+    baseline_test_accuracy: float | None
+    """The same model trained without privacy on the private training split (None: --no-baseline)."""
+    utility_drop: float | None
+    history: dict[str, list[dict[str, float]]]
+    """Per-epoch test loss/accuracy of the DP run ("dp") and of the baseline ("baseline")."""
+    audit: dict[str, Any] | None = None
+    labelled_elsewhere: dict[str, str] = {}
+    """Report paths outside this section that are non-private too, with why they stay there."""
 
 
 class Report(BaseModel):
@@ -62,27 +104,56 @@ class Report(BaseModel):
     parameters: int
     optimizer: str
     lr: float
-    # Utility.
-    test_accuracy: float
-    baseline_test_accuracy: float | None
-    utility_drop: float | None
-    # Reproducibility and audit.
+    label_set: dict[str, Any]
+    """{"source": "declared", "classes": [...], "declared_by": ...}: the output width is public."""
+    # Randomness and release.
+    randomness: str
+    """"secure" (OS CSPRNG, the default) or "seeded" (research mode: replayable from the seed)."""
+    release_ready: bool
+    """True only with secure randomness and every check passed."""
+    covers: str
+    """Exactly what the (ε, δ) guarantee covers, in words."""
     seed: int
-    secure_rng: bool
+    """Seeds the data-independent choices (split key, initialisation, random features); the noise
+    too in research mode only."""
     veil_version: str
     duration_s: float
     resumes: int = 0
     world_size: int = 1
     """Processes that trained the model together (data parallel, veil.distributed); 1 without."""
     checks: list[Check]
-    audit: dict[str, Any] | None = None
-    history: dict[str, list[dict[str, float]]]
+    non_private: NonPrivate
     files: dict[str, str]
     out_dir: str
 
     @property
     def all_checks_passed(self) -> bool:
         return all(c.passed for c in self.checks)
+
+    @property
+    def secure_rng(self) -> bool:
+        return self.randomness == "secure"
+
+    # The non-private figures, by their former names (Python API; report.json has them in non_private).
+    @property
+    def test_accuracy(self) -> float:
+        return self.non_private.test_accuracy
+
+    @property
+    def baseline_test_accuracy(self) -> float | None:
+        return self.non_private.baseline_test_accuracy
+
+    @property
+    def utility_drop(self) -> float | None:
+        return self.non_private.utility_drop
+
+    @property
+    def history(self) -> dict[str, list[dict[str, float]]]:
+        return self.non_private.history
+
+    @property
+    def audit(self) -> dict[str, Any] | None:
+        return self.non_private.audit
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the content of ``report.json``)."""

@@ -2,44 +2,58 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from veil.report import Report
 
-__all__ = ["guarantee_text", "render_html"]
+__all__ = ["exp_factor", "guarantee_text", "render_html"]
+
+
+def exp_factor(epsilon: float) -> str:
+    """e^ε in words, without overflowing for a huge ε (e^710 passes a float)."""
+    if epsilon > 700:
+        return f"10^{epsilon / math.log(10):.4g}"
+    return f"{math.exp(epsilon):.3g}"
 
 
 def guarantee_text(report: Report) -> str:
-    """The guarantee in plain words."""
+    """The guarantee in plain words: what it covers exactly, and research mode's caveat."""
     d = report.dataset
-    return (
+    text = (
         f"The released model weights are ({report.epsilon_spent:.3g}, "
         f"{report.delta:g})-differentially private "
         f"with respect to the {d.n_train} training examples "
         f"of '{d.name}': adding or removing any one training "
         f"example changes the probability of any outcome by at most a factor e^{report.epsilon_spent:.3g} "
-        f"≈ {2.718281828459045**report.epsilon_spent:.3g}, except with probability at most {report.delta:g}. "
-        f"This covers every use of the training examples in the run: {report.steps} noisy training steps "
+        f"≈ {exp_factor(report.epsilon_spent)}, except with probability at most {report.delta:g}. "
+        f"It covers the weights as trained by {report.steps} noisy steps "
         f"(Poisson sampling at rate {report.sampling_rate:.4g}, "
         f"clip norm {report.max_grad_norm:g}, noise multiplier "
-        f"{report.noise_multiplier:.4g}) and the preprocessing "
+        f"{report.noise_multiplier:.4g}) after the preprocessing "
         f"({report.preprocessing.get('method')}), composed by the "
-        f"{report.accountant.upper()} accountant."
+        f"{report.accountant.upper()} accountant. It does not cover the internal, non-private section "
+        "below (test metrics, a non-private release about the held-out rows; the non-private baseline; "
+        "any audit) nor the dataset fingerprint; N and the label set are public by declaration."
     )
+    if report.randomness != "secure":
+        text += (
+            " Research mode: the noise came from a generator seeded by the run's seed, so this model is "
+            "not private against anyone who knows the seed. Not release-ready."
+        )
+    return text
 
 
 def _caveats(report: Report) -> list[str]:
     out = [
-        "The test accuracy and the non-private baseline are "
-        "diagnostics computed without privacy: they are not "
-        "covered by the guarantee. Keep this report internal; release the model weights only.",
         "The number of training examples N is treated as public, as is usual for DP-SGD (q = B/N).",
+        f"Label set: {', '.join(report.label_set.get('classes', []))} "
+        f"(declared by {report.label_set.get('declared_by')}).",
     ]
-    if not report.secure_rng:
+    if report.randomness != "secure":
         out.append(
-            "Noise and sampling came from a seeded generator "
-            "(research mode): anyone who knows the seed could "
-            "recompute the noise. Train a model for release with --secure-rng."
+            "Noise and sampling came from a seeded generator (research mode, --reproducible): anyone who "
+            "knows the seed could recompute the noise. Train a model for release without --reproducible."
         )
     return out
 
