@@ -301,3 +301,12 @@ def test_bad_events() -> None:
         SelfComposed(Gaussian(1.0), -1)
     with pytest.raises(InvalidParameterError):
         Laplace(float("inf"))
+
+
+def test_calibrate_at_a_tiny_target_lands_below_it() -> None:
+    """A target so small that ε rounds to 0 at the search's largest σ used to crash (log of 0)."""
+    from veil.accounting.calibrate import calibrate_noise, dpsgd_epsilon
+
+    for target in (1e-7, 1e-12):
+        sigma = calibrate_noise(target_epsilon=target, delta=1e-5, sampling_rate=0.01, steps=100)
+        assert dpsgd_epsilon(0.01, sigma, 100, 1e-5) <= target

@@ -152,7 +152,9 @@ def _search_sigma(
     eps_of: Callable[[float], float], target: float, lo: float, hi: float, rel_tol: float
 ) -> float:
     """Smallest σ in [lo, hi] (to rel_tol) with eps_of(σ) ≤ target; eps_of(hi) ≤ target < eps_of(lo)."""
-    f_lo, f_hi = math.log(eps_of(lo)) if eps_of(lo) < math.inf else math.inf, math.log(eps_of(hi))
+    e_lo, e_hi = eps_of(lo), eps_of(hi)
+    f_lo = math.log(e_lo) if e_lo < math.inf else math.inf
+    f_hi = math.log(e_hi) if e_hi > 0 else -math.inf  # ε can round to 0 at a huge σ
     log_t = math.log(target)
     a, b = math.log(lo), math.log(hi)
     while b - a > math.log1p(rel_tol):
