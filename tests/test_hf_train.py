@@ -58,6 +58,8 @@ def _train(files: Path, out: Path, capsys: pytest.CaptureFixture[str], *extra: s
         "review",
         "--target",
         "label",
+        "--classes",
+        "neg,pos",
         "--max-length",
         "10",
         "--delta",
