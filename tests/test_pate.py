@@ -127,14 +127,19 @@ def test_end_to_end_on_digits_through_the_cli(tmp_path: Path, capsys: pytest.Cap
         "teachers",
         "queries_asked",
         "queries_answered",
-        "label_accuracy",
-        "teacher_accuracy",
-        "student_test_accuracy",
+        "randomness",
+        "release_ready",
+        "label_set",
     ):
         assert key in r
+    private = {k: v for k, v in r.items() if k != "non_private"}
+    for key in ("label_accuracy", "teacher_accuracy", "student_test_accuracy", "vote_margins"):
+        assert key in r["non_private"] and key not in private  # non-private figures only there
+    assert r["randomness"] == "secure" and r["release_ready"] is True
+    assert r["label_set"]["source"] == "declared" and r["label_set"]["classes"] == [str(d) for d in range(10)]
     assert r["guarantee"] == "data-independent" and r["epsilon"] == r["epsilon_data_independent"] <= 8.0
     assert 0 < r["queries_answered"] <= 150 and r["teachers"] == 20
-    assert r["label_accuracy"] > 0.6 and r["student_test_accuracy"] > 0.6
+    assert r["non_private"]["label_accuracy"] > 0.6 and r["non_private"]["student_test_accuracy"] > 0.6
     assert "whatever the data" in r["guarantee_statement"] and "stratified" in r["dataset"]["split"]
     for name in ("report.json", "report.html", "epsilon.png", "margins.png", "labels.npz", "student.model"):
         assert (out / name).stat().st_size > 0
@@ -218,14 +223,18 @@ def test_a_folder_of_trained_teachers_is_resumed_and_any_other_folder_refused(tm
     assert first.teachers_resumed == 0 and [c.name for c in first.checks] == [
         "delta_below_1_over_n",
         "target_epsilon_kept",
+        "secure_randomness",
     ]
-    assert all(c.passed for c in first.checks)
+    assert all(c.passed for c in first.checks) and first.release_ready
     from veil.pate.report import pate_checks
 
     over = first.model_copy(update={"epsilon": 10.5, "epsilon_data_independent": 10.5})
-    assert [c.passed for c in pate_checks(over, 10_000)] == [True, False]
-    assert [c.passed for c in pate_checks(first, 200_000)] == [False, True]  # δ = 1e-5 ≥ 1/N fails
+    assert [c.passed for c in pate_checks(over, 10_000)] == [True, False, True]
+    assert [c.passed for c in pate_checks(first, 200_000)] == [False, True, True]  # δ = 1e-5 ≥ 1/N fails
     page = (tmp_path / "a" / "report.html").read_text()
+    assert '<section class="internal">' in page
+    internal = page[page.index('<section class="internal">') :]
+    assert "Teacher accuracy" in internal and "Teacher accuracy" not in page[: len(page) - len(internal)]
     headings = ["The guarantee", "Result", "Verification checklist", "Parameters", "Plots", "Files"]
     positions = [page.index(f"<h2>{h}</h2>") for h in headings]  # the skeleton every job's page shares
     assert positions == sorted(positions)

@@ -55,7 +55,8 @@ BAD: dict[str, list[Any]] = {
     "ptr_max_answers": [0],
     "semi_supervised": ["yes please"],
     "seed": [-1, "zero"],
-    "secure_rng": ["sometimes"],
+    "reproducible": ["sometimes"],
+    "classes": [["only"], ["a", "a"], ["a", ""]],
     "out": [5],
     "progress": ["loud"],
 }

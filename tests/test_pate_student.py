@@ -77,6 +77,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[object, Pa
                 "public_data": str(path),
                 "semi_supervised": semi,
                 "seed": 2,
+                "reproducible": True,  # equal labels across the runs need the same (seeded) noise
                 "out": str(folder),
             }
             out[f"{name}-{semi}"] = (run_pate(cfg), folder)

@@ -69,8 +69,18 @@ def register(app: typer.Typer) -> None:
         ),
         student_model: str = typer.Option(None, "--student-model", help="As --teacher-model."),
         workers: int = typer.Option(None, "--workers", help="Processes training teachers (≤ CPU cores)."),
-        seed: int = typer.Option(None, "--seed", help="Seed of split, partition, models and (seeded) noise."),
-        secure_rng: bool = typer.Option(None, "--secure-rng", help="Noise from the OS CSPRNG."),
+        classes: str = typer.Option(
+            None, "--classes", help="The public label set in class order, e.g. no,yes (own data: required)."
+        ),
+        seed: int = typer.Option(
+            None, "--seed", help="Seed of split, partition, query order and models (not of the noise)."
+        ),
+        reproducible: bool = typer.Option(
+            None,
+            "--reproducible",
+            help="Research mode: noise seeded by --seed (replayable, NOT private against whoever knows the "
+            "seed; never release-ready). Default: noise from the OS CSPRNG.",
+        ),
         out: str = typer.Option(None, "--out", help="Run folder (default runs/pate-<dataset>-<time>)."),
         json_output: bool = typer.Option(False, "--json", help="Print the report JSON on stdout."),
     ) -> None:
@@ -87,17 +97,31 @@ def register(app: typer.Typer) -> None:
 
 def _summary(report: dict[str, Any]) -> str:
     """The few lines ``veil pate`` prints without ``--json``."""
+    from veil.pipeline.randomness import RESEARCH_CAVEAT
+
     folder = Path(report["out_dir"])
     dd = report["epsilon_data_dependent"]
-    acc = report["student_test_accuracy"]
+    acc = report["non_private"]["student_test_accuracy"]
     lines = [
-        (f"student test accuracy {acc:.4f}" if acc is not None else "no student (no label released)")
+        (
+            f"student test accuracy {acc:.4f} (non-private, internal)"
+            if acc is not None
+            else "no student (no label released)"
+        )
         + f" from {report['queries_answered']} "
         f"private labels ({report['queries_asked']} queries asked, {report['teachers']} teachers, "
         f"{report['aggregator']})",
         f"ε = {report['epsilon']:.4g} ({report['guarantee']} guarantee) at δ = {report['delta']:g}; "
         f"data-independent {report['epsilon_data_independent']:.4g}, data-dependent "
         + (f"{dd:.4g} (released)" if dd is not None else "not analysed"),
+        "release-ready: secure randomness and every check passed"
+        if report["release_ready"]
+        else "NOT release-ready: "
+        + (
+            RESEARCH_CAVEAT
+            if report["randomness"] == "seeded"
+            else "a check failed (see the report's checklist)"
+        ),
         f"report: {folder / 'report.html'}",
         f"        {folder / 'report.json'}",
     ]

@@ -74,13 +74,26 @@ class PateConfig(BaseModel):
     ptr_select_share: float = 0.3
     ptr_order: float | None = None
     ptr_max_answers: int | None = None
+    classes: list[str] | None = None
+    """The public label set, in class-index order (``--classes a,b,c``); required for the user's own
+    data (veil never reads the label set off private rows)."""
     semi_supervised: bool = True
     """Self-train the student on the unlabelled public pool (post-processing: no privacy cost)."""
     # -- run --------------------------------------------------------------------------------------
     seed: int = 0
-    secure_rng: bool = False
+    """Seeds the data-independent choices only (split, partition, query order, models); with
+    ``reproducible`` also the vote and release noise."""
+    reproducible: bool = False
+    """Research mode: the aggregator, threshold, release and PTR noise from generators seeded by ``seed``
+    (replayable, so **not** private against anyone who knows the seed; never release-ready). By default
+    (false) every private draw comes from the OS CSPRNG (veil.pipeline.randomness)."""
     out: str | None = None
     progress: bool = False
+
+    @property
+    def secure_rng(self) -> bool:
+        """Noise from the OS CSPRNG: ``not reproducible`` (the name older code reads)."""
+        return not self.reproducible
 
     @model_validator(mode="after")
     def _check_rules(self) -> PateConfig:
@@ -187,13 +200,18 @@ RULES: dict[str, Rule] = {
     "ptr_select_share": _PTR_SHARE,
     "ptr_order": _ORDER,
     "ptr_max_answers": Rule(_count, "PTR answers at most this many selected queries", "pass an integer ≥ 1"),
+    "classes": Rule(
+        lambda v: isinstance(v, list) and len(v) >= 2 and len(set(v)) == len(v) and "" not in v,
+        "the declared label set fixes the outputs and must list at least two distinct, non-empty names",
+        "pass e.g. --classes no,yes",
+    ),
     "semi_supervised": _SWITCH,
     "seed": Rule(
         lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
         "the seed fixes the split, the partition and the models; seeds are non-negative integers",
         "pass an integer ≥ 0",
     ),
-    "secure_rng": _SWITCH,
+    "reproducible": _SWITCH,
     "out": Rule(_anything, "the run folder is a path", "pass a folder path"),
     "progress": _SWITCH,
 }
@@ -202,10 +220,34 @@ _KEYS = tuple(PateConfig.model_fields)
 assert set(RULES) == set(_KEYS), "every PateConfig field needs a rule"
 
 
+def _legacy_secure_rng(value: Any, out: dict[str, Any], source: str) -> None:
+    """``secure_rng = false`` asks for research mode (``reproducible = true``); true is the default."""
+    if not isinstance(value, bool):
+        raise ConfigError(
+            "secure_rng",
+            value,
+            f"this {source} setting is on or off; a mistyped setting is refused, not guessed",
+            "write reproducible = true for a seeded research run, or drop the key (secure is the default)",
+        )
+    if value is True and out.get("reproducible") is True:
+        raise ConfigError(
+            "secure_rng",
+            value,
+            "secure_rng = true forbids the seeded noise that reproducible = true asks for",
+            "keep one of them: reproducible = true (research) or neither (secure, the default)",
+        )
+    out["reproducible"] = not value
+
+
 def _normalise(values: Mapping[str, Any], source: str) -> dict[str, Any]:
-    out = {}
+    out: dict[str, Any] = {}
     for key, value in values.items():
         k = str(key).replace("-", "_")
+        if k == "secure_rng":  # the old key, mapped as `veil train` maps it
+            _legacy_secure_rng(value, out, source)
+            continue
+        if k == "classes" and isinstance(value, str):  # --classes a,b,c
+            value = [c.strip() for c in value.split(",")]
         if k not in _KEYS:
             close = difflib.get_close_matches(k, _KEYS, n=1)
             hint = f"did you mean '{close[0]}'? " if close else ""

@@ -117,6 +117,7 @@ def load_pate_data(cfg: PateConfig) -> PateData:
         target=cfg.target,
         test_fraction=cfg.holdout_fraction,
         seed=cfg.seed,
+        classes=cfg.classes,
     )
     duplicates = 0
     if cfg.public_data is not None:

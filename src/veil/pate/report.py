@@ -1,7 +1,10 @@
 """The PATE run report: ``report.json`` (stable field names), ``report.html`` and two PNG plots.
 
 Field names are part of veil's interface: new fields may be added, existing ones keep their name
-and meaning. ``epsilon`` is always the ε of the stated guarantee (``guarantee``); both analyses are
+and meaning. Figures computed from private data without privacy (label, teacher and student accuracy,
+the vote margins) sit in ``report.json``'s one ``non_private`` section (:data:`NON_PRIVATE`); the
+Python attributes keep their names. ``release_ready``: secure randomness and every check passed.
+``epsilon`` is always the ε of the stated guarantee (``guarantee``); both analyses are
 reported next to it.
 """
 
@@ -17,7 +20,24 @@ from veil.pipeline.outputs import finite
 from veil.report import Check
 from veil.report.plots import figure, png_bytes
 
-__all__ = ["PateReport", "epsilon_png", "guarantee_text", "margins_png", "pate_checks", "render_html"]
+__all__ = [
+    "NON_PRIVATE",
+    "PateReport",
+    "epsilon_png",
+    "guarantee_text",
+    "margins_png",
+    "pate_checks",
+    "render_html",
+]
+
+
+NON_PRIVATE = ("label_accuracy", "teacher_accuracy", "student_test_accuracy", "vote_margins")
+"""Fields computed on private data without privacy: written under ``non_private`` in report.json."""
+
+_NON_PRIVATE_NOTE = (
+    "computed on private data (teachers' votes, held-out labels) without privacy: keep internal, "
+    "not covered by the guarantee"
+)
 
 
 class PateReport(BaseModel):
@@ -65,7 +85,12 @@ class PateReport(BaseModel):
     student_model: str
     # Reproducibility and audit.
     seed: int
-    secure_rng: bool
+    reproducible: bool
+    randomness: str
+    """``secure`` (OS CSPRNG, the default) or ``seeded`` (research mode, never release-ready)."""
+    label_set: dict[str, Any]
+    """The public label set: ``source`` (declared), ``classes``, ``declared_by``."""
+    release_ready: bool = False
     teachers_resumed: int
     veil_version: str
     duration_s: float
@@ -76,9 +101,18 @@ class PateReport(BaseModel):
     checks: list[Check] = Field(default_factory=list)
     """The verification checklist, each item recomputed from what the run did."""
 
+    @property
+    def secure_rng(self) -> bool:
+        """Noise from the OS CSPRNG (the name older code reads)."""
+        return not self.reproducible
+
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (the content of ``report.json``)."""
-        return dict(finite(self.model_dump(mode="json")))
+        """A JSON-ready dict (the content of ``report.json``), the non-private figures in ``non_private``."""
+        out = dict(finite(self.model_dump(mode="json")))
+        section: dict[str, Any] = {"note": _NON_PRIVATE_NOTE}
+        section.update({k: out.pop(k) for k in NON_PRIVATE})
+        out["non_private"] = section
+        return out
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
@@ -104,7 +138,13 @@ def _ptr_text(r: PateReport, unit: str, released: str) -> str:
 
 
 def guarantee_text(r: PateReport) -> str:
-    """The guarantee in plain words (also stored as ``guarantee_statement``)."""
+    """The guarantee in plain words (also stored as ``guarantee_statement``); in research mode it
+    ends with the research caveat (the noise can be recomputed from the seed)."""
+    text = _guarantee_text(r)
+    return text + " " + _research_sentence() if r.reproducible else text
+
+
+def _guarantee_text(r: PateReport) -> str:
     unit = "group (as given by the group ids)" if r.privacy_unit == "group" else "private training example"
     released = "the labels released for the student (hence the student model, by post-processing)"
     if r.guarantee == "ptr":
@@ -141,6 +181,7 @@ def pate_checks(r: PateReport, units: int) -> list[Check]:
     """The checklist: δ < 1/N over the ``units`` protected (examples or groups), and the ε that
     stopped the run (the guarantee's, or the released data-dependent one) within the target."""
     from veil.pipeline.checks import delta_check
+    from veil.pipeline.randomness import randomness_check
 
     if r.budget == "data-dependent":
         eps, what = r.epsilon_data_dependent, "the released data-dependent ε (this run's budget)"
@@ -155,6 +196,7 @@ def pate_checks(r: PateReport, units: int) -> list[Check]:
             passed=bool(kept),
             detail=f"{what} = {shown}, target {r.target_epsilon:g}",
         ),
+        randomness_check(r.randomness),
     ]
 
 
@@ -166,12 +208,15 @@ def _caveats(r: PateReport) -> list[str]:
         "Teachers are trained without privacy on disjoint partitions; their weights and votes (saved in "
         "the run folder) are as sensitive as the private data.",
     ]
-    if not r.secure_rng:
-        out.append(
-            "Noise came from a seeded generator (research mode): whoever knows the seed can recompute "
-            "it. Run with --secure-rng for labels that are to be released."
-        )
+    if r.reproducible:
+        out.append(_research_sentence() + " Run without --reproducible for labels that are to be released.")
     return out
+
+
+def _research_sentence() -> str:
+    from veil.pipeline.randomness import RESEARCH_CAVEAT
+
+    return f"{RESEARCH_CAVEAT[0].upper()}{RESEARCH_CAVEAT[1:]}: not release-ready."
 
 
 def epsilon_png(

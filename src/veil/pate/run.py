@@ -187,11 +187,13 @@ def _teacher_votes(
 
 def _label(cfg: PateConfig, privacy: _Privacy, hist: np.ndarray, out: Path, data: PateData) -> LabelResult:
     """Answer the queries within the budget and write the released labels (``labels.npz``)."""
-    from veil.mechanisms import make_source
     from veil.pate.labelling import label_queries
+    from veil.pipeline.randomness import private_source
 
     settings = privacy.settings(len(data.order), data.ds.num_classes)
-    rng = make_source(cfg.secure_rng, None if cfg.secure_rng else derive_seed(cfg.seed, Purpose.PATE_NOISE))
+    # Every private draw (votes, threshold check, data-dependent release, PTR test) from one source:
+    # the OS CSPRNG, or in research mode the seed derived for PATE_NOISE. Nothing of it is saved.
+    rng = private_source(cfg.reproducible, cfg.seed, Purpose.PATE_NOISE)
     result = label_queries(hist, settings, rng)
     idx = np.flatnonzero(result.labels >= 0)
     buf = io.BytesIO()
@@ -296,6 +298,7 @@ def _build_report(cfg: PateConfig, o: _Outcome, out: Path) -> PateReport:
     import veil
     from veil.pate.report import guarantee_text, pate_checks
     from veil.pate.teachers import mean_accuracy
+    from veil.pipeline.randomness import randomness_of, release_ready
 
     result, student, agg = o.result, o.student, o.privacy.aggregator
     idx = np.flatnonzero(result.labels >= 0)
@@ -335,7 +338,13 @@ def _build_report(cfg: PateConfig, o: _Outcome, out: Path) -> PateReport:
         teacher_model=o.models[0],
         student_model=o.models[1],
         seed=cfg.seed,
-        secure_rng=cfg.secure_rng,
+        reproducible=cfg.reproducible,
+        randomness=randomness_of(cfg.reproducible),
+        label_set={
+            "source": "declared",
+            "classes": list(o.data.ds.classes),
+            "declared_by": o.data.ds.classes_declared_by,
+        },
         teachers_resumed=o.votes.resumed,
         veil_version=veil.__version__,
         duration_s=time.time() - o.started,
@@ -350,8 +359,13 @@ def _build_report(cfg: PateConfig, o: _Outcome, out: Path) -> PateReport:
         files=_files(student),
         out_dir=str(out),
     )
+    checks = pate_checks(rep, o.part.num_units)
     return rep.model_copy(
-        update={"guarantee_statement": guarantee_text(rep), "checks": pate_checks(rep, o.part.num_units)}
+        update={
+            "guarantee_statement": guarantee_text(rep),
+            "checks": checks,
+            "release_ready": release_ready(rep.randomness, checks),
+        }
     )
 
 
