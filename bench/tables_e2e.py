@@ -116,10 +116,10 @@ def main(argv: list[str] | None = None) -> int:
                                                "--seed", seed, "--json", "--out", str(out))  # fmt: skip
                             assert code == 0, text
                             r = json.loads(text.strip().splitlines()[-1])
-                            ds = r["dataset"]
+                            ds, internal = r["dataset"], r["non_private"]
                             rows.append([key, source, eps, seed, ds["n_train"], ds["n_test"],
-                                         round(r["epsilon_spent"], 3), round(r["test_accuracy"], 4),
-                                         round(r["baseline_test_accuracy"], 4),
+                                         round(r["epsilon_spent"], 3), round(internal["test_accuracy"], 4),
+                                         round(internal["baseline_test_accuracy"], 4),
                                          round(time.perf_counter() - t, 1)])  # fmt: skip
                             print(rows[-1], file=sys.stderr)
     finally:
