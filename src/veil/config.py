@@ -440,7 +440,7 @@ def snake_keys(values: Mapping[str, Any]) -> dict[str, Any]:
     return {str(k).replace("-", "_"): v for k, v in values.items()}
 
 
-def _legacy_secure_rng(value: Any, out: dict[str, Any], source: str) -> None:
+def legacy_secure_rng(value: Any, out: dict[str, Any], source: str) -> None:
     """The old ``secure_rng`` key: true is the default now (nothing to do), false asks for research mode."""
     if not isinstance(value, bool):
         raise ConfigError(
@@ -465,7 +465,7 @@ def _normalise_keys(values: Mapping[str, Any], source: str) -> dict[str, Any]:
     for raw_key, value in values.items():
         key = str(raw_key).replace("-", "_")
         if key == "secure_rng":
-            _legacy_secure_rng(value, out, source)
+            legacy_secure_rng(value, out, source)
             continue
         if key == "classes" and isinstance(value, str):  # --classes a,b,c
             value = [c.strip() for c in value.split(",")]

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
+from veil.config import legacy_secure_rng
 from veil.errors import ConfigError, VeilError
 
 __all__ = ["RULES", "PateConfig", "make_pate_config", "resolve_pate_config"]
@@ -220,31 +221,12 @@ _KEYS = tuple(PateConfig.model_fields)
 assert set(RULES) == set(_KEYS), "every PateConfig field needs a rule"
 
 
-def _legacy_secure_rng(value: Any, out: dict[str, Any], source: str) -> None:
-    """``secure_rng = false`` asks for research mode (``reproducible = true``); true is the default."""
-    if not isinstance(value, bool):
-        raise ConfigError(
-            "secure_rng",
-            value,
-            f"this {source} setting is on or off; a mistyped setting is refused, not guessed",
-            "write reproducible = true for a seeded research run, or drop the key (secure is the default)",
-        )
-    if value is True and out.get("reproducible") is True:
-        raise ConfigError(
-            "secure_rng",
-            value,
-            "secure_rng = true forbids the seeded noise that reproducible = true asks for",
-            "keep one of them: reproducible = true (research) or neither (secure, the default)",
-        )
-    out["reproducible"] = not value
-
-
 def _normalise(values: Mapping[str, Any], source: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in values.items():
         k = str(key).replace("-", "_")
         if k == "secure_rng":  # the old key, mapped as `veil train` maps it
-            _legacy_secure_rng(value, out, source)
+            legacy_secure_rng(value, out, source)
             continue
         if k == "classes" and isinstance(value, str):  # --classes a,b,c
             value = [c.strip() for c in value.split(",")]
