@@ -3,8 +3,10 @@
 Order of work (everything that can refuse runs before anything is written or charged):
 
 1. settings, schema (reviewed), public domain from the schema, size checks on the domain;
-2. the run folder must be new; the table is read and encoded (a column the schema does not declare
-   is refused by the reader); δ < 1/N; the 1-way noise must be below N;
+2. the run folder must be new; the run is charged to the dataset's privacy budget (``veil budget``):
+   its whole zCDP budget ρ is reserved, or the run refused, before a row is read, and the charge is
+   settled to the ledger's events at the end; the table is read and encoded (a column the schema
+   does not declare is refused by the reader); δ < 1/N; the 1-way noise must be below N;
 3. the ledger is created, then the mechanism runs, each event appended to the ledger (fsync'ed)
    as it is released; the (ε, δ) is the RDP accountant's composition of the ledger's events and is
    checked against the target before any output is written;
@@ -116,31 +118,65 @@ def run_synth(settings: SynthSettings) -> dict[str, Any]:
     out = Path(settings.out) if settings.out is not None else default_out(settings.dataset, "synth")
     check_out(out)
     rho = rho_for_epsilon(settings.epsilon, settings.delta)
-    codes = read_codes(settings, schema, domain)
-    n = codes.shape[0]
-    check_delta(settings.delta, n)
-    _check_noise(_first_sigma(settings, len(domain), rho), n, settings)
-    rng = make_source(settings.secure_rng, settings.seed)
-
-    out.mkdir(parents=True, exist_ok=True)
-    ledger = Ledger.create(
-        out / LEDGER,
-        {
-            "job": "synth",
-            "mechanism": settings.mechanism,
-            "epsilon": settings.epsilon,
-            "delta": settings.delta,
-            "rho": rho,
-            "accountant": "rdp",
-            "neighbouring": "add_or_remove_one",
-        },
-    )
+    charge, run_id = _reserve(settings, rho)  # the budget registry: refused here, before a row is read
+    ledger = None
     try:
-        fit = _fit(settings, codes, domain, rho, rng, ledger)
-        report = _finish(settings, schema, domain, codes, fit, rho, rng, ledger, out, start)
+        codes = read_codes(settings, schema, domain)
+        n = codes.shape[0]
+        check_delta(settings.delta, n)
+        _check_noise(_first_sigma(settings, len(domain), rho), n, settings)
+        rng = make_source(settings.secure_rng, settings.seed)
+
+        out.mkdir(parents=True, exist_ok=True)
+        ledger = Ledger.create(
+            out / LEDGER,
+            {
+                "job": "synth",
+                "mechanism": settings.mechanism,
+                "epsilon": settings.epsilon,
+                "delta": settings.delta,
+                "rho": rho,
+                "accountant": "rdp",
+                "neighbouring": "add_or_remove_one",
+                "budget_run_id": run_id,
+                "budget_dataset_id": charge.identity.id,
+            },
+        )
+        try:
+            fit = _fit(settings, codes, domain, rho, rng, ledger)
+            report = _finish(settings, schema, domain, codes, fit, rho, rng, ledger, out, start)
+        finally:
+            ledger.close()
     finally:
-        ledger.close()
+        # What the ledger holds is what was released; no ledger: nothing was.
+        if ledger is None:
+            charge.release()
+        else:
+            charge.settle(ledger.events())
+        charge.close()
     return report
+
+
+def _reserve(settings: SynthSettings, rho: float) -> tuple[Any, str]:
+    """Charge the run to its dataset's budget before a row is read: the whole zCDP budget ρ is reserved
+    (a :class:`~veil.accounting.events.ZeroConcentrated` event; the events AIM and MST release are
+    chosen as they go, their ρ summing to at most this, so their RDP curve lies below it), then settled
+    to the ledger's events. Refused (nothing written, nothing charged) when it would overspend."""
+    import uuid
+
+    from veil.accounting.events import ZeroConcentrated
+    from veil.registry.charge import DatasetCharge
+
+    charge = DatasetCharge.before_reading(
+        settings.dataset, job="synth", table=settings.table, query=settings.query
+    )
+    run_id = uuid.uuid4().hex
+    try:
+        charge.reserve([ZeroConcentrated(rho)], run_id, settings.delta)
+    except BaseException:
+        charge.close()
+        raise
+    return charge, run_id
 
 
 def _fit(
