@@ -109,10 +109,36 @@ def test_no_accountant_for_every_event_is_refused_naming_one() -> None:
 
 
 def test_delta_only_parts_come_off_delta() -> None:
-    events = [SelfComposed(Laplace(10.0), 4)]
+    events = [SelfComposed(Laplace(2.0), 40)]  # pure ε = 20: the accountants' bound is far smaller
     plain = PLDAccountant().compose(events[0]).epsilon(1e-6 - 3e-7)
+    assert plain < 20
     assert spent_epsilon([[*events, DeltaOnly(1e-7), DeltaOnly(2e-7)]], 1e-6, "pld") == pytest.approx(plain)
-    assert math.isinf(spent_epsilon([[*events, DeltaOnly(1e-6)]], 1e-6))
+    # δ used up by the (0, δ) parts: only the pure bound (basic composition) is left; beyond δ: none.
+    assert spent_epsilon([[*events, *[DeltaOnly(1e-7)] * 10]], 1e-6) == pytest.approx(20.0)
+    assert math.isinf(
+        spent_epsilon([[SelfComposed(PoissonSampled(0.1, Gaussian(1.0)), 10), DeltaOnly(1e-6)]], 1e-6)
+    )
+    assert math.isinf(spent_epsilon([[*events, DeltaOnly(2e-6)]], 1e-6))
+
+
+def test_an_approximate_dp_guarantee_composes_as_randomized_response_plus_its_delta() -> None:
+    """PATE's (ε, δ): δ off the total, the ε part as RR(ε) in RDP (closed form), or its pure ε alone."""
+    from veil.accounting.events import ApproximateDP
+
+    eps, d = 2.0, 1e-6
+    p = math.exp(eps) / (1 + math.exp(eps))
+    a = np.asarray(DEFAULT_ORDERS)
+    small = a <= 20  # the textbook form, where it does not overflow; log-space beyond
+    rr = np.logaddexp(a * math.log(p) + (1 - a) * math.log1p(-p), a * math.log1p(-p) + (1 - a) * math.log(p))
+    rr = rr / (a - 1)
+    direct = np.log(p ** a[small] * (1 - p) ** (1 - a[small]) + (1 - p) ** a[small] * p ** (1 - a[small]))
+    np.testing.assert_allclose(rr[small], direct / (a[small] - 1), rtol=1e-12)
+    assert np.all(rr <= np.minimum(eps, a * eps**2 / 2) + 1e-12)  # ε-DP ⇒ ε²/2-zCDP (Bun & Steinke)
+    gauss = Gaussian(3.0)
+    got = spent_epsilon([[ApproximateDP(eps, d)], [gauss]], 1e-5)
+    assert got == pytest.approx(_rdp_epsilon(rr + a / 18, 1e-5 - d), rel=1e-9)
+    assert spent_epsilon([[ApproximateDP(eps, d)]], d) == pytest.approx(eps)  # reported at its own δ
+    assert event_from_dict(ApproximateDP(eps, d).to_dict()) == ApproximateDP(eps, d)
 
 
 def test_zcdp_reservation_dominates_what_synth_releases() -> None:
@@ -316,3 +342,24 @@ def test_budget_exhausted_error_is_raised_by_the_api(tmp_path: Path) -> None:
         reg.set_budget("ds", 1.0, 1e-6)
         with pytest.raises(BudgetExhaustedError, match="synth"):
             reg.reserve("ds", [ZeroConcentrated(1.0)], "r", job="synth", delta=1e-6)
+
+
+def test_pate_is_charged_with_its_guarantee(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from veil.accounting.events import ApproximateDP
+    from veil.pate.run import run_pate
+
+    settings = {"dataset": "breast-cancer", "teachers": 10, "sigma": 2.0, "epsilon": 6.0, "queries": 20}
+    report = run_pate({**settings, "out": str(tmp_path / "p1")})
+    status = _show(capsys, "breast-cancer")
+    (run,) = status["runs"]
+    assert run["job"] == "pate" and run["status"] == "committed"
+    assert [event_from_dict(e) for e in run["events"]] == [ApproximateDP(report.epsilon, report.delta)]
+    assert status["spent_epsilon"] == pytest.approx(report.epsilon)  # alone, at its own δ: its ε
+    # With a budget that is spent, a second run is refused before a row is read: nothing written.
+    assert (
+        _cli(capsys, "budget", "set", "--dataset", "breast-cancer", "--epsilon", "6", "--delta", "2e-5")[0]
+        == 0
+    )
+    with pytest.raises(BudgetExhaustedError):
+        run_pate({**settings, "out": str(tmp_path / "p2")})
+    assert not (tmp_path / "p2").exists() and len(_show(capsys, "breast-cancer")["runs"]) == 1

@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 from veil.errors import InvalidParameterError
 
 __all__ = [
+    "ApproximateDP",
     "Composed",
     "DeltaOnly",
     "ExponentialMechanism",
@@ -318,6 +319,38 @@ class DeltaOnly(PrivacyEvent):
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": self.kind, "delta": self.delta}
+
+
+@dataclass(frozen=True)
+class ApproximateDP(PrivacyEvent):
+    """A release known only through an ``(epsilon, delta)``-DP guarantee at one δ.
+
+    For analyses that end in one (ε, δ) statement rather than in events: PATE's Propose-Test-Release
+    and data-independent label budgets (``veil pate``). Every (ε, δ)-DP pair of output laws is a
+    post-processing of the (ε, δ) randomized response (Kairouz, Oh & Viswanath 2015): with probability
+    δ an output that reveals everything, else randomized response RR(ε). So it composes as a
+    :class:`DeltaOnly` part ``delta`` plus an ε-DP part, whose Rényi divergence at every order is at
+    most RR(ε)'s (RDP does not grow under post-processing). The budget registry composes it so; the
+    accountants refuse it.
+    """
+
+    epsilon: float
+    delta: float = 0.0
+    kind: ClassVar[str] = "approximate_dp"
+
+    def __post_init__(self) -> None:
+        e, d = self.epsilon, self.delta
+        if isinstance(e, bool) or not isinstance(e, (int, float)) or not (math.isfinite(e) and e >= 0):
+            raise InvalidParameterError("epsilon", e, "a guarantee's ε is a finite number ≥ 0", "pass ε ≥ 0")
+        if isinstance(d, bool) or not isinstance(d, (int, float)) or not (0 <= d < 1):
+            raise InvalidParameterError(
+                "delta", d, "a guarantee's δ lies in [0, 1)", "pass the δ it holds at"
+            )
+        object.__setattr__(self, "epsilon", float(e))
+        object.__setattr__(self, "delta", float(d))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.kind, "epsilon": self.epsilon, "delta": self.delta}
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from typing import Literal
 import numpy as np
 
 from veil.accounting.events import (
+    ApproximateDP,
     Composed,
     Neighbouring,
     OneOf,
@@ -53,6 +54,7 @@ from veil.errors import InvalidParameterError
 __all__ = [
     "TrialCount",
     "events_rdp",
+    "pure_dp_rdp",
     "repeat_and_select",
     "trial_rdp",
     "tuning_epsilon",
@@ -188,9 +190,24 @@ def repeat_and_select(trial: PrivacyEvent, count: TrialCount) -> RepeatAndSelect
     return RepeatAndSelect(trial, count.mean, count.law, count.shape)
 
 
+def pure_dp_rdp(epsilon: float, orders: Sequence[float]) -> np.ndarray:
+    """RDP of randomized response RR(ε) at each order: the largest of any ε-DP mechanism.
+
+    ``D_α = log(p^α (1−p)^{1−α} + (1−p)^α p^{1−α}) / (α − 1)`` with ``p = e^ε/(1 + e^ε)``, in log space.
+    """
+    a = np.asarray(orders, dtype=float)
+    if epsilon == 0:
+        return np.zeros(len(a))
+    lp, lq = -math.log1p(math.exp(-epsilon)), -math.log1p(math.exp(epsilon))
+    d = np.logaddexp(a * lp + (1 - a) * lq, a * lq + (1 - a) * lp) / (a - 1)
+    return np.minimum(d, epsilon)
+
+
 def _needs_this_module(event: PrivacyEvent) -> bool:
     if isinstance(event, (RepeatAndSelect, OneOf, ZeroConcentrated)):
         return True
+    if isinstance(event, ApproximateDP):
+        return event.delta == 0
     if isinstance(event, SelfComposed):
         return _needs_this_module(event.event)
     if isinstance(event, Composed):
@@ -207,6 +224,8 @@ def _event_rdp(event: PrivacyEvent, orders: Sequence[float], relation: Neighbour
         return np.max([_event_rdp(e, orders, relation) for e in event.events], axis=0)
     if isinstance(event, ZeroConcentrated):
         return np.asarray(orders, dtype=float) * event.rho
+    if isinstance(event, ApproximateDP) and event.delta == 0:
+        return pure_dp_rdp(event.epsilon, orders)
     if isinstance(event, SelfComposed) and _needs_this_module(event.event):
         return (
             event.count * _event_rdp(event.event, orders, relation) if event.count else np.zeros(len(orders))

@@ -24,7 +24,10 @@ RDP analysis bounds), converted at δ with the same conversion as every RDP run.
 
 ``(0, δ)`` parts. :class:`~veil.accounting.events.DeltaOnly` events (the thresholds of a DP schema
 release) are not composed by an accountant: with ``Σ δ_i`` their total, ε is the accountants' ε at
-``δ − Σ δ_i`` (see the event's docstring for why δ's add), and ∞ if ``Σ δ_i ≥ δ``.
+``δ − Σ δ_i`` (see the event's docstring for why δ's add); when every event is pure ε-DP the sum of
+their ε (basic composition) is a bound too, the only one left if ``Σ δ_i = δ``; ∞ if ``Σ δ_i > δ``. An
+:class:`~veil.accounting.events.ApproximateDP` ``(ε_i, δ_i)`` (``veil pate``'s guarantee) gives its
+``δ_i`` to that sum and its ε-DP part to RDP, as randomized response RR(ε_i).
 
 Order-free: both accountants are, so :func:`compact` may merge identical events into one
 :class:`~veil.accounting.events.SelfComposed` without changing the bound. Events are stored as the
@@ -42,7 +45,17 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
 from veil.accounting.base import make_accountant
-from veil.accounting.events import DeltaOnly, Neighbouring, PrivacyEvent, SelfComposed, event_from_dict
+from veil.accounting.events import (
+    ApproximateDP,
+    Composed,
+    DeltaOnly,
+    ExponentialMechanism,
+    Laplace,
+    Neighbouring,
+    PrivacyEvent,
+    SelfComposed,
+    event_from_dict,
+)
 from veil.accounting.interface import check_delta
 from veil.errors import InvalidParameterError, UnsupportedEventError
 
@@ -69,7 +82,8 @@ def compact(events: Iterable[PrivacyEvent]) -> list[PrivacyEvent]:
 
     A run's ledger holds one event per DP-SGD step; the registry keeps one record per distinct event.
     Nested ``SelfComposed`` records of the same event are merged too, so counts add up. ``DeltaOnly``
-    events are kept one by one (their δ's add; they are not composed by an accountant).
+    and ``ApproximateDP`` events are kept one by one (their δ's add; they are not composed by an
+    accountant).
     """
     counts: Counter[PrivacyEvent] = Counter()
     for event in events:
@@ -80,7 +94,7 @@ def compact(events: Iterable[PrivacyEvent]) -> list[PrivacyEvent]:
             counts[event] += 1
     out: list[PrivacyEvent] = []
     for e, n in counts.items():
-        if isinstance(e, DeltaOnly):
+        if isinstance(e, (DeltaOnly, ApproximateDP)):
             out.extend([e] * n)
         else:
             out.append(e if n == 1 else SelfComposed(e, n))
@@ -104,10 +118,15 @@ def events_from_json(text: str) -> list[PrivacyEvent]:
 
 def _split(events: Iterable[PrivacyEvent]) -> tuple[list[PrivacyEvent], float]:
     """(the events an accountant composes, the total δ of the ``DeltaOnly`` parts)."""
-    rest, extra = [], 0.0
+    rest: list[PrivacyEvent] = []
+    extra = 0.0
     for e in events:
         if isinstance(e, DeltaOnly):
             extra += e.delta
+        elif isinstance(e, ApproximateDP):  # δ apart, the rest an ε-DP release (see the event)
+            extra += e.delta
+            if e.epsilon > 0:
+                rest.append(ApproximateDP(e.epsilon))
         else:
             rest.append(e)
     return rest, extra
@@ -206,10 +225,46 @@ def spent_epsilon(
     rest, extra = _split(compact(e for run in runs for e in run))
     if not rest and extra == 0.0:
         return 0.0
-    if extra >= delta:
+    if extra > delta * (1 + _ROUNDING):
         return math.inf
-    names = accountants_for(rest, accountant, Neighbouring(neighbouring))
+    relation = Neighbouring(neighbouring)
+    names = accountants_for(rest, accountant, relation)
+    pure = _pure_epsilon(rest)
+    if extra >= delta * (1 - _ROUNDING):  # no δ left for the accountants: only a pure-DP bound holds
+        return math.inf if pure is None else pure
     if not rest:
         return 0.0
-    relation = Neighbouring(neighbouring)
-    return min(_epsilon(n, rest, delta - extra, relation) for n in names)
+    eps = min(_epsilon(n, rest, delta - extra, relation) for n in names)
+    return eps if pure is None else min(eps, pure)
+
+
+_ROUNDING = 1e-12
+"""Relative float rounding allowed when the ``DeltaOnly`` parts add up to δ itself (k shares δ/k)."""
+
+
+def _pure_epsilon(events: Sequence[PrivacyEvent]) -> float | None:
+    """Σ ε of the events when each is pure ε-DP (basic composition), else None.
+
+    A bound that holds at every δ ≥ the ``DeltaOnly`` parts, so the smaller of it and the accountants'
+    is still a bound; it is the only one left when those parts use up δ (a lone ``veil pate`` or DP
+    schema release reported at its own δ).
+    """
+    total = 0.0
+    for e in events:
+        if isinstance(e, SelfComposed):
+            inner = _pure_epsilon([e.event])
+            if inner is None:
+                return None
+            total += e.count * inner
+        elif isinstance(e, Composed):
+            inner = _pure_epsilon(e.events)
+            if inner is None:
+                return None
+            total += inner
+        elif isinstance(e, Laplace):
+            total += e.pure_epsilon
+        elif isinstance(e, (ApproximateDP, ExponentialMechanism)) and not getattr(e, "delta", 0.0):
+            total += e.epsilon
+        else:
+            return None
+    return total
