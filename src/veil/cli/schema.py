@@ -74,6 +74,7 @@ def _release_charged(
     """The DP release, charged to the dataset's budget: the dataset is identified and its budget checked
     before a row is read, the plan (:func:`veil.tables.infer.dp_plan`: every release the inference may
     make) reserved before the first release, and the charge settled to what was released."""
+    import dataclasses
     import uuid
 
     from veil.registry.charge import DatasetCharge
@@ -102,8 +103,9 @@ def _release_charged(
                 max_levels=max_levels,
                 spent=spent,
             )
-            result.schema.dp.update({"budget_run_id": run_id, "budget_dataset_id": charge.identity.id})
-            write_schema(result.schema, path, result.header, result.notes)
+            budget = {"budget_run_id": run_id, "budget_dataset_id": charge.identity.id}
+            schema = dataclasses.replace(result.schema, dp={**result.schema.dp, **budget})
+            write_schema(schema, path, result.header, result.notes)
         finally:
             if spent:
                 charge.settle(spent)

@@ -82,7 +82,7 @@ def infer_schema(
     _check_names(names, target, ignore, source.describe())
     read = [n for n in names if n not in ignore]
     if epsilon is not None:
-        return _infer_dp(source, names, read, target, epsilon, delta, ignore, max_levels, rng, spent)
+        return _infer_dp(source, names, read, target, epsilon, delta, ignore, max_levels, rng, released=spent)
     table = _read(source, read)
     columns: list[ColumnSpec] = []
     notes: dict[str, str] = {}
@@ -276,7 +276,7 @@ def _infer_dp(
     ignore: Sequence[str],
     max_levels: int,
     rng: RandomSource | None,
-    spent: list[PrivacyEvent] | None = None,
+    released: list[PrivacyEvent] | None = None,
 ) -> InferResult:
     from veil.mechanisms.rng import make_source
     from veil.tables.release import dp_bounds, noisy_kind_counts, scale_for, thresholded_levels
@@ -293,7 +293,7 @@ def _infer_dp(
     eps_col, delta_col = epsilon / k, delta / k
     kind_scale = scale_for(eps_col / 4, rng.secure)
     events: list[PrivacyEvent] = []
-    charged = spent if spent is not None else []
+    charged = released if released is not None else []
 
     def record(event: PrivacyEvent, threshold_delta: float | None = None) -> None:
         events.append(event)
