@@ -102,7 +102,56 @@ def _first_sigma(settings: SynthSettings, d: int, rho: float) -> float:
 
 
 def run_synth(settings: SynthSettings) -> dict[str, Any]:
-    """Run ``veil synth``; returns the report (also written to ``out/report.json``)."""
+    """Run ``veil synth``; returns the report (also written to ``out/report.json``).
+
+    The run is charged to its dataset's privacy budget through :class:`_Account` (see step 2 above)."""
+    account = _Account()
+    try:
+        return _run(settings, account)
+    finally:
+        account.close()
+
+
+class _Account:
+    """The run's charge to the budget registry: the whole zCDP budget ρ reserved as one
+    :class:`~veil.accounting.events.ZeroConcentrated` event before a row is read (refused: nothing
+    written, nothing charged), settled to the ledger's events (MST's and AIM's measurements and
+    selections, chosen as they go, their ρ summing to at most the reserved ρ, so their RDP curve lies
+    below α·ρ), or released when no ledger was created (nothing was released)."""
+
+    def __init__(self) -> None:
+        self.charge: Any = None
+        self.run_id = ""
+        self.ledger: Any = None
+
+    def reserve(self, settings: SynthSettings, rho: float) -> None:
+        import uuid
+
+        from veil.accounting.events import ZeroConcentrated
+        from veil.registry.charge import DatasetCharge
+
+        self.charge = DatasetCharge.before_reading(
+            settings.dataset, job="synth", table=settings.table, query=settings.query
+        )
+        self.run_id = uuid.uuid4().hex
+        self.charge.reserve([ZeroConcentrated(rho)], self.run_id, settings.delta)
+
+    def header(self) -> dict[str, str]:
+        return {"budget_run_id": self.run_id, "budget_dataset_id": self.charge.identity.id}
+
+    def close(self) -> None:
+        if self.charge is None:
+            return
+        try:
+            if self.ledger is None:
+                self.charge.release()
+            else:
+                self.charge.settle(self.ledger.events())
+        finally:
+            self.charge.close()
+
+
+def _run(settings: SynthSettings, account: _Account) -> dict[str, Any]:
     from veil.accounting.ledger import Ledger
     from veil.accounting.zcdp import rho_for_epsilon
     from veil.mechanisms.rng import make_source
@@ -118,65 +167,34 @@ def run_synth(settings: SynthSettings) -> dict[str, Any]:
     out = Path(settings.out) if settings.out is not None else default_out(settings.dataset, "synth")
     check_out(out)
     rho = rho_for_epsilon(settings.epsilon, settings.delta)
-    charge, run_id = _reserve(settings, rho)  # the budget registry: refused here, before a row is read
-    ledger = None
-    try:
-        codes = read_codes(settings, schema, domain)
-        n = codes.shape[0]
-        check_delta(settings.delta, n)
-        _check_noise(_first_sigma(settings, len(domain), rho), n, settings)
-        rng = make_source(settings.secure_rng, settings.seed)
+    account.reserve(settings, rho)  # the budget registry: refused here, before a row is read
+    codes = read_codes(settings, schema, domain)
+    n = codes.shape[0]
+    check_delta(settings.delta, n)
+    _check_noise(_first_sigma(settings, len(domain), rho), n, settings)
+    rng = make_source(settings.secure_rng, settings.seed)
 
-        out.mkdir(parents=True, exist_ok=True)
-        ledger = Ledger.create(
-            out / LEDGER,
-            {
-                "job": "synth",
-                "mechanism": settings.mechanism,
-                "epsilon": settings.epsilon,
-                "delta": settings.delta,
-                "rho": rho,
-                "accountant": "rdp",
-                "neighbouring": "add_or_remove_one",
-                "budget_run_id": run_id,
-                "budget_dataset_id": charge.identity.id,
-            },
-        )
-        try:
-            fit = _fit(settings, codes, domain, rho, rng, ledger)
-            report = _finish(settings, schema, domain, codes, fit, rho, rng, ledger, out, start)
-        finally:
-            ledger.close()
-    finally:
-        # What the ledger holds is what was released; no ledger: nothing was.
-        if ledger is None:
-            charge.release()
-        else:
-            charge.settle(ledger.events())
-        charge.close()
-    return report
-
-
-def _reserve(settings: SynthSettings, rho: float) -> tuple[Any, str]:
-    """Charge the run to its dataset's budget before a row is read: the whole zCDP budget ρ is reserved
-    (a :class:`~veil.accounting.events.ZeroConcentrated` event; the events AIM and MST release are
-    chosen as they go, their ρ summing to at most this, so their RDP curve lies below it), then settled
-    to the ledger's events. Refused (nothing written, nothing charged) when it would overspend."""
-    import uuid
-
-    from veil.accounting.events import ZeroConcentrated
-    from veil.registry.charge import DatasetCharge
-
-    charge = DatasetCharge.before_reading(
-        settings.dataset, job="synth", table=settings.table, query=settings.query
+    out.mkdir(parents=True, exist_ok=True)
+    ledger = Ledger.create(
+        out / LEDGER,
+        {
+            "job": "synth",
+            "mechanism": settings.mechanism,
+            "epsilon": settings.epsilon,
+            "delta": settings.delta,
+            "rho": rho,
+            "accountant": "rdp",
+            "neighbouring": "add_or_remove_one",
+            **account.header(),
+        },
     )
-    run_id = uuid.uuid4().hex
+    account.ledger = ledger
     try:
-        charge.reserve([ZeroConcentrated(rho)], run_id, settings.delta)
-    except BaseException:
-        charge.close()
-        raise
-    return charge, run_id
+        fit = _fit(settings, codes, domain, rho, rng, ledger)
+        report = _finish(settings, schema, domain, codes, fit, rho, rng, ledger, out, start)
+    finally:
+        ledger.close()
+    return report
 
 
 def _fit(
