@@ -203,7 +203,7 @@ def _show(capsys: pytest.CaptureFixture[str], spec: str) -> dict:
 
 
 def test_schema_release_and_training_are_composed_in_budget_show(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from tables_support import gbsg2
 
@@ -238,6 +238,18 @@ def test_schema_release_and_training_are_composed_in_budget_show(
     pld_ref, rdp_ref = _reference(accounted, 1e-5 - sum(thresholds))
     assert status["spent_epsilon"] == pytest.approx(min(pld_ref, rdp_ref), rel=0.01)
     assert status["spent_epsilon"] < runs["schema"]["epsilon"] + runs["train"]["epsilon"]  # composed
+    # A second release over what remains: refused before a row is read, nothing written or charged.
+    import veil.tables.infer as infer
+
+    def must_not_read(*_: object, **__: object) -> None:
+        raise AssertionError("the table was read")
+
+    monkeypatch.setattr(infer, "_read", must_not_read)
+    again = tmp_path / "again.toml"
+    code, _, err = _cli(capsys, "schema", "infer", f"csv:{renamed}", "--target", "cens", "--out", str(again),
+                        "--epsilon", "30")  # fmt: skip
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "budget" in err and not again.exists()
+    assert _show(capsys, f"csv:{renamed}")["jobs"] == {"schema": 1, "train": 1}
 
 
 SYNTH_SCHEMA = """
@@ -327,6 +339,21 @@ def test_tune_is_charged_with_its_random_stopping_bound(
     curve = np.minimum.accumulate(np.asarray(ref._rdp)[::-1])[::-1]
     assert status["spent_epsilon"] == pytest.approx(_rdp_epsilon(curve, delta), rel=1e-6)
     assert status["spent_epsilon"] == pytest.approx(report["epsilon"], rel=0.02)  # the report's grid
+    # A training run on the same data composes with it, in RDP (RepeatAndSelect is RDP-only).
+    code, _, err = _cli(capsys, "train", "--dataset", "breast-cancer", "--epsilon", "1", "--epochs", "1",
+                        "--model", "logreg", "--no-baseline", "--out", str(tmp_path / "train"),
+                        "--json")  # fmt: skip
+    assert code == 0, err
+    status = _show(capsys, "breast-cancer")
+    assert status["jobs"] == {"train": 1, "tune": 1}
+    both = RdpAccountant(orders=list(DEFAULT_ORDERS))
+    for r in status["runs"]:
+        for e in r["events"]:
+            both.compose(_dpa(event_from_dict(e)))
+    assert status["spent_epsilon"] == pytest.approx(
+        _rdp_epsilon(np.asarray(both._rdp), status["delta"]), rel=1e-6
+    )
+    assert status["spent_epsilon"] < sum(r["epsilon"] for r in status["runs"])
     # Over budget: refused before a row is read (the dataset's budget is already spent).
     assert (
         _cli(capsys, "budget", "set", "--dataset", "breast-cancer", "--epsilon", "1", "--delta", "1e-5")[0]
