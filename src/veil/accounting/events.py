@@ -283,6 +283,10 @@ class ZeroConcentrated(PrivacyEvent):
 
     rho: float
     kind: ClassVar[str] = "zcdp"
+    refusal_fix: ClassVar[str] = (
+        "zCDP bounds Rényi divergences only: "
+        "compose it in RDP (veil.accounting.tuning.events_rdp), as the budget registry does"
+    )
 
     def __post_init__(self) -> None:
         _check_finite_positive("rho", self.rho, "pass the zCDP budget ρ > 0")
@@ -308,6 +312,9 @@ class DeltaOnly(PrivacyEvent):
 
     delta: float
     kind: ClassVar[str] = "delta_only"
+    refusal_fix: ClassVar[str] = (
+        "its δ adds to the total's δ: the budget registry composes it (veil.registry.compose.spent_epsilon)"
+    )
 
     def __post_init__(self) -> None:
         d = self.delta
@@ -337,6 +344,10 @@ class ApproximateDP(PrivacyEvent):
     epsilon: float
     delta: float = 0.0
     kind: ClassVar[str] = "approximate_dp"
+    refusal_fix: ClassVar[str] = (
+        "its δ adds to the total's δ and its ε part composes as randomized response: "
+        "the budget registry composes it (veil.registry.compose.spent_epsilon)"
+    )
 
     def __post_init__(self) -> None:
         e, d = self.epsilon, self.delta
@@ -364,6 +375,10 @@ class OneOf(PrivacyEvent):
 
     events: tuple[PrivacyEvent, ...] = field(default_factory=tuple)
     kind: ClassVar[str] = "one_of"
+    refusal_fix: ClassVar[str] = (
+        "the largest of several curves is an RDP statement: "
+        "compose it in RDP (veil.accounting.tuning.events_rdp), as the budget registry does"
+    )
 
     def __init__(self, events: Iterable[PrivacyEvent] = ()) -> None:
         evs = tuple(events)
@@ -397,6 +412,10 @@ class RepeatAndSelect(PrivacyEvent):
     law: str = "negative_binomial"
     shape: float = 1.0
     kind: ClassVar[str] = "repeat_and_select"
+    refusal_fix: ClassVar[str] = (
+        "the Papernot–Steinke bound is a statement about Rényi divergences, not a loss distribution: "
+        "compose it in RDP (veil.accounting.tuning.events_rdp), as the budget registry does"
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.event, PrivacyEvent):
