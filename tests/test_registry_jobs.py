@@ -163,7 +163,7 @@ def test_repeat_and_select_matches_dp_accounting_and_pld_refuses_it(law: str, sh
     ref.compose(_dpa(event))
     curve = np.minimum.accumulate(np.asarray(ref._rdp)[::-1])[::-1]  # RDP is monotone in the order
     assert spent_epsilon([[event]], 1e-5) == pytest.approx(_rdp_epsilon(curve, 1e-5), rel=1e-6)
-    with pytest.raises(UnsupportedEventError, match="RepeatAndSelect.*Rényi divergences.*events_rdp"):
+    with pytest.raises(UnsupportedEventError, match=r"RepeatAndSelect.*Rényi divergences.*events_rdp"):
         PLDAccountant().compose(event)  # a clear refusal, naming the event and where it is bounded
     with pytest.raises(UnsupportedEventError, match="RepeatAndSelect"):
         spent_epsilon([[event]], 1e-5, "pld")
