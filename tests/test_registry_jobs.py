@@ -390,3 +390,26 @@ def test_pate_is_charged_with_its_guarantee(tmp_path: Path, capsys: pytest.Captu
     with pytest.raises(BudgetExhaustedError):
         run_pate({**settings, "out": str(tmp_path / "p2")})
     assert not (tmp_path / "p2").exists() and len(_show(capsys, "breast-cancer")["runs"]) == 1
+
+
+def test_a_schema_release_spends_a_subset_of_its_plan(tmp_path: Path) -> None:
+    """Whichever branch each column takes, the released events are among the planned ones (so the
+    admission check on the plan bounds the charge), in both the secure and the seeded event forms."""
+    from collections import Counter
+
+    pytest.importorskip("pyarrow")
+    from veil.mechanisms.rng import make_source
+    from veil.tables.infer import dp_plan, infer_schema
+    from veil.tables.sources import parse_source
+
+    rng = np.random.default_rng(1)
+    rows = [f"{rng.normal(50, 10):.2f},{'xyz'[rng.integers(0, 3)]},{rng.integers(0, 2)}" for _ in range(3000)]
+    (tmp_path / "t.csv").write_text("num,cat,label\n" + "\n".join(rows) + "\n")
+    for secure in (True, False):
+        released: list[PrivacyEvent] = []
+        infer_schema(parse_source(f"csv:{tmp_path / 't.csv'}"), target="label", epsilon=3.0, delta=1e-6,
+                     rng=make_source(secure, None if secure else 3), spent=released)  # fmt: skip
+        plan = dp_plan(["num", "cat", "label"], "label", 3.0, 1e-6, secure)
+        assert not Counter(released) - Counter(plan)  # a sub-multiset
+        assert any(isinstance(e, SelfComposed) for e in released)  # the numeric column's bounds search
+        assert sum(isinstance(e, DeltaOnly) for e in released) == 2  # the text column's and the target's
