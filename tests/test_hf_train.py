@@ -122,3 +122,67 @@ def test_folder_without_weights_exits_2(
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "no weights" in err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.fixture(scope="module")
+def sqlite_reviews(files: Path) -> Path:
+    """The same reviews as a SQLite table (text, a real-valued score, a text label)."""
+    import sqlite3
+
+    db = files / "reviews.db"
+    if not db.exists():
+        with open(files / "reviews.csv", newline="", encoding="utf-8") as fh:
+            rows = list(csv.DictReader(fh))
+        con = sqlite3.connect(db)
+        con.execute("CREATE TABLE reviews (review TEXT, score REAL, label TEXT)")
+        values = [(r["review"], float(r["score"]), r["label"]) for r in rows]
+        con.executemany("INSERT INTO reviews VALUES (?, ?, ?)", values)
+        con.commit()
+        con.close()
+    return db
+
+
+def _train_sql(
+    files: Path, db: Path, out: Path, capsys: pytest.CaptureFixture[str], *extra: str
+) -> tuple[int, str]:
+    args = ["train", "--model", f"hf:{files / 'model'}", "--dataset", f"sql:sqlite:///{db}"]
+    args += ["--target", "label", "--classes", "neg,pos", "--max-length", "10", "--delta", "1e-3"]
+    args += ["--no-baseline", "--out", str(out), *extra]
+    code = main(args)
+    return code, capsys.readouterr().err
+
+
+def test_train_text_from_sqlite(
+    files: Path, sqlite_reviews: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, err = _train_sql(
+        files, sqlite_reviews, tmp_path / "run", capsys, "--table", "reviews", "--text-column", "review",
+        "--epochs", "1", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["dataset"]["name"] == f"sql:sqlite:///{sqlite_reviews} table reviews"
+    assert report["dataset"]["n_train"] + report["dataset"]["n_test"] == 120
+    assert report["epsilon_spent"] <= 3.0 + 1e-9
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--table", "reviews", "--text-column", "score"], "number"),
+        (["--query", "SELECT '  ' AS review, label FROM reviews", "--text-column", "review"], "empty"),
+        (["--table", "nope", "--text-column", "review"], "no such table"),
+    ],
+)
+def test_bad_sql_text_exits_2_and_writes_nothing(
+    files: Path,
+    sqlite_reviews: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    extra: list[str],
+    message: str,
+) -> None:
+    code, err = _train_sql(files, sqlite_reviews, tmp_path / "run", capsys, *extra)
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and message in err, err
+    assert not (tmp_path / "run").exists()

@@ -95,7 +95,7 @@ class TrainConfig(BaseModel):
     """``auto`` | ``logreg`` | ``mlp`` | ``cnn`` | ``scatternet`` | ``rff`` | ``package.module:factory`` |
     ``hf:DIR`` (a pretrained Hugging Face model folder; needs ``veil[hf]``)."""
     text_column: str | None = None
-    """Column of texts (csv, parquet), tokenized by the ``hf:DIR`` model's tokenizer."""
+    """Column of texts (csv, parquet, sql), tokenized by the ``hf:DIR`` model's tokenizer."""
     max_length: int = 128
     """Tokens per text (padded or truncated): declared, never read off the data."""
     fine_tune: Literal["head", "lora", "full"] = "head"

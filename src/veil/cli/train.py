@@ -67,7 +67,7 @@ def register(app: typer.Typer) -> None:
         target: str = opts.TARGET,
         model: str = opts.MODEL,
         text_column: str = typer.Option(
-            None, "--text-column", help="Column of texts (csv, parquet) for --model hf:DIR."
+            None, "--text-column", help="Column of texts (csv, parquet, sql) for --model hf:DIR."
         ),
         fine_tune: str = typer.Option(
             None, "--fine-tune", help="hf: models: head (frozen encoder, default), lora or full."

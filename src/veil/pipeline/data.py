@@ -80,6 +80,8 @@ def load_data(cfg: TrainConfig) -> Dataset:
             seed=cfg.seed,
             preset="text" if cfg.fine_tune == "head" else "text-finetune",
             classes=cfg.classes,
+            table=cfg.table,
+            query=cfg.query,
         )
     return load_dataset(
         cfg.dataset,
