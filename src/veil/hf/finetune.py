@@ -220,6 +220,13 @@ def pipeline_net(cfg: Any, num_classes: int) -> nn.Module:
     from veil.hf.data import model_folder
     from veil.hf.load import inspect_folder
 
+    if getattr(cfg, "init_from", None) is not None:
+        raise ConfigError(
+            "init_from",
+            cfg.init_from,
+            "an hf:DIR model starts from the pretrained weights in its folder",
+            "drop --init-from (it is for the zoo's and your own models)",
+        )
     folder = inspect_folder(model_folder(cfg.model))
     lora = None
     if cfg.fine_tune == "lora":
