@@ -64,7 +64,9 @@ __all__ = ["Report", "train"]
 # ----------------------------------------------------------------------------------------------
 def _prepare(cfg: TrainConfig, out: Path | None, check: bool = True) -> RunPlan:
     from veil.engine import refuse_example_mixing
+    from veil.precision import autocast
 
+    autocast(cfg.device, cfg.precision)  # a precision the device lacks is refused before anything is written
     prepared = prepare(cfg)
     refuse_private_preprocessing(prepared.prep.public)  # across ranks: one release is not yet supported
     cfg, data = prepared.cfg, prepared.data
