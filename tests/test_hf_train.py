@@ -186,3 +186,48 @@ def test_bad_sql_text_exits_2_and_writes_nothing(
     assert code == 2, err
     assert len(err.strip().splitlines()) == 1 and message in err, err
     assert not (tmp_path / "run").exists()
+
+
+def _folder_variant(files: Path, where: Path, kind: str) -> Path:
+    """The model folder without its tokenizer, or with a safetensors header announcing 3·10¹⁰ parameters."""
+    import shutil
+    import struct
+
+    shutil.copytree(files / "model", where)
+    if kind == "no-tokenizer":
+        for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
+            (where / name).unlink(missing_ok=True)
+    else:
+        header = json.dumps(
+            {"w": {"dtype": "F32", "shape": [200_000, 150_000], "data_offsets": [0, 120_000_000_000]}}
+        ).encode()
+        (where / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+    return where
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("no-tokenizer", "no tokenizer"),
+        ("too-large", "30,000.0 M parameters"),
+        ("empty-text", "row 3 is empty"),
+    ],
+)
+def test_bad_folders_and_texts_exit_2_and_write_nothing(
+    files: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str, message: str
+) -> None:
+    model, data = files / "model", files / "reviews.csv"
+    if case == "empty-text":
+        rows = (files / "reviews.csv").read_text(encoding="utf-8").splitlines()
+        rows[4] = '"   ",0.5,pos'
+        data = tmp_path / "empty.csv"
+        data.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    else:
+        model = _folder_variant(files, tmp_path / case, case)
+    args = ["train", "--model", f"hf:{model}", "--dataset", f"csv:{data}", "--text-column", "review"]
+    args += ["--target", "label", "--classes", "neg,pos", "--max-length", "10", "--delta", "1e-3"]
+    args += ["--fine-tune", "lora", "--out", str(tmp_path / "run")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and message in err, err
+    assert not (tmp_path / "run").exists()
