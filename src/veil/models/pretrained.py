@@ -21,10 +21,10 @@ Privacy. Pretrained weights are used as they are, at no privacy cost, **only if 
 trained without this run's private rows. The user declares this by passing ``--init-from`` (as the
 label set is declared by ``--classes``); the report's ``pretrained`` section records the declaration,
 the file's SHA-256 and what was trained. What veil can check, it checks: a checkpoint from a veil
-run records the data it saw (its ledger header), and one trained on this same dataset (same data
-fingerprint or budget-registry identity) is refused — its weights are a DP release of these rows,
-and starting from them would spend budget this run's ledger does not hold. veil does not compose two
-runs' spends: continue a run with ``--resume`` instead.
+run records the data it saw (its ledger headers, its report), and one trained on this same dataset
+(same data fingerprint, budget-registry identity or dataset name) is refused — its weights are a DP
+release of these rows, and starting from them would spend budget this run's ledger does not hold.
+veil does not compose two runs' spends: continue a run with ``--resume`` instead.
 
 A classifier whose shape differs from the checkpoint's (another class count) is re-initialised from
 the run's seed, and the report says so; any other mismatch is refused.
@@ -61,14 +61,18 @@ FINE_TUNE_VISION = ("head", "last-k", "full")
 @dataclass(frozen=True)
 class Checkpoint:
     """A weights file as read: its tensors (the network's keys), SHA-256, and, for a veil run, the
-    data that run trained on (from its ledger header)."""
+    data that run trained on (from its ledger headers and report)."""
 
     path: Path
     state: dict[str, torch.Tensor]
     sha256: str
-    run_dataset_sha256: str | None = None
-    run_dataset_id: str | None = None
+    run_dataset_sha256s: frozenset[str] = frozenset()
+    run_dataset_ids: frozenset[str] = frozenset()
     run_dataset_name: str | None = None
+
+    @property
+    def from_veil_run(self) -> bool:
+        return bool(self.run_dataset_sha256s or self.run_dataset_ids or self.run_dataset_name)
 
 
 @dataclass
@@ -96,25 +100,29 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _run_header(run_dir: Path) -> dict[str, Any]:
-    """The ledger header of a veil run folder (its first line), or ``{}``."""
-    ledger = run_dir / "ledger.jsonl"
-    if not ledger.is_file():
-        return {}
-    try:
-        with ledger.open("rb") as fh:
-            first = json.loads(fh.readline())
-    except (OSError, ValueError):
-        return {}
-    return first if isinstance(first, dict) else {}
+def _run_headers(run_dir: Path) -> list[dict[str, Any]]:
+    """The ledger headers (first lines) of a veil run folder: its own ledger and, for ``veil tune``,
+    each trial's."""
+    headers = []
+    for ledger in [run_dir / "ledger.jsonl", *sorted(run_dir.glob("trials/*/ledger.jsonl"))]:
+        try:
+            with ledger.open("rb") as fh:
+                first = json.loads(fh.readline())
+        except (OSError, ValueError):
+            continue
+        if isinstance(first, dict):
+            headers.append(first)
+    return headers
 
 
 def _run_dataset_name(run_dir: Path) -> str | None:
+    """The dataset a veil report names (``train``: ``dataset.name``; other jobs: ``dataset``)."""
     try:
-        report = json.loads((run_dir / "report.json").read_text(encoding="utf-8"))
-        return str(report["dataset"]["name"])
+        dataset = json.loads((run_dir / "report.json").read_text(encoding="utf-8"))["dataset"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    name = dataset.get("name") if isinstance(dataset, dict) else dataset
+    return str(name) if isinstance(name, str) and name else None
 
 
 def read_checkpoint(spec: str) -> Checkpoint:
@@ -146,25 +154,30 @@ def read_checkpoint(spec: str) -> Checkpoint:
         and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items())
     ):
         raise ConfigError("init_from", spec, "the file holds no state_dict (names → tensors)", _fix(spec))
-    header = _run_header(path.parent)
-    if header or any(k.startswith("preprocess.") for k in state):
+    headers = _run_headers(path.parent)
+    if headers or any(k.startswith("preprocess.") for k in state):
         # A veil model.pt: Sequential(preprocess=..., net=...). The preprocessing is this run's own.
         state = {k[4:]: v for k, v in state.items() if k.startswith("net.")}
     return Checkpoint(
         path=path,
         state=state,
         sha256=_sha256(path),
-        run_dataset_sha256=header.get("dataset_sha256"),
-        run_dataset_id=header.get("budget_dataset_id"),
-        run_dataset_name=_run_dataset_name(path.parent) if header else None,
+        run_dataset_sha256s=frozenset(str(h["dataset_sha256"]) for h in headers if h.get("dataset_sha256")),
+        run_dataset_ids=frozenset(str(h["budget_dataset_id"]) for h in headers if h.get("budget_dataset_id")),
+        run_dataset_name=_run_dataset_name(path.parent),
     )
 
 
-def refuse_same_dataset(checkpoint: Checkpoint, data_sha256: str, dataset_ids: set[str]) -> None:
-    """Refuse a checkpoint from a veil run on this same dataset (see the module doc)."""
-    same_data = checkpoint.run_dataset_sha256 is not None and checkpoint.run_dataset_sha256 == data_sha256
-    same_id = checkpoint.run_dataset_id is not None and checkpoint.run_dataset_id in dataset_ids
-    if same_data or same_id:
+def refuse_same_dataset(
+    checkpoint: Checkpoint, data_sha256: str, dataset_ids: set[str], data_name: str | None = None
+) -> None:
+    """Refuse a checkpoint from a veil run on this same dataset (see the module doc): the same data
+    fingerprint, budget-registry identity or dataset name (conservative: a file edited since has
+    the same name and most of the same rows)."""
+    same_data = data_sha256 in checkpoint.run_dataset_sha256s
+    same_id = bool(checkpoint.run_dataset_ids & dataset_ids)
+    same_name = data_name is not None and checkpoint.run_dataset_name == data_name
+    if same_data or same_id or same_name:
         raise ConfigError(
             "init_from",
             str(checkpoint.path),
@@ -330,8 +343,8 @@ def pipeline_net(cfg: Any, data: Any, net: nn.Module) -> nn.Module:
             "use --fine-tune head, last-k or full with --init-from, or --model hf:DIR for LoRA",
         )
     checkpoint = _read_cached(cfg.init_from)
-    if checkpoint.run_dataset_sha256 is not None or checkpoint.run_dataset_id is not None:
-        refuse_same_dataset(checkpoint, data.sha256, _dataset_ids(cfg, data.sha256))
+    if checkpoint.from_veil_run:
+        refuse_same_dataset(checkpoint, data.sha256, _dataset_ids(cfg, data.sha256), data.name)
     net, done = start_from(net, checkpoint, cfg.fine_tune, cfg.last_k)
     net.veil_pretrained = {  # type: ignore[assignment]
         "checkpoint": str(checkpoint.path),
