@@ -72,9 +72,12 @@ def load_text_dataset(
     classes: list[str] | None = None,
     table: str | None = None,
     query: str | None = None,
+    fine_tune: str | None = None,
+    device: str = "cpu",
 ) -> Dataset:
     """Tokenized texts ``[N, 2, max_length]`` (int64) and labels from ``csv:PATH``, ``parquet:PATH``
-    or ``sql:URL`` (with ``table`` or ``query``)."""
+    or ``sql:URL`` (with ``table`` or ``query``). With ``fine_tune``, a model too large to fine-tune
+    that way on ``device`` is refused before the data is read."""
     from veil.data.tabular import (
         data_file,
         file_sha256,
@@ -82,7 +85,7 @@ def load_text_dataset(
         read_parquet_columns,
         require_target,
     )
-    from veil.hf.load import inspect_folder, load_tokenizer
+    from veil.hf.load import check_fits, inspect_folder, load_tokenizer
     from veil.hf.text import check_texts, tokenize
 
     scheme, _, path = dataset.partition(":")
@@ -94,6 +97,8 @@ def load_text_dataset(
             "pass --dataset csv:PATH, parquet:PATH or sql:URL (with --table or --query)",
         )
     folder = inspect_folder(model_folder(model))  # before reading the data: a bad folder fails fast
+    if fine_tune in ("head", "lora", "full"):
+        check_fits(folder, fine_tune, device)  # type: ignore[arg-type]
     digest: str | None
     if scheme == "sql":
         name, digest, columns = _sql_columns(dataset, table, query)

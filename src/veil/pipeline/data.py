@@ -82,6 +82,8 @@ def load_data(cfg: TrainConfig) -> Dataset:
             classes=cfg.classes,
             table=cfg.table,
             query=cfg.query,
+            fine_tune=cfg.fine_tune,
+            device=cfg.device,
         )
     return load_dataset(
         cfg.dataset,
