@@ -342,6 +342,8 @@ def pipeline_net(cfg: Any, data: Any, net: nn.Module) -> nn.Module:
             "LoRA adapters are for Hugging Face models",
             "use --fine-tune head, last-k or full with --init-from, or --model hf:DIR for LoRA",
         )
+    from veil.models import FixedFeaturesThenHead
+
     checkpoint = _read_cached(cfg.init_from)
     if checkpoint.from_veil_run:
         refuse_same_dataset(checkpoint, data.sha256, _dataset_ids(cfg, data.sha256), data.name)
@@ -355,7 +357,7 @@ def pipeline_net(cfg: Any, data: Any, net: nn.Module) -> nn.Module:
         "trained_layers": done.trained,
         "frozen_layers": done.frozen,
         "reinitialised": done.reinitialised,
-        "features_computed_once": done.fixed_front,
+        "features_computed_once": isinstance(net, FixedFeaturesThenHead),
     }
     return net
 
