@@ -99,6 +99,7 @@ def test_train_text_classifier(
         (["--text-column", "score"], "number"),
         (["--text-column", "nope"], "no such column"),
         (["--fine-tune", "sideways"], "fine"),
+        (["--table", "reviews"], "only a sql: source has tables"),
     ],
 )
 def test_bad_text_inputs_exit_2_and_write_nothing(

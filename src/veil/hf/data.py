@@ -103,6 +103,10 @@ def load_text_dataset(
     if scheme == "sql":
         name, digest, columns = _sql_columns(dataset, table, query)
     else:
+        if table is not None or query is not None:
+            raise DataError(
+                "--table/--query", table or query, "only a sql: source has tables", "drop it, or use sql:URL"
+            )
         p = data_file(path)
         name, digest = f"{scheme}:{p}", file_sha256(p)
         columns = read_csv_columns(p) if scheme == "csv" else read_parquet_columns(p)
