@@ -159,3 +159,40 @@ def test_a_record_level_run_over_budget_is_refused_with_nothing_written_or_charg
     assert code == 2 and len(err.strip().splitlines()) == 1 and "budget" in err, err
     assert not out.exists()
     assert _show(capsys, "digits")["runs"] == []
+
+
+def test_a_stopped_run_is_charged_its_rounds_and_a_resume_the_rest_under_one_record(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import veil.federated.run as run
+    from veil.federated.apps import make_client_app
+    from veil.federated.server import serve
+    from veil.federated.settings import FederatedSettings
+
+    class Dying(InProcessGrid):
+        def send_and_receive(self, messages, *, timeout=None):
+            messages = list(messages)
+            if messages and len([m for m in self.sent if m]) >= 1:
+                raise KeyboardInterrupt  # the server is stopped in its second round
+            return super().send_and_receive(messages, timeout=timeout)
+
+    grids = iter([Dying, InProcessGrid])
+    monkeypatch.setattr(
+        run, "run_simulation_engine", lambda s, cpus=2: serve(next(grids)(make_client_app(s), s.clients), s)
+    )
+    s = FederatedSettings(mode="client-level", dataset="digits", clients=3, rounds=3, epsilon=8.0, delta=1e-3,
+                          model="logreg", seed=1, out=str(tmp_path / "fl"))  # fmt: skip
+    with pytest.raises(KeyboardInterrupt):
+        run.simulate(s)
+    status = _show(capsys, "digits")
+    (first,) = status["runs"]
+    sigma = json.loads((tmp_path / "fl" / "ledger.jsonl").read_text().splitlines()[0])["settings"]["sigma"]
+    # Round 2 was charged (before its messages left) when the server stopped: two rounds, at the run's δ.
+    two = _pld([dpe.SelfComposedDpEvent(dpe.GaussianDpEvent(sigma / 2), 2)], 1e-3)
+    assert first["status"] == "committed" and first["epsilon"] == pytest.approx(two, rel=0.01)
+    report = run.simulate(s, resume=True)
+    assert report["guarantee"]["rounds_charged"] == 3
+    (again,) = _show(capsys, "digits")["runs"]
+    assert again["run_id"] == first["run_id"] and again["status"] == "committed"
+    three = _pld([dpe.SelfComposedDpEvent(dpe.GaussianDpEvent(sigma / 2), 3)], 1e-3)
+    assert again["epsilon"] == pytest.approx(three, rel=0.01)
