@@ -56,6 +56,7 @@ compute; each data holder would keep its own account (see ``docs/budget.md``).
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from collections.abc import Sequence
@@ -84,6 +85,7 @@ __all__ = [
 Form = Literal["dominating", "one_of"]
 
 
+@functools.lru_cache(maxsize=256)
 def silo_plan(s: FederatedSettings, n: int) -> tuple[float, float]:
     """``(q, σ)`` of a silo of ``n`` rows: q = B/n and σ calibrated for the target ε over the planned
     ``rounds × local_steps`` DP-SGD steps (what every silo computes for itself, :mod:`.apps`)."""
