@@ -148,6 +148,12 @@ def test_a_federated_run_over_the_remaining_budget_is_refused_before_reading(
     assert code == 2 and len(err.strip().splitlines()) == 1 and "budget" in err, err
     assert not out.exists()
     assert _show(capsys, "digits")["runs"] == []
+    # A declared identity is charged instead of the computed one (as veil train --dataset-id).
+    declared = ("--dataset-id", "clinic")
+    assert _cli(capsys, "budget", "set", *declared, "--epsilon", "2", "--delta", "1e-5")[0] == 0
+    code, _, err = _cli(capsys, *CLIENT, *declared, "--out", str(out))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "name:clinic" in err, err
+    assert not out.exists()
 
 
 def test_a_record_level_run_over_budget_is_refused_with_nothing_written_or_charged(
