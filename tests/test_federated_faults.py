@@ -13,7 +13,7 @@ from _fake_grid import InProcessGrid
 from veil.cli.main import main
 from veil.errors import DataError, VeilError
 from veil.federated.apps import make_client_app
-from veil.federated.partition import check_non_empty, parse_partition, split_rows
+from veil.federated.partition import check_non_empty, parse_partition, row_positions, split_rows
 from veil.federated.report import build_report
 from veil.federated.server import serve
 from veil.federated.settings import FederatedRunError, FederatedSettings
@@ -61,10 +61,14 @@ def test_an_empty_client_is_refused():
 
     with pytest.raises(DataError, match=r"client 1=.*empty client"):
         check_non_empty([np.arange(3), np.arange(0)])
-    # Dirichlet with tiny α leaves clients empty by chance; each is then given a row, never left empty.
-    parts = split_rows(parse_partition("dirichlet:0.01"), np.repeat(np.arange(3), 10), 25, seed=1)
-    check_non_empty(parts)
-    assert sorted(np.concatenate(parts).tolist()) == list(range(30))
+    # Dirichlet with tiny α leaves clients empty by chance: refused (moving a row to an empty client
+    # would make one row's client depend on the other rows, see veil.federated.partition).
+    y = np.repeat(np.arange(3), 10)
+    x = np.arange(30.0).reshape(30, 1)
+    parts = split_rows(parse_partition("dirichlet:0.01"), y, 25, seed=1, positions=row_positions(x, y, 1))
+    assert sorted(np.concatenate(parts).tolist()) == list(range(30))  # every row in one client
+    with pytest.raises(DataError, match="empty client"):
+        check_non_empty(parts)
 
 
 def _settings(tmp_path, **kw) -> FederatedSettings:

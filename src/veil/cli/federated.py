@@ -76,6 +76,9 @@ def register(app: typer.Typer) -> None:
         data_dir: str = typer.Option(
             "", "--data-dir", help="Folder of the IDX files (fashion-mnist, mnist)."
         ),
+        dataset_id: str = typer.Option(
+            "", "--dataset-id", help="Charge the budget registry under this declared dataset identity."
+        ),
         target: str = typer.Option("", "--target", help="Label column (csv) or label array (npz)."),
         clients: int = typer.Option(10, "--clients", help="Number of clients (silos at record level)."),
         client_sampling_rate: float = typer.Option(

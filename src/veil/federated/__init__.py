@@ -17,6 +17,7 @@ Two guarantees, two modes:
 Modules: :mod:`.settings` (the run's settings, flat for Flower's run config), :mod:`.partition`
 (data over clients), :mod:`.privacy` (calibration and accounting), :mod:`.aggregate` (clip, sum,
 noise), :mod:`.local` (what a client computes, torch), :mod:`.strategy` / :mod:`.apps` (Flower),
-:mod:`.run` (the job: simulation or deployment, then the report). Importing this package loads
+:mod:`.run` (the job: simulation or deployment, then the report), :mod:`.charge` (what the run
+charges its dataset in the budget registry, and why that bounds one row). Importing this package loads
 neither Flower nor torch.
 """

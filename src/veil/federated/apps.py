@@ -39,11 +39,11 @@ def _partition_id(context: Context) -> int:
 def _silo_plan(s: FederatedSettings, context: Context, n: int) -> ConfigRecord:
     """The silo's (q, σ, steps so far), calibrated once and kept in the node's state."""
     if _STATE not in context.state.config_records:
-        from veil.accounting.calibrate import calibrate_noise
+        from veil.federated.charge import silo_plan
         from veil.federated.local import silo_sampling_rate
 
-        q = silo_sampling_rate(s, n)
-        sigma = calibrate_noise(s.epsilon, s.delta, q, s.rounds * s.local_steps, accountant=s.accountant)
+        silo_sampling_rate(s, n)  # refuses a silo smaller than the expected batch
+        q, sigma = silo_plan(s, n)  # the job charged the budget registry with the same numbers
         context.state.config_records[_STATE] = ConfigRecord({"q": q, "sigma": float(sigma), "steps": 0})
     return context.state.config_records[_STATE]
 

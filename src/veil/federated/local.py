@@ -27,7 +27,7 @@ from torch import nn
 
 from veil.data import Dataset, load_dataset
 from veil.errors import DataError
-from veil.federated.partition import check_non_empty, parse_partition, split_rows
+from veil.federated.partition import check_non_empty, parse_partition, row_positions, split_rows
 from veil.federated.settings import FederatedSettings
 from veil.models import InputTransform, build_model, fixed_features, resolve_name, split_fixed_front
 
@@ -94,7 +94,16 @@ def _federation(
     column_values = None
     if spec.kind == "column":
         data, column_values = _drop_column(data, spec.column)
-    parts = split_rows(spec, data.y_train, clients, seed=FRONT_SEED, column_values=column_values)
+    positions = None if spec.kind == "column" else row_positions(data.x_train, data.y_train, FRONT_SEED)
+    parts = split_rows(
+        spec,
+        data.y_train,
+        clients,
+        seed=FRONT_SEED,
+        column_values=column_values,
+        positions=positions,
+        num_classes=data.num_classes,
+    )
     check_non_empty(parts)
     return Federation(data, tuple(parts))
 

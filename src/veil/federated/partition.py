@@ -3,12 +3,23 @@
 A partition simulates who holds which data; it is not a release. Every client must hold at least one
 row (an empty client is refused: its update would be the global model itself, and a federation
 cannot be planned around a client that has nothing). The Dirichlet split follows Hsu et al. (2019):
-for each class, the class's rows are divided among clients in proportions drawn from Dirichlet(α·1)
-(small α: each client sees few classes). Splits are fixed by ``seed``.
+for each class, the class's rows go to clients in proportions drawn from Dirichlet(α·1) (small α:
+each client sees few classes). Splits are fixed by ``seed``.
+
+Guarantee (record-local assignment). A row's client depends on that row alone: a keyed hash of its
+content (:func:`row_positions`, as the train/test split's :func:`veil.data.held_out`) gives it a
+position u in [0, 1), and the client is read off u — ``⌊u·K⌋`` (IID), or the class's Dirichlet
+shares, drawn from the public ``seed`` alone, cut at u (Dirichlet); the column's value (``column:``).
+So adding or removing one row of the dataset changes exactly one client's data, by that row, and
+no other client's: the property that lets the budget registry charge a federated run on one
+dataset (its relation is add/remove one row of the whole dataset; :mod:`veil.federated.charge`).
+A split by the rows' positions (a seeded permutation) would not have it: one added row reshuffles
+every client.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -17,7 +28,7 @@ import numpy as np
 
 from veil.errors import ConfigError, DataError
 
-__all__ = ["Partition", "parse_partition", "split_rows"]
+__all__ = ["Partition", "parse_partition", "row_positions", "split_rows"]
 
 _FIX = "use iid, dirichlet:ALPHA (e.g. dirichlet:0.5) or column:NAME"
 
@@ -64,25 +75,42 @@ def _check_clients(clients: int, n: int) -> None:
         )
 
 
-def _iid(n: int, clients: int, rng: np.random.Generator) -> list[np.ndarray]:
-    return [np.sort(part) for part in np.array_split(rng.permutation(n), clients)]
-
-
-def _dirichlet(y: np.ndarray, clients: int, alpha: float, rng: np.random.Generator) -> list[np.ndarray]:
-    parts: list[list[np.ndarray]] = [[] for _ in range(clients)]
-    for label in np.unique(y):
-        rows = rng.permutation(np.flatnonzero(y == label))
-        shares = rng.dirichlet(np.full(clients, alpha))
-        cuts = (np.cumsum(shares)[:-1] * len(rows)).astype(np.int64)
-        for k, piece in enumerate(np.split(rows, cuts)):
-            parts[k].append(piece)
-    out = [np.sort(np.concatenate(p)) for p in parts]
-    # Give an empty client one row from the largest client, so every client holds data (documented).
-    for k in range(clients):
-        if len(out[k]) == 0:
-            donor = int(np.argmax([len(p) for p in out]))
-            out[k], out[donor] = out[donor][-1:], out[donor][:-1]
+def row_positions(x: np.ndarray, y: np.ndarray, seed: int) -> np.ndarray:
+    """Each row's position in [0, 1): a keyed BLAKE2b hash of its own features and label (key from
+    ``seed``). Depends on the row alone, never on its index or on the other rows; equal rows share it."""
+    key = hashlib.blake2b(f"veil.partition/{int(seed)}".encode(), digest_size=32).digest()
+    rows = np.ascontiguousarray(np.asarray(x, dtype=np.float64).reshape(len(x), -1) + 0.0)
+    labels = np.asarray(y).astype(np.int64)
+    out = np.empty(len(rows), dtype=np.float64)
+    for i in range(len(rows)):
+        h = hashlib.blake2b(rows[i].tobytes(), digest_size=8, key=key)
+        h.update(b"|" + str(int(labels[i])).encode())
+        out[i] = (int.from_bytes(h.digest(), "little") >> 11) * 2.0**-53
     return out
+
+
+def _iid(positions: np.ndarray, clients: int) -> list[np.ndarray]:
+    owner = np.minimum((positions * clients).astype(np.int64), clients - 1)
+    return [np.flatnonzero(owner == k) for k in range(clients)]
+
+
+def _dirichlet(
+    y: np.ndarray,
+    positions: np.ndarray,
+    clients: int,
+    alpha: float,
+    rng: np.random.Generator,
+    num_classes: int,
+) -> list[np.ndarray]:
+    """Per class c, shares p_c ~ Dirichlet(α·1) from the public seed, drawn for every class of the
+    public label set in order (so the draws never depend on which labels the rows hold)."""
+    labels = np.asarray(y).astype(np.int64)
+    owner = np.empty(len(labels), dtype=np.int64)
+    for label in range(max(num_classes, int(labels.max()) + 1 if len(labels) else 0)):
+        cuts = np.cumsum(rng.dirichlet(np.full(clients, alpha)))
+        rows = np.flatnonzero(labels == label)
+        owner[rows] = np.minimum(np.searchsorted(cuts, positions[rows], side="right"), clients - 1)
+    return [np.flatnonzero(owner == k) for k in range(clients)]
 
 
 def split_rows(
@@ -91,8 +119,12 @@ def split_rows(
     clients: int,
     seed: int,
     column_values: np.ndarray | None = None,
+    positions: np.ndarray | None = None,
+    num_classes: int = 0,
 ) -> list[np.ndarray]:
-    """Row indices of each client, in client order. ``column_values`` is needed for ``column:NAME``."""
+    """Row indices of each client, in client order. ``column_values`` is needed for ``column:NAME``,
+    ``positions`` (:func:`row_positions` of the rows) for ``iid`` and ``dirichlet``; ``num_classes``
+    is the public label set's size (Dirichlet)."""
     n = len(y)
     rng = np.random.default_rng(seed)
     if partition.kind == "column":
@@ -113,9 +145,11 @@ def split_rows(
             )
         return [np.flatnonzero(column_values == v) for v in values]
     _check_clients(clients, n)
+    if positions is None or len(positions) != n:
+        raise ValueError("an iid or Dirichlet split needs every row's position (row_positions)")
     if partition.kind == "iid":
-        return _iid(n, clients, rng)
-    return _dirichlet(np.asarray(y), clients, partition.alpha, rng)
+        return _iid(np.asarray(positions), clients)
+    return _dirichlet(np.asarray(y), np.asarray(positions), clients, partition.alpha, rng, num_classes)
 
 
 def check_non_empty(parts: list[np.ndarray]) -> None:
@@ -126,5 +160,5 @@ def check_non_empty(parts: list[np.ndarray]) -> None:
                 f"client {k}",
                 "0 rows",
                 "an empty client has no update to contribute and cannot run local training",
-                "remove the client from the federation or give it data",
+                "pass fewer --clients (or a larger Dirichlet α), or give the client data",
             )

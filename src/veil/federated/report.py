@@ -21,7 +21,14 @@ from veil.federated.files import HISTORY, LEDGER, MODEL, SILOS
 from veil.federated.privacy import flower_epsilon, record_level_guarantee
 from veil.federated.settings import FederatedSettings
 
-__all__ = ["build_report", "epsilon_curve", "guarantee_text", "render_report", "write_report"]
+__all__ = [
+    "build_report",
+    "epsilon_curve",
+    "guarantee_text",
+    "render_report",
+    "silo_events",
+    "write_report",
+]
 
 _CURVE_POINTS = 12
 
@@ -40,7 +47,8 @@ def epsilon_curve(events: list[PrivacyEvent], delta: float, accountant: str) -> 
     return [(r, _epsilon(events[:r], delta, accountant)) for r in marks]
 
 
-def _silo_events(ledger: Ledger, silos: dict[str, Any]) -> dict[str, list[PrivacyEvent]]:
+def silo_events(ledger: Ledger, silos: dict[str, Any]) -> dict[str, list[PrivacyEvent]]:
+    """Each silo's charged events (a ``recovered`` record, whose silo is unknown, goes to every silo)."""
     out: dict[str, list[PrivacyEvent]] = {name: [] for name in silos}
     for r in ledger.records:
         if r["kind"] == "step" and r.get("silo") in out:
@@ -112,7 +120,7 @@ def build_report(run_dir: Path, duration_s: float | None = None) -> dict[str, An
         )
     else:
         silos = json.loads((run_dir / SILOS).read_text()) if (run_dir / SILOS).exists() else {}
-        per_silo = _silo_events(ledger, silos)
+        per_silo = silo_events(ledger, silos)
         spend = {
             name: {**info, "epsilon": _epsilon(per_silo[name], s.delta, s.accountant), "steps": 0}
             for name, info in silos.items()

@@ -1,9 +1,13 @@
 """The federated job: check and plan the run, run it on Flower, write the report.
 
-Order (nothing expensive and nothing written before every check passed): settings → the data and
-its partition (every client non-empty, the column present) → σ for the client-level target over the
-planned rounds → the run folder → Flower (the simulation engine here; real SuperLink/SuperNodes with
-:mod:`veil.federated.deploy`) → the report, computed from the run folder.
+Order (nothing expensive and nothing written before every check passed): settings → the budget
+registry's account for the dataset, before a row is read (an exhausted dataset is refused here) →
+the data and its partition (every client non-empty, the column present) → σ for the client-level
+target over the planned rounds → the whole plan reserved in the registry (refused over budget:
+nothing written, nothing charged) → the run folder → Flower (the simulation engine here; real
+SuperLink/SuperNodes on loopback with :mod:`veil.federated.deploy`) → the registry settled with what
+the ledger charged → the report, computed from the run folder. What is charged and why:
+:mod:`veil.federated.charge`.
 """
 
 from __future__ import annotations
@@ -20,7 +24,14 @@ from typing import Any
 from veil.errors import ConfigError
 from veil.federated.settings import FederatedRunError, FederatedSettings
 
-__all__ = ["FederatedRunError", "plan", "report_files", "run_simulation_engine", "simulate"]
+__all__ = [
+    "FederatedRunError",
+    "charged",
+    "plan",
+    "report_files",
+    "run_simulation_engine",
+    "simulate",
+]
 
 
 def plan(s: FederatedSettings) -> FederatedSettings:
@@ -115,16 +126,63 @@ def check_new_folder(run_dir: Path) -> None:
     check_out(run_dir)
 
 
+def _rounds_done(run_dir: Path) -> int:
+    from veil.accounting.ledger import Ledger
+    from veil.federated.files import LEDGER
+
+    ledger = Ledger.open(run_dir / LEDGER)
+    return len({r.get("round") for r in ledger.records if r["kind"] == "step"})
+
+
+def _with_sigma(s: FederatedSettings) -> FederatedSettings:
+    from veil.federated.privacy import client_level_sigma
+
+    return s.replace(
+        sigma=client_level_sigma(s.epsilon, s.delta, s.sampling_rate, s.rounds, s.clients, s.accountant)
+    )
+
+
+@contextlib.contextmanager
+def charged(s: FederatedSettings, run_dir: Path, *, resume: bool = False) -> Iterator[FederatedSettings]:
+    """The run's account with the budget registry around running it (see the module doc for the
+    order): yields the settings to run, carrying the registry's run id; settles on the way out."""
+    from veil.federated.charge import FederatedCharge
+    from veil.federated.local import federation
+
+    account = FederatedCharge.before_reading(s, resume=resume)  # before a row is read
+    try:
+        if resume:
+            account.resume(s, run_dir, max(s.rounds - _rounds_done(run_dir), 0))
+        elif s.mode == "client-level":
+            # The plan needs no data (σ from the clients' count, q and the rounds): reserved before a
+            # row is read; un-charged if the data's checks then refuse the run.
+            s = account.reserve(_with_sigma(s), [])
+            try:
+                s = plan(s)
+            except BaseException:
+                account.release()
+                raise
+        else:
+            s = plan(s)  # the silos' sizes (q = B/n) need the data: reserved after planning, as veil train
+            s = account.reserve(s, [len(p) for p in federation(s).parts])
+        try:
+            yield s
+        finally:
+            account.settle(s, run_dir)  # what the ledger charged; no ledger: nothing
+    finally:
+        account.close()
+
+
 def deploy(s: FederatedSettings, timeout: float = 3600.0) -> dict[str, Any]:
     """Plan, run as real processes on loopback (:func:`veil.federated.deploy.local_deployment`), report."""
     from veil.federated.deploy import local_deployment
 
     run_dir = Path(s.out)
     check_new_folder(run_dir)
-    s = plan(s)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    start = time.monotonic()
-    local_deployment(s, run_dir / "deployment", timeout=timeout)
+    with charged(s, run_dir) as s:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        start = time.monotonic()
+        local_deployment(s, run_dir / "deployment", timeout=timeout)
     raise_if_failed(run_dir)
     return report_files(run_dir, time.monotonic() - start)
 
@@ -151,12 +209,12 @@ def simulate(s: FederatedSettings, *, resume: bool = False, cpus: int = 2) -> di
     run_dir = Path(s.out)
     if resume:
         s = saved_settings(run_dir)
-        (run_dir / "error.txt").unlink(missing_ok=True)
     else:
         check_new_folder(run_dir)
-        s = plan(s)
+    with charged(s, run_dir, resume=resume) as s:
+        (run_dir / "error.txt").unlink(missing_ok=True)
         run_dir.mkdir(parents=True, exist_ok=True)
-    start = time.monotonic()
-    run_simulation_engine(s, cpus=cpus)
+        start = time.monotonic()
+        run_simulation_engine(s, cpus=cpus)
     raise_if_failed(run_dir)
     return report_files(run_dir, time.monotonic() - start)

@@ -181,6 +181,8 @@ def _serve(grid: Grid, s: FederatedSettings, run_dir: Path) -> None:
     evaluate, initial = _evaluator(s)
     nodes = wait_for_nodes(grid, s)
     header: dict[str, Any] = {"mode": s.mode, "settings": s.to_run_config()}
+    if s.budget_run_id:  # the budget registry's record of this run (veil.federated.charge)
+        header |= {"budget_run_id": s.budget_run_id, "budget_dataset_id": s.budget_dataset_id}
     if s.mode == "client-level":
         header["step_event"] = round_event(s.sampling_rate, s.sigma).to_dict()
     else:

@@ -62,6 +62,12 @@ class FederatedSettings:
     test_fraction: float = 0.2
     out: str = ""
     node_timeout: float = 600.0
+    dataset_id: str = ""
+    """A declared dataset identity for the budget registry (``--dataset-id``), as ``veil train``'s."""
+    budget_run_id: str = ""
+    """The budget registry's id of this run (set when it is admitted; kept for a resume)."""
+    budget_dataset_id: str = ""
+    """The dataset identity the run is charged to (for the record in the ledger header)."""
     fail_client: int = -1
     """Fault injection for tests: the client with this partition id raises in round ``fail_round``."""
     fail_round: int = 0
