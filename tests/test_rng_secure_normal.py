@@ -329,3 +329,13 @@ def test_transform_matches_its_closed_form(monkeypatch: pytest.MonkeyPatch) -> N
     r = 2.0 * np.sqrt(-2.0 * np.log([0.5, 2.0**-12, 0.75 * 2.0**-12]))
     expected = np.concatenate([r * np.cos([math.pi / 2, 0.0, 0.0]), r * np.sin([math.pi / 2, 0.0, 0.0])])
     np.testing.assert_allclose(z, expected, rtol=1e-14, atol=1e-15)
+
+
+def test_secure_noise_bench_runs() -> None:
+    """``bench/secure_noise.py`` (and its baseline, the previous sampler) still run: tiny settings."""
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "bench" / "secure_noise.py"
+    cmd = [sys.executable, str(script), "--sizes", "11", "--rounds", "1"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    assert "| 11 | secure (ChaCha20, one draw) |" in out and "| 11 | previous secure" in out
