@@ -377,24 +377,25 @@ class SecureSource(RandomSource):
         the values one transform reaches, and the Mironov (2012) certifier exploits values
         unreachable from a neighbouring input. DP-SGD now rounds every released coordinate to the
         power-of-two grid of :func:`veil.optimizer.release_grid` (step ``g ∈ (σ/512, σ/256]``),
-        so what is observed is a grid cell; a single float64 draw has values spaced ≤ 2⁻⁵²·r
-        (radius) and 2π·2⁻⁵³·r (angle), ≪ g, at every ``|z| ≤ 37σ``, so every cell is reachable
-        from either neighbour (``tests/test_floating_point_attack.py`` reruns the certifier on
+        so what is observed is a grid cell; a single float64 draw has consecutive radii < 2e-8σ
+        apart (2⁻⁵²σ/r beyond r = 1) and angle steps of 2π·2⁻⁵³·r, all ≪ g at every ``|z| ≤ 37σ``,
+        so every cell is reachable from either neighbour (``tests/test_floating_point_attack.py`` reruns the certifier on
         this sampler). (b) The tail: a sampler truncated at ``Rσ`` certifies an input whenever the
         output lands beyond ``R`` plus the neighbour's shift ``Δ``; that happens with probability
         about ``Φ̄(R − Δ/σ)`` per sampled step, e.g. ``Φ̄(5.2) ≈ 1e-7`` for one 53-bit draw
-        (R = 8.57) at noise multiplier 0.3, and ``Φ̄(3.3) ≈ 5e-4`` with 32-bit uniforms, which is
+        (R = 8.57) at noise multiplier 0.3, and ``Φ̄(3.3) ≈ 4e-4`` with 32-bit uniforms, which is
         why 32-bit uniforms are not used. The sum of two pushed ``R`` to 12.1; the
         unbounded-exponent radius pushes it to 37, so the truncation event has probability
         ``Φ̄(37 − Δ/σ)``: nil for any noise multiplier above 0.05.
 
-        **Residual error.** float64 ``log``/``sqrt``/``cos``/``sin`` are accurate to a few ulp, so
-        each grid cell's probability is off by a relative ~1e-13, far below what the cast to the
-        parameter dtype already moves (float32 rounding shifts a cell boundary by up to
-        ``ulp32(z)/g ≈ 3e-5·|z|/σ``), and below anything a statistical test can see. Noise for
-        bfloat16/float16 parameters is made at float32 by the optimizer and rounded once. The
-        scalar and array mechanisms of :mod:`veil.mechanisms` do better still in secure mode:
-        exact lattice sampling (see ``docs/mechanisms.md``).
+        **Residual error.** The radius and angle grids (relative 2⁻⁵² and 2π·2⁻⁵³) and float64
+        ``log``/``sqrt``/``cos``/``sin`` (a few ulp) move each grid cell's probability by a relative
+        ≲ 1e-12 for ``|z| ≤ 10σ``: far below what the cast to the parameter dtype already moves
+        (float32 rounding shifts a cell boundary by up to ``ulp32(z)/2 ≈ 3e-5·|z|/σ`` of a cell), and
+        below anything a statistical test can see. Noise for bfloat16/float16 parameters is made at
+        float32 by the optimizer and rounded once. The scalar and array mechanisms of
+        :mod:`veil.mechanisms` do better still in secure mode: exact lattice sampling (see
+        ``docs/mechanisms.md``).
         """
         import torch
 
