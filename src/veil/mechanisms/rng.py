@@ -380,8 +380,9 @@ class SecureSource(RandomSource):
         so what is observed is a grid cell; a single float64 draw has consecutive radii < 2e-8σ
         apart (2⁻⁵²σ/r beyond r = 1) and angle steps of 2π·2⁻⁵³·r, all ≪ g at every ``|z| ≤ 37σ``,
         so every cell is reachable from either neighbour (``tests/test_floating_point_attack.py``
-        reruns the certifier on this sampler). (b) The tail: a sampler truncated at ``Rσ`` certifies an input whenever the
-        output lands beyond ``R`` plus the neighbour's shift ``Δ``; that happens with probability
+        reruns the certifier on this sampler). (b) The tail: a sampler truncated at ``Rσ``
+        certifies an input whenever the output lands beyond ``R`` plus the neighbour's shift ``Δ``;
+        that happens with probability
         about ``Φ̄(R − Δ/σ)`` per sampled step, e.g. ``Φ̄(5.2) ≈ 1e-7`` for one 53-bit draw
         (R = 8.57) at noise multiplier 0.3, and ``Φ̄(3.3) ≈ 4e-4`` with 32-bit uniforms, which is
         why 32-bit uniforms are not used. The sum of two pushed ``R`` to 12.1; the
