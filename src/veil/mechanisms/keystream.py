@@ -47,6 +47,7 @@ NONCE_BYTES = 12
 REKEY_BYTES = 1 << 26
 _SLICE = 1 << 16  # bytes per cipher call (the zero plaintext is this long, not the whole request)
 _ZEROS = memoryview(bytes(_SLICE))
+_BUFFER = 4096  # bytes of keystream kept for small reads
 
 _LIVE: weakref.WeakSet[ChaChaKeystream] = weakref.WeakSet()
 
@@ -72,6 +73,8 @@ class ChaChaKeystream:
         self._cipher: Any = None
         self._used = 0
         self._pid = os.getpid()
+        self._buf = bytearray()  # keystream for small reads (a cipher call costs microseconds)
+        self._pos = 0
         self.rekeys = 0
         _LIVE.add(self)
 
@@ -86,6 +89,7 @@ class ChaChaKeystream:
         self._cipher = None
         self._used = 0
         self._pid = os.getpid()
+        self._buf, self._pos = bytearray(), 0
 
     def _rekey_locked(self) -> None:
         from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
@@ -94,6 +98,7 @@ class ChaChaKeystream:
         self._cipher = Cipher(algorithms.ChaCha20(os.urandom(KEY_BYTES), initial), mode=None).encryptor()
         self._used = 0
         self._pid = os.getpid()
+        self._buf, self._pos = bytearray(), 0  # nothing made under the old key is served after this
         self.rekeys += 1
 
     def rekey(self) -> None:
@@ -101,25 +106,37 @@ class ChaChaKeystream:
         with self._lock:
             self._rekey_locked()
 
+    def _fill_locked(self, view: memoryview) -> None:
+        if self._cipher is None or self._pid != os.getpid():
+            self._rekey_locked()
+        n, pos = view.nbytes, 0
+        while pos < n:
+            k = min(_SLICE, n - pos)
+            if self._used + k > REKEY_BYTES:
+                self._rekey_locked()
+            self._cipher.update_into(_ZEROS[:k], view[pos : pos + k])
+            self._used += k
+            pos += k
+
     def fill(self, out: Any) -> None:
         """Overwrite the writable, C-contiguous buffer ``out`` (e.g. a numpy array) with keystream bytes."""
         view = memoryview(out).cast("B")
-        n = view.nbytes
         with self._lock:
-            if self._cipher is None or self._pid != os.getpid():
-                self._rekey_locked()
-            pos = 0
-            while pos < n:
-                k = min(_SLICE, n - pos)
-                if self._used + k > REKEY_BYTES:
-                    self._rekey_locked()
-                self._cipher.update_into(_ZEROS[:k], view[pos : pos + k])
-                self._used += k
-                pos += k
+            self._fill_locked(view)
 
     def read(self, n: int) -> bytes:
-        """``n`` keystream bytes."""
-        buf = bytearray(n)
-        if n:
+        """``n`` keystream bytes; small reads are served from a 4 KiB block of keystream."""
+        if n >= _BUFFER:
+            buf = bytearray(n)
             self.fill(buf)
-        return bytes(buf)
+            return bytes(buf)
+        with self._lock:
+            if self._pid != os.getpid():
+                self._rekey_locked()  # a fork that skipped the hook: drop the inherited block too
+            if self._pos + n > len(self._buf):
+                block = bytearray(_BUFFER)
+                self._fill_locked(memoryview(block))  # may re-key, which empties self._buf
+                self._buf, self._pos = block, 0
+            out = bytes(self._buf[self._pos : self._pos + n])
+            self._pos += n
+            return out
