@@ -27,6 +27,9 @@ Security argument (what the stream promises and what it assumes):
   release or :data:`REKEY_BYTES`. Someone who can read the process's memory during training can
   predict the rest of that release's noise, but then they can read the gradients directly.
 
+Small reads (``random_bits`` of the exact discrete samplers) are served from a block of at most
+4 KiB of keystream, dropped with the key (re-key, fork, pickle): it never outlives its key.
+
 Thread safety: a lock serialises every read (a cipher context is not safe to share). The module
 imports ``cryptography`` only when the first key is made, so ``import veil`` stays light.
 """
@@ -62,7 +65,7 @@ os.register_at_fork(after_in_child=_forget_keys_in_child)
 
 
 class ChaChaKeystream:
-    """A ChaCha20 keystream keyed from ``os.urandom``; re-keyed per request, per volume and per fork.
+    """A ChaCha20 keystream keyed from ``os.urandom``; re-keyed on request, per volume and per fork.
 
     ``rekeys`` counts the keys drawn so far (tests check it; it is no secret). Pickling or copying
     gives a new, unkeyed stream: key material never leaves the process.
