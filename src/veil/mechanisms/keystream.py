@@ -31,7 +31,7 @@ Small reads (``random_bits`` of the exact discrete samplers) are served from a b
 4 KiB of keystream, dropped with the key (re-key, fork, pickle): it never outlives its key.
 
 Thread safety: a lock serialises every read (a cipher context is not safe to share). The module
-imports ``cryptography`` only when the first key is made, so ``import veil`` stays light.
+imports ``cryptography`` only when a stream is built, so ``import veil`` stays light.
 """
 
 from __future__ import annotations
@@ -72,6 +72,11 @@ class ChaChaKeystream:
     """
 
     def __init__(self) -> None:
+        # Imported here, when a secure source is built (a secure engine, a secure run), not with
+        # veil: a missing package fails before anything is trained or charged, and the ~6 MiB the
+        # package takes are not first touched in the middle of a training step.
+        import cryptography.hazmat.primitives.ciphers  # noqa: F401
+
         self._lock = threading.Lock()
         self._cipher: Any = None
         self._used = 0
