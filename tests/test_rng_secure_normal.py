@@ -341,10 +341,12 @@ def test_transform_matches_its_closed_form(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_secure_noise_bench_runs() -> None:
-    """``bench/secure_noise.py`` (and its baseline, the previous sampler) still run: tiny settings."""
+    """``bench/secure_noise.py`` (draws and interleaved steps, with the previous sampler as baseline) still
+    runs: tiny settings."""
     from pathlib import Path
 
     script = Path(__file__).resolve().parent.parent / "bench" / "secure_noise.py"
-    cmd = [sys.executable, str(script), "--sizes", "11", "--rounds", "1"]
+    cmd = [sys.executable, str(script), "--sizes", "11", "--rounds", "1", "--steps", "1", "--configs", "mlp"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     assert "| 11 | secure (ChaCha20, one draw) |" in out and "| 11 | previous secure" in out
+    assert "| mlp | veil |" in out and "| mlp | veil-urandom |" in out
