@@ -61,7 +61,8 @@ def _forget_keys_in_child() -> None:
         stream._forget()
 
 
-os.register_at_fork(after_in_child=_forget_keys_in_child)
+if hasattr(os, "register_at_fork"):  # POSIX; where there is no fork there is nothing to forget
+    os.register_at_fork(after_in_child=_forget_keys_in_child)
 
 
 class ChaChaKeystream:
