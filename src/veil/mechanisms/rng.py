@@ -326,7 +326,7 @@ class SecureSource(RandomSource):
         return int.from_bytes(self._stream.read(nbytes), "little") >> (8 * nbytes - k)
 
     def _polar_pairs(self, m: int) -> tuple[np.ndarray, np.ndarray]:
-        """``m`` Box–Muller pairs ``(E, θ)`` from a fresh key: ``E ~ Exp(1)``, ``θ`` uniform on [0, 2π)."""
+        """``m`` Box–Muller pairs ``(E, θ)`` from the keystream: ``E ~ Exp(1)``, ``θ`` uniform on [0, 2π)."""
         words = self._raw_uint64(2 * m)
         return exponential_from_words(words[:m], self._raw_uint64), angle_from_words(words[m:])
 
