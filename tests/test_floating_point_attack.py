@@ -115,40 +115,48 @@ def test_mironov_attack_fails_on_veil_secure_laplace(b: float) -> None:
 
 
 # -- the same attack on the noise DP-SGD training actually releases --------------------------------
-def _secure_normal_output(u1: torch.Tensor, u2: torch.Tensor, scale: float) -> torch.Tensor:
-    """``SecureSource.normal``'s arithmetic for one output: (r·cos θ + 0)·scale in float64, then float32.
+def _secure_normal_output(e: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """``SecureSource.normal``'s arithmetic for the cosine output of a pair: radius ``√(2E)·scale`` and
+    angle ``k·(2π·2⁻⁵³)`` in float64, ``cos θ · r``, then float32."""
+    from veil.mechanisms.rng import _ANGLE_STEP
 
-    The second Box–Muller term is taken at ``u1 = 1`` (r = 0, a draw the sampler makes with
-    probability 2⁻⁵³ like any other), which makes it exactly 0.
-    """
-    r = torch.sqrt(-2.0 * torch.log(u1))
-    a = r * torch.cos((2.0 * math.pi) * u2)
-    b = torch.zeros_like(a)
-    return ((a + b) * scale).to(torch.float32)
+    r = torch.sqrt(2.0 * e) * scale
+    return (torch.cos(k.double() * _ANGLE_STEP) * r).to(torch.float32)
+
+
+def _exponential_at_u_2_pow_minus_53() -> float:
+    """``E = −ln u`` as the sampler computes it for the draw ``u = 2⁻⁵³`` (radius 8.57): a first word and
+    three more with 12 leading zeros each, then one with 4 leading zeros and mantissa 0."""
+    from veil.mechanisms.rng import exponential_from_words
+
+    more = iter([np.zeros(1, np.uint64)] * 3 + [np.array([1 << 59], np.uint64)])
+    e = float(exponential_from_words(np.zeros(1, np.uint64), lambda count: next(more))[0])
+    assert math.isclose(e, 53 * math.log(2.0), rel_tol=1e-15)
+    return e
 
 
 def reachable_veil_gaussian(v: torch.Tensor, scale: float) -> torch.Tensor:
     """For each float32 noise value ``v``: exhibit a draw of veil's secure Gaussian sampler giving it.
 
-    With ``u1 = 2⁻⁵³`` (the largest radius, 8.57) the output ``r·cos(2π·k·2⁻⁵³)·scale`` decreases in
+    With ``u = 2⁻⁵³`` (radius 8.57) the output ``r·cos(2π·k·2⁻⁵³)·scale`` decreases in
     ``k ∈ [0, 2⁵²]``; a vectorised binary search finds the candidate ``k`` and ±8 around it are checked
     exactly. Consecutive k move the float64 value by ~10⁻¹⁵, far below a float32 step, so every float32
     within ±8.57·scale is reached. True means reachable (a witness draw was found).
     """
     n = v.numel()
-    u1 = torch.full((n,), 2.0**-53, dtype=torch.float64)
+    e = torch.full((n,), _exponential_at_u_2_pow_minus_53(), dtype=torch.float64)
     lo = torch.zeros(n, dtype=torch.int64)
     hi = torch.full((n,), 2**52, dtype=torch.int64)
     while bool((lo < hi).any()):
         mid = (lo + hi) // 2
-        out = _secure_normal_output(u1, mid.double() * 2.0**-53, scale)
+        out = _secure_normal_output(e, mid, scale)
         cond = out <= v
         hi = torch.where(cond, mid, hi)
         lo = torch.where(cond, lo, mid + 1)
     found = torch.zeros(n, dtype=torch.bool)
     for off in range(-8, 9):
         k = (lo + off).clamp(0, 2**52)
-        found |= _secure_normal_output(u1, k.double() * 2.0**-53, scale) == v
+        found |= _secure_normal_output(e, k, scale) == v
     return found
 
 
@@ -183,7 +191,7 @@ def test_mironov_attack_fails_on_the_noise_dp_sgd_training_releases() -> None:
     released = torch.cat([p.grad.flatten() for p in m.parameters()])  # float32, noise only
     assert released.dtype == torch.float32 and released.numel() == 310
     std = sigma * clip / batch
-    scale = std / math.sqrt(2.0)  # SecureSource.normal sums two draws of std/√2
+    scale = std  # SecureSource.normal: one Box–Muller draw per coordinate, scaled by std
     shift = torch.tensor(clip / batch, dtype=torch.float32)
     grid = math.ldexp(1.0, math.floor(math.log2(std)) - 8)  # the optimizer's release grid
     assert torch.equal(torch.round(released / grid) * grid, released)  # outputs lie on the grid

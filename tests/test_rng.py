@@ -178,15 +178,7 @@ def test_secure_mode_never_touches_a_seeded_generator() -> None:
         SeededSource(1)
 
 
-def test_secure_buffer_is_not_shared_with_a_forked_child(monkeypatch: pytest.MonkeyPatch) -> None:
-    import os
-
-    src = SecureSource()
-    src.random_bits(8)
-    buffered = src._buf
-    monkeypatch.setattr(os, "getpid", lambda: -12345)
-    src.random_bits(8)
-    assert src._buf is not buffered and src._pos == 1
+# Fork safety, key hygiene and the Gaussian transform's fit: tests/test_rng_secure_normal.py.
 
 
 # -- goodness of fit ------------------------------------------------------------------------------

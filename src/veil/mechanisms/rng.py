@@ -8,12 +8,14 @@ made once, in one place:
   :meth:`SeededSource.load_state_dict`, so a resumed run draws exactly what an uninterrupted one
   would have. **Not** suitable for a deployed model: whoever knows (or guesses) the seed can
   recompute the noise and subtract it.
-* :class:`SecureSource` — bytes from the operating system's CSPRNG (``os.urandom``), never from a
-  seeded PRNG. Its stream cannot be replayed, so its ``state_dict()`` is just ``{"secure": True}``.
-  Tensors of Gaussian noise are made from those bytes (Box–Muller in float64, two independent
-  draws of ``std/√2`` summed, then cast), which blunts the floating-point attacks of Mironov (2012)
-  and Jin et al. (2022) on float samplers; the scalar/array mechanisms of :mod:`veil.mechanisms`
-  go further in secure mode and sample on an integer lattice (see ``docs/mechanisms.md``).
+* :class:`SecureSource` — bytes from a ChaCha20 keystream keyed with fresh ``os.urandom`` keys
+  (:mod:`veil.mechanisms.keystream`), never from a seeded PRNG. Its stream cannot be replayed, so
+  its ``state_dict()`` is just ``{"secure": True}``. Tensors of Gaussian noise are made from those
+  bytes by a float64 Box–Muller transform whose radius has full precision and no truncation in
+  the tail (:meth:`SecureSource.normal` gives the argument); DP-SGD rounds the noisy gradient to
+  a power-of-two grid, which is what blunts the floating-point attacks of Mironov (2012) and Jin
+  et al. (2022) there; the scalar/array mechanisms of :mod:`veil.mechanisms` sample on an integer
+  lattice in secure mode (see ``docs/mechanisms.md``).
 
 Nothing here touches numpy's or torch's global generators. ``import veil.mechanisms`` does not
 import torch (the tensor methods import it when first called).
@@ -24,14 +26,14 @@ from __future__ import annotations
 import abc
 import math
 import os
-import threading
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from veil.errors import InvalidParameterError
+from veil.mechanisms.keystream import ChaChaKeystream
 
 if TYPE_CHECKING:
     import torch
@@ -289,41 +291,31 @@ class SeededSource(RandomSource):
 
 
 class SecureSource(RandomSource):
-    """Every bit from the OS CSPRNG (``os.urandom``); no seed, no replay.
+    """Every bit from a CSPRNG: a ChaCha20 keystream keyed from ``os.urandom``; no seed, no replay.
 
-    Bytes are read in blocks into a private buffer (guarded by a lock, and discarded in a forked
-    child so parent and child never share bytes). ``state_dict()`` is ``{"secure": True}``: a
-    secure stream cannot be reproduced, by design.
+    Bytes come from a :class:`~veil.mechanisms.keystream.ChaChaKeystream` (fresh OS key per
+    Gaussian release, per 64 MiB and per forked process; see that module for the argument and its
+    computational assumption). ``state_dict()`` is ``{"secure": True}``: a secure stream cannot
+    be reproduced, by design, and pickling or copying a source gives a fresh one (no key travels).
     """
 
     secure = True
-    _BLOCK = 4096
     _NORMAL_CHUNK = 1 << 20
 
     def __init__(self) -> None:
-        self._buf = b""
-        self._pos = 0
-        self._pid = os.getpid()
-        self._lock = threading.Lock()
+        self._stream = ChaChaKeystream()
 
     def __repr__(self) -> str:
         return "SecureSource()"
 
-    def _bytes(self, n: int) -> bytes:
-        if n >= self._BLOCK:
-            return os.urandom(n)
-        with self._lock:
-            pid = os.getpid()
-            if pid != self._pid:  # forked: never reuse the parent's bytes
-                self._buf, self._pos, self._pid = b"", 0, pid
-            if self._pos + n > len(self._buf):
-                self._buf, self._pos = os.urandom(self._BLOCK), 0
-            out = self._buf[self._pos : self._pos + n]
-            self._pos += n
-            return out
+    def __reduce__(self) -> tuple[type[SecureSource], tuple[()]]:
+        return (SecureSource, ())
 
     def _raw_uint64(self, n: int) -> np.ndarray:
-        return np.frombuffer(self._bytes(8 * n), dtype="<u8").astype(np.uint64)
+        out = np.empty(n, dtype=np.uint64)
+        if n:
+            self._stream.fill(out)
+        return out
 
     def random_bits(self, k: int) -> int:
         if k <= 0:
@@ -331,22 +323,20 @@ class SecureSource(RandomSource):
                 return 0
             raise InvalidParameterError("k", k, "a bit count cannot be negative", "pass k ≥ 0")
         nbytes = (k + 7) // 8
-        return int.from_bytes(self._bytes(nbytes), "little") >> (8 * nbytes - k)
+        return int.from_bytes(self._stream.read(nbytes), "little") >> (8 * nbytes - k)
 
-    def _open_uniform_pair(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """``u1 ∈ (0, 1]`` and ``u2 ∈ [0, 1)``, each on the 2⁻⁵³ grid, ``n`` of each."""
-        raw = self._raw_uint64(2 * n) >> np.uint64(11)
-        u1 = (raw[:n] + np.uint64(1)).astype(np.float64) * _INV_TWO_POW_53
-        u2 = raw[n:].astype(np.float64) * _INV_TWO_POW_53
-        return u1, u2
+    def _polar_pairs(self, m: int) -> tuple[np.ndarray, np.ndarray]:
+        """``m`` Box–Muller pairs ``(E, θ)`` from the keystream: ``E ~ Exp(1)``, ``θ`` uniform on [0, 2π)."""
+        words = self._raw_uint64(2 * m)
+        return exponential_from_words(words[:m], self._raw_uint64), angle_from_words(words[m:])
 
     def standard_normal(self, size: int | tuple[int, ...]) -> np.ndarray:
+        """float64 ``N(0, 1)`` by the Box–Muller transform of :meth:`normal` (fresh key per call)."""
         shape = _check_size(size)
         n = math.prod(shape)
-        m = (n + 1) // 2
-        u1, u2 = self._open_uniform_pair(m)
-        r = np.sqrt(-2.0 * np.log(u1))
-        theta = 2.0 * math.pi * u2
+        self._stream.rekey()
+        e, theta = self._polar_pairs((n + 1) // 2)
+        r = np.sqrt(2.0 * e)
         z = np.concatenate([r * np.cos(theta), r * np.sin(theta)])[:n]
         return z.reshape(shape)
 
@@ -358,13 +348,55 @@ class SecureSource(RandomSource):
         dtype: torch.dtype | None = None,
         device: torch.device | str = "cpu",
     ) -> torch.Tensor:
-        """CSPRNG Gaussian noise: float64 Box–Muller, two draws of ``std/√2`` summed, then cast.
+        """CSPRNG Gaussian noise: one float64 Box–Muller draw per coordinate, scaled, then cast.
 
-        Summing two independent draws fills in the gaps between the float values one Box–Muller
-        draw can produce (the set a floating-point attack inspects), and generating in float64
-        before rounding to the parameter dtype makes the output grid (float32 or coarser) much
-        coarser than the noise's own. This is a mitigation, not an exact guarantee; exact
-        lattice sampling is used by :func:`veil.mechanisms.gaussian_mechanism` in secure mode.
+        **What is protected.** The noise of a Gaussian release (a DP-SGD step's ``N(0, σ²Δ²I)``,
+        an adaptive-clipping count) must be (i) unpredictable: not recomputable from anything the
+        run writes or any seed, and (ii) Gaussian at the resolution the release exposes. (i) is the
+        keystream's job: a fresh OS key for every call (so one key never spans two releases), for
+        every forked process, and nothing of it in :meth:`state_dict` or a pickle. The guarantee
+        therefore rests on ChaCha20's keystream being indistinguishable from uniform bytes to a
+        computationally bounded adversary: it is a *computational* DP guarantee, as is every
+        CSPRNG-based DP library's (``os.urandom`` itself is a ChaCha20 generator on Linux).
+
+        **The transform** (8 keystream bytes per coordinate; two 64-bit words per pair):
+
+        * radius: ``u ∈ (0, 1)`` is the float64 just below an exact uniform: its exponent is the
+          number of leading zero bits (12 bits of the first word, and when all 12 are zero,
+          12 more from a fresh word, and so on: the exponential is memoryless, so a fresh word is
+          exactly the conditional law), its mantissa 52 further bits. So ``u`` has full float64
+          relative precision at every scale, and ``E = −ln u`` is an ``Exp(1)`` variate correct to
+          float64 rounding far into the tail: the radius ``r = √(2E)`` is **not truncated** at
+          8.57 (53-bit uniforms) or 6.66 (32-bit uniforms); it reaches 37σ before a safety cap
+          (hit with probability 2⁻¹⁰⁰⁸).
+        * angle: ``θ = 2π·j·2⁻⁵³`` with ``j`` the top 53 bits of the second word; the pair gives
+          ``r·cos θ`` and ``r·sin θ``, two independent ``N(0, 1)``, times ``std``, in float64.
+
+        **Why one draw, no longer the sum of two.** The previous sampler summed two draws of
+        ``std/√2`` for two reasons, both now covered. (a) Gaps: a raw float release can only take
+        the values one transform reaches, and the Mironov (2012) certifier exploits values
+        unreachable from a neighbouring input. DP-SGD now rounds every released coordinate to the
+        power-of-two grid of :func:`veil.optimizer.release_grid` (step ``g ∈ (σ/512, σ/256]``),
+        so what is observed is a grid cell; a single float64 draw has consecutive radii < 2e-8σ
+        apart (2⁻⁵²σ/r beyond r = 1) and angle steps of 2π·2⁻⁵³·r, all ≪ g at every ``|z| ≤ 37σ``,
+        so every cell is reachable from either neighbour (``tests/test_floating_point_attack.py``
+        reruns the certifier on this sampler). (b) The tail: a sampler truncated at ``Rσ``
+        certifies an input whenever the output lands beyond ``R`` plus the neighbour's shift ``Δ``;
+        that happens with probability
+        about ``Φ̄(R − Δ/σ)`` per sampled step, e.g. ``Φ̄(5.2) ≈ 1e-7`` for one 53-bit draw
+        (R = 8.57) at noise multiplier 0.3, and ``Φ̄(3.3) ≈ 4e-4`` with 32-bit uniforms, which is
+        why 32-bit uniforms are not used. The sum of two pushed ``R`` to 12.1; the
+        unbounded-exponent radius pushes it to 37, so the truncation event has probability
+        ``Φ̄(37 − Δ/σ)``: nil for any noise multiplier above 0.05.
+
+        **Residual error.** The radius and angle grids (relative 2⁻⁵² and 2π·2⁻⁵³) and float64
+        ``log``/``sqrt``/``cos``/``sin`` (a few ulp) move each grid cell's probability by a relative
+        ≲ 1e-12 for ``|z| ≤ 10σ``: far below what the cast to the parameter dtype already moves
+        (float32 rounding shifts a cell boundary by up to ``ulp32(z)/2 ≈ 3e-5·|z|/σ`` of a cell), and
+        below anything a statistical test can see. Noise for bfloat16/float16 parameters is made at
+        float32 by the optimizer and rounded once. The scalar and array mechanisms of
+        :mod:`veil.mechanisms` do better still in secure mode: exact lattice sampling (see
+        ``docs/mechanisms.md``).
         """
         import torch
 
@@ -374,18 +406,16 @@ class SecureSource(RandomSource):
         n = math.prod(dims)
         dev = torch.device(device)
         out = torch.empty(n, dtype=out_dtype, device=dev)
-        scale = std / math.sqrt(2.0)
+        self._stream.rekey()  # one key per release: the next release's noise is independent of this key
         for start in range(0, n, self._NORMAL_CHUNK):  # bounded memory for model-sized tensors
             k = min(self._NORMAL_CHUNK, n - start)
             m = (k + 1) // 2
-            u1, u2 = self._open_uniform_pair(2 * m)
-            r = torch.sqrt(-2.0 * torch.log(torch.from_numpy(u1).to(dev)))
-            theta = (2.0 * math.pi) * torch.from_numpy(u2).to(dev)
-            # Each output coordinate sums normals from two *different* uniform pairs (pairs
-            # [0, m) and [m, 2m)); the cos and sin of one pair would only rotate one draw.
-            a = torch.cat([r[:m] * torch.cos(theta[:m]), r[:m] * torch.sin(theta[:m])])[:k]
-            b = torch.cat([r[m:] * torch.cos(theta[m:]), r[m:] * torch.sin(theta[m:])])[:k]
-            out[start : start + k] = ((a + b) * scale).to(out_dtype)
+            e, theta = self._polar_pairs(m)
+            r = torch.from_numpy(e).to(dev).mul_(2.0).sqrt_().mul_(std)
+            angle = torch.from_numpy(theta).to(dev)
+            seg = out[start : start + k]
+            seg[:m].copy_(torch.cos(angle).mul_(r))
+            seg[m:].copy_(angle.sin_().mul_(r)[: k - m])
         return out.reshape(dims)
 
     def state_dict(self) -> dict[str, Any]:
@@ -401,6 +431,52 @@ class SecureSource(RandomSource):
                 "seeded state into it would make the noise predictable",
                 "resume with a SeededSource for a reproducible run, or pass {'secure': True}",
             )
+
+
+_LN2 = math.log(2.0)
+_EXP_BITS = 12  # leading bits of a radius word that set the exponent of u
+_MANTISSA = np.uint64((1 << 52) - 1)
+_HIDDEN = np.uint64(1 << 52)
+_ANGLE_STEP = 2.0 * math.pi * 2.0**-53
+_MAX_EXTRA_WORDS = 83  # 12 + 83·12 = 1008 exponent bits: u ≥ 2⁻¹⁰⁰⁹, r ≤ 37.4
+
+
+def exponential_from_words(words: np.ndarray, more: Callable[[int], np.ndarray]) -> np.ndarray:
+    """``E = −ln u`` (float64, an ``Exp(1)`` variate) per uint64 word, ``u`` uniform on (0, 1).
+
+    ``u = 2⁻ᶻ·(1 + m/2⁵²)/2`` where ``z`` counts the leading zeros of the word's top 12 bits and
+    ``m`` is its low 52 bits: that is the float64 ``⌊U⌋`` (rounded down to the float grid) of an
+    exact uniform ``U``, with full relative precision at every scale. When the top 12 bits are all
+    zero (probability 2⁻¹²) ``U < 2⁻¹²`` and, given that, ``2¹²·U`` is again uniform: a fresh word
+    from ``more(count)`` continues the exponent. ``E = z·ln 2 − ln(1 + m/2⁵²)/2``, summed in that
+    order (both terms ≥ 0: no cancellation).
+    """
+    words = np.asarray(words, dtype=np.uint64)
+    e, pending = _exponential_parts(words)
+    depth = 0
+    while pending.size and depth < _MAX_EXTRA_WORDS:
+        depth += 1
+        extra = np.asarray(more(pending.size), dtype=np.uint64)
+        e_extra, again = _exponential_parts(extra)
+        e[pending] = e_extra + (_EXP_BITS * depth) * _LN2
+        pending = pending[again]
+    return e
+
+
+def _exponential_parts(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(−ln u, indices whose top 12 bits were all zero)`` for each word taken on its own."""
+    top = (words >> np.uint64(64 - _EXP_BITS)).astype(np.float64)  # 0 … 4095, exact
+    # The biased float64 exponent of `top` is 1023 + ⌊log₂ top⌋ (0 for top = 0): leading zeros.
+    zeros = np.minimum(1023 + _EXP_BITS - 1 - (top.view(np.int64) >> 52), _EXP_BITS)
+    mantissa = (words & _MANTISSA | _HIDDEN).astype(np.float64) * 2.0**-53  # [0.5, 1), exact
+    e = zeros * _LN2 - np.log(mantissa)
+    return e, np.flatnonzero(top == 0.0)
+
+
+def angle_from_words(words: np.ndarray) -> np.ndarray:
+    """``θ = 2π·j·2⁻⁵³`` (float64) with ``j`` the top 53 bits of each uint64 word."""
+    j = np.asarray(words, dtype=np.uint64) >> np.uint64(11)
+    return j.astype(np.float64) * _ANGLE_STEP
 
 
 def make_source(secure: bool, seed: int | None = None) -> RandomSource:

@@ -1,0 +1,352 @@
+"""The secure Gaussian stream: ChaCha20 keystream, Box–Muller transform, tails, forks, key hygiene.
+
+Statistical tests. Every check in :func:`misfits` is at α = 1e-7 and there are 13 of them, so one
+call on a correct sampler fails with probability ≤ 1.3e-6. This file makes four such calls on fresh
+secure draws and two uniformity tests of keystream bytes at 1e-7 (the other statistical tests use
+seeded words and are deterministic): it fails spuriously with probability < 6e-6 per run. The same
+checks are run on deliberately broken samplers (built from seeded words, so deterministic) and must
+reject every one: the tests can fail.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import pickle
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from veil.mechanisms import SecureSource, keystream
+from veil.mechanisms import rng as rng_module
+from veil.mechanisms.keystream import ChaChaKeystream
+from veil.mechanisms.rng import angle_from_words, exponential_from_words
+
+ALPHA = 1e-7
+Z_CRIT = float(stats.norm.isf(ALPHA / 2))  # 5.33: a two-sided z-test at α
+LN2 = math.log(2.0)
+N = 1_000_000
+
+
+def misfits(z: np.ndarray, std: float) -> list[str]:
+    """The checks that ``z`` (even length; halves are the cos and sin of the same pairs) fails as i.i.d.
+    ``N(0, std²)``, 13 checks each at α = 1e-7: moments, KS, a 64-bin χ², tails, and the pairs' angle,
+    radius and independence."""
+    x = np.asarray(z, dtype=np.float64) / std
+    n = x.size
+    failed = []
+    if abs(x.mean()) * math.sqrt(n) > Z_CRIT:
+        failed.append("mean")
+    if abs((x**2).mean() - 1.0) / math.sqrt(2.0 / n) > Z_CRIT:  # Var(x²) = 2
+        failed.append("variance")
+    if abs((x**4).mean() - 3.0) / math.sqrt(96.0 / n) > Z_CRIT:  # Var(x⁴) = 105 − 9
+        failed.append("fourth moment")
+    if stats.kstest(x, "norm", method="asymp").pvalue < ALPHA:
+        failed.append("ks")
+    edges = stats.norm.ppf(np.linspace(0.0, 1.0, 65)[1:-1])
+    counts = np.bincount(np.searchsorted(edges, x), minlength=64)
+    if stats.chisquare(counts).pvalue < ALPHA:
+        failed.append("chi2")
+    for t in (2.0, 3.0, 4.0):  # expected beyond 4σ: 63 of 10⁶
+        beyond = int((np.abs(x) > t).sum())
+        law = stats.binom(n, 2.0 * stats.norm.sf(t))  # two-sided, by doubling the smaller tail
+        if 2.0 * min(law.cdf(beyond), law.sf(beyond - 1)) < ALPHA:
+            failed.append(f"tail {t:g}σ")
+    a, b = x[: n // 2], x[n // 2 :]
+    angle = np.arctan2(b, a)
+    if stats.kstest(angle, "uniform", args=(-math.pi, 2.0 * math.pi), method="asymp").pvalue < ALPHA:
+        failed.append("pair angle")
+    if stats.kstest((a**2 + b**2) / 2.0, "expon", method="asymp").pvalue < ALPHA:
+        failed.append("pair radius")
+    for name, u, v in (("pair correlation", a, b), ("pair correlation of squares", a**2, b**2)):
+        if abs(np.corrcoef(u, v)[0, 1]) * math.sqrt(n // 2) > Z_CRIT:
+            failed.append(name)
+    return failed
+
+
+def _seeded_words(seed: int) -> Callable[[int], np.ndarray]:
+    gen = np.random.Generator(np.random.PCG64(seed))
+    return lambda k: np.asarray(gen.bit_generator.random_raw(k), dtype=np.uint64)
+
+
+def _pairs(words: Callable[[int], np.ndarray], m: int) -> tuple[np.ndarray, np.ndarray]:
+    w = words(2 * m)
+    return exponential_from_words(w[:m], words), angle_from_words(w[m:])
+
+
+def _box_muller(e: np.ndarray, theta: np.ndarray) -> np.ndarray:
+    r = np.sqrt(2.0 * e)
+    return np.concatenate([r * np.cos(theta), r * np.sin(theta)])
+
+
+# -- goodness of fit of the real stream -----------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_secure_normal_is_gaussian(dtype: torch.dtype) -> None:
+    std = 3.5
+    z = SecureSource().normal((N,), std, dtype=dtype)
+    assert z.dtype == dtype and z.shape == (N,) and bool(torch.isfinite(z).all())
+    assert misfits(z.double().numpy(), std) == []
+
+
+def test_secure_normal_is_gaussian_across_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(SecureSource, "_NORMAL_CHUNK", 1001)  # odd chunks: pairs split at every boundary
+    z = SecureSource().normal((2, 100_000), 0.25).flatten().double().numpy()
+    # The chunked layout interleaves cos and sin halves per chunk; the moment, CDF and tail checks
+    # are layout-free (the pair checks then compare arbitrary halves, still independent).
+    assert misfits(z, 0.25) == []
+
+
+def test_secure_standard_normal_is_gaussian() -> None:
+    z = SecureSource().standard_normal((500, 400))
+    assert z.shape == (500, 400) and z.dtype == np.float64
+    assert misfits(z.ravel(), 1.0) == []
+
+
+def test_secure_normal_edge_shapes_and_scales() -> None:
+    src = SecureSource()
+    assert src.normal((0,), 1.0).shape == (0,)
+    assert src.normal((1,), 1.0).shape == (1,)
+    assert src.normal((3, 0, 2), 1.0).shape == (3, 0, 2)
+    assert torch.equal(src.normal((7,), 0.0), torch.zeros(7))
+    assert src.standard_normal(3).shape == (3,) and src.standard_normal(0).shape == (0,)
+
+
+# -- the checks have power: each deliberate error is rejected -------------------------------------
+def test_the_checks_accept_the_transform_on_seeded_words() -> None:
+    assert misfits(_box_muller(*_pairs(_seeded_words(1), N // 2)), 1.0) == []
+
+
+@pytest.mark.parametrize(
+    ("mutant", "expected"),
+    [
+        ("std x 1.02", "variance"),
+        ("radius from a biased uniform u^1.02", "variance"),
+        ("angle from a biased uniform u^1.02", "pair angle"),
+        ("angle on half the circle", "mean"),
+        ("both halves share one angle", "pair correlation of squares"),
+    ],
+)
+def test_the_checks_reject_a_slightly_wrong_sampler(mutant: str, expected: str) -> None:
+    words = _seeded_words(2)
+    m = N // 2
+    e, theta = _pairs(words, m)
+    if mutant == "std x 1.02":
+        z = 1.02 * _box_muller(e, theta)
+    elif mutant == "radius from a biased uniform u^1.02":
+        z = _box_muller(1.02 * e, theta)  # −ln(u^1.02) = 1.02·E
+    elif mutant == "angle from a biased uniform u^1.02":
+        z = _box_muller(e, 2.0 * math.pi * (theta / (2.0 * math.pi)) ** 1.02)
+    elif mutant == "angle on half the circle":
+        z = _box_muller(e, theta / 2.0)
+    else:  # both halves share one angle
+        r1, r2 = np.sqrt(2.0 * e), np.sqrt(2.0 * _pairs(words, m)[0])
+        z = np.concatenate([r1 * np.cos(theta), r2 * np.cos(theta)])
+    # (A radius truncated at 6.66σ, as 32-bit uniforms give, moves 2e-10 of the mass: no sample of
+    # the output can see it. test_a_truncated_radius_fails_the_tail_check is the test for that.)
+    assert expected in misfits(z, 1.0), mutant
+
+
+# -- the radius far into the tail ------------------------------------------------------------------
+@pytest.mark.parametrize("levels", [1, 3, 8, 40])
+def test_radius_is_exact_far_into_the_tail(levels: int) -> None:
+    """Condition on ``U < 2^(−12·levels)`` by feeding words whose top 12 bits are zero: by the memoryless
+    property ``E − 12·levels·ln 2`` is again ``Exp(1)`` (KS, seeded, α = 1e-7). ``levels = 40`` is the
+    radius beyond 25.8σ, past any fixed-width uniform (64 bits stop at 9.42σ)."""
+    assert _tail_excess_pvalue(levels) > ALPHA
+    assert np.sqrt(2.0 * (_tail_excess(levels) + 12 * levels * LN2)).min() >= math.sqrt(24 * levels * LN2)
+
+
+def _tail_excess(levels: int, n: int = 20_000) -> np.ndarray:
+    raw = _seeded_words(100 + levels)
+    calls = 0
+
+    def low(k: int) -> np.ndarray:  # words whose top 12 bits are zero
+        return raw(k) & np.uint64((1 << 52) - 1)
+
+    def more(k: int) -> np.ndarray:
+        nonlocal calls
+        calls += 1
+        return low(k) if calls < levels else raw(k)
+
+    return exponential_from_words(low(n), more) - 12 * levels * LN2
+
+
+def _tail_excess_pvalue(levels: int) -> float:
+    return float(stats.kstest(_tail_excess(levels), "expon").pvalue)
+
+
+def test_a_truncated_radius_fails_the_tail_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rng_module, "_MAX_EXTRA_WORDS", 2)  # a radius word of 36 bits at most
+    assert _tail_excess_pvalue(8) < ALPHA
+
+
+# -- the keystream ---------------------------------------------------------------------------------
+def test_keystream_is_rfc8439_chacha20_from_block_counter_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Known answer (RFC 8439 §2.4.2 key and nonce): our block 1 is the RFC's keystream block 1."""
+    key = bytes(range(32))
+    nonce = bytes.fromhex("000000000000004a00000000")
+    real = os.urandom
+    monkeypatch.setattr(os, "urandom", lambda n: {32: key, 12: nonce}.get(n) or real(n))
+    stream = ChaChaKeystream()
+    out = stream.read(128)
+    monkeypatch.undo()
+    assert out[64:80].hex() == "224f51f3401bd9e12fde276fb8631ded"
+    # The same bytes whether read at once or in pieces: the counter advances, never repeats.
+    monkeypatch.setattr(os, "urandom", lambda n: {32: key, 12: nonce}.get(n) or real(n))
+    pieces = ChaChaKeystream()
+    assert pieces.read(5) + pieces.read(70) + pieces.read(53) == out
+
+
+def test_keystream_rekeys_per_volume_and_per_release(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(keystream, "REKEY_BYTES", 1 << 17)
+    stream = ChaChaKeystream()
+    first = stream.read(1 << 16)
+    assert stream.rekeys == 1
+    stream.read(1 << 19)  # crosses the lowered limit four times: a fresh key each time
+    assert stream.rekeys == 5
+    src = SecureSource()
+    before = src._stream.rekeys
+    for _ in range(3):
+        src.normal((10,), 1.0)
+    assert src._stream.rekeys == before + 3  # one key per Gaussian release
+    assert len(first) == 1 << 16
+    # Small reads (served from a buffered block) stay whole across re-keys by volume and by release.
+    small = ChaChaKeystream()
+    got = []
+    for i in range(200):
+        got.append(small.read(1 + i % 37))
+        if i % 50 == 0:
+            small.rekey()
+    assert [len(g) for g in got] == [1 + i % 37 for i in range(200)]
+    long_reads = [g for g in got if len(g) >= 8]
+    assert small.rekeys == 1 + 4 and len(set(long_reads)) == len(long_reads)
+
+
+def test_keystream_bytes_are_uniform() -> None:
+    data = np.frombuffer(ChaChaKeystream().read(1 << 20), dtype=np.uint8)
+    assert stats.chisquare(np.bincount(data, minlength=256)).pvalue > ALPHA
+    bits = np.unpackbits(data[: 1 << 16])
+    assert stats.binomtest(int(bits.sum()), bits.size, 0.5).pvalue > ALPHA
+
+
+# -- key hygiene: forks, copies, state -------------------------------------------------------------
+def _draws(src: SecureSource) -> list[bytes]:
+    return [
+        src.uniform(8).tobytes(),
+        src.random_bits(256).to_bytes(32, "little"),
+        src.normal((8,), 1.0, dtype=torch.float64).numpy().tobytes(),
+        src.standard_normal(8).tobytes(),
+        src.bernoulli(256, 0.5).tobytes(),
+    ]
+
+
+def test_forked_child_and_parent_draw_different_noise() -> None:
+    src = SecureSource()
+    src.uniform(4)  # keyed before the fork: the child inherits a live cipher context ...
+    src.random_bits(8)  # ... and a block of buffered keystream for small reads
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        try:
+            os.close(read_end)
+            os.write(write_end, b"".join(_draws(src)))
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as f:
+        child = f.read()
+    os.waitpid(pid, 0)
+    parent = _draws(src)
+    assert len(child) == sum(map(len, parent))
+    pos = 0
+    for part in parent:  # every kind of draw differs, including the buffered ones (uniform, bits)
+        assert child[pos : pos + len(part)] != part
+        pos += len(part)
+
+
+def test_pid_check_rekeys_when_a_fork_skipped_the_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    src = SecureSource()
+    src.uniform(1)
+    keys = src._stream.rekeys
+    monkeypatch.setattr(os, "getpid", lambda: -12345)
+    src.uniform(1)
+    assert src._stream.rekeys == keys + 1
+
+
+def test_no_key_material_in_state_or_copies() -> None:
+    src = SecureSource()
+    src.normal((100,), 1.0)
+    assert src.state_dict() == {"secure": True}
+    json.dumps(src.state_dict())
+    blob = pickle.dumps(src)
+    assert len(blob) < 100 and b"cipher" not in blob  # a class reference: no key, no buffered bytes
+    clones = [pickle.loads(blob), copy.deepcopy(src), copy.copy(src)]
+    mine = src.uniform(16)
+    for clone in clones:
+        assert isinstance(clone, SecureSource) and clone._stream is not src._stream
+        assert not np.array_equal(clone.uniform(16), mine)
+
+
+def test_threads_never_share_keystream_bytes() -> None:
+    src = SecureSource()
+    out: list[np.ndarray] = []
+
+    def work() -> None:
+        for _ in range(200):
+            out.append(src._raw_uint64(64))
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    words = np.concatenate(out)
+    assert words.size == 4 * 200 * 64 and np.unique(words).size == words.size
+
+
+def test_import_veil_does_not_import_cryptography() -> None:
+    code = "import sys, veil, veil.mechanisms; print('cryptography' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_transform_matches_its_closed_form(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Known words through ``SecureSource.normal``: (u = ½, θ = π/2), (u = 2⁻¹², θ = 0), then a radius
+    word with 12 leading zeros continued by a fresh word (u = 2⁻¹²·¾, θ = 0), against the closed form
+    ``std·√(−2 ln u)·(cos θ, sin θ)``."""
+    half = np.uint64(1 << 63)  # top 12 bits 1000…: no leading zero, mantissa 0 → u = ½
+    tiny = np.uint64(1 << 52)  # top 12 bits 0…01: 11 leading zeros → u = 2⁻¹²
+    quarter_turn, zero_turn = np.uint64((1 << 51) << 11), np.uint64(0)
+    words = [np.array([half, tiny, 0, quarter_turn, zero_turn, zero_turn], dtype=np.uint64)]
+    words.append(np.array([(1 << 63) | (1 << 51)], dtype=np.uint64))  # continues the third radius: u' = ¾
+
+    def feed(n: int) -> np.ndarray:
+        assert n == len(words[0])
+        return words.pop(0)
+
+    src = SecureSource()
+    monkeypatch.setattr(src, "_raw_uint64", feed)
+    z = src.normal((6,), 2.0, dtype=torch.float64).numpy()
+    r = 2.0 * np.sqrt(-2.0 * np.log([0.5, 2.0**-12, 0.75 * 2.0**-12]))
+    expected = np.concatenate([r * np.cos([math.pi / 2, 0.0, 0.0]), r * np.sin([math.pi / 2, 0.0, 0.0])])
+    np.testing.assert_allclose(z, expected, rtol=1e-14, atol=1e-15)
+
+
+def test_secure_noise_bench_runs() -> None:
+    """``bench/secure_noise.py`` (draws and interleaved steps, with the previous sampler as baseline) still
+    runs: tiny settings."""
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "bench" / "secure_noise.py"
+    cmd = [sys.executable, str(script), "--sizes", "11", "--rounds", "1", "--steps", "1", "--configs", "mlp"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    assert "| 11 | secure (ChaCha20, one draw) |" in out and "| 11 | previous secure" in out
+    assert "| mlp | veil |" in out and "| mlp | veil-urandom |" in out
