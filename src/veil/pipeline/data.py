@@ -67,6 +67,14 @@ def load_data(cfg: TrainConfig) -> Dataset:
     the order of the declared public label set."""
     from veil.data import load_dataset
 
+    if cfg.stream:  # the training rows stay in the file: veil.pipeline.streaming
+        from veil.pipeline.streaming import load_streamed
+
+        return load_streamed(cfg)
+    if cfg.table_schema is not None and cfg.dataset.startswith("parquet:"):
+        from veil.pipeline.streaming import refuse_too_large
+
+        refuse_too_large(cfg)
     if cfg.text_column is not None or cfg.model.startswith("hf:"):
         from veil.hf.data import load_text_dataset
 
