@@ -3,6 +3,8 @@
     python bench/tables.py                          # 10^5, 10^6, 10^7 rows × 20 numeric columns
     python bench/tables.py --rows 100000 --legacy   # also the old pure-Python CSV reader, for comparison
     python bench/tables.py --train 1000000          # DP training examples/s (veil train) on that table
+    python bench/tables.py --stream 10000000        # DP training streamed from a 10^7-row Parquet file,
+                                                    # beside in-memory training on 10^6 rows
 
 Files are generated into ``--dir`` (default /tmp/veil-bench-tables; deleted afterwards unless --keep):
 N rows × 20 numeric columns (values printed with 6 significant digits) and a 0/1 label, as CSV and as
@@ -25,6 +27,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -171,6 +174,113 @@ def train_speed(folder: Path, rows: int, epsilon: float, epochs: int | None = No
     )
 
 
+def generate_parquet(folder: Path, rows: int, row_group: int) -> Path:
+    """The N-row table of :func:`generate` as Parquet only, in row groups of ``row_group`` rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = folder / f"s{rows}.parquet"
+    rng = np.random.default_rng(rows)
+    writer = None
+    for start in range(0, rows, 1_000_000):
+        n = min(1_000_000, rows - start)
+        x = rng.normal(0, 3, (n, FEATURES)).astype(np.float32)
+        cols = {f"f{j}": pa.array(np.round(x[:, j], 4)) for j in range(FEATURES)}
+        cols["label"] = pa.array((x[:, 0] + x[:, 1] > 0).astype(np.int64))
+        table = pa.table(cols)
+        if writer is None:
+            writer = pq.ParquetWriter(path, table.schema)
+        writer.write_table(table, row_group_size=row_group)
+    assert writer is not None
+    writer.close()
+    return path
+
+
+TRAIN_MEASURE = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+from common import current_rss_bytes, peak_rss_since_reset_bytes, reset_peak_rss
+import pyarrow.parquet, torch  # noqa: F401  (imported before the baseline memory is read)
+import veil.pipeline.data as pdata
+from veil import train
+config = json.loads(sys.argv[2])
+timing = {}
+real = pdata.load_data
+def timed(cfg):
+    t = time.perf_counter()
+    data = real(cfg)
+    timing["load"] = time.perf_counter() - t
+    return data
+pdata.load_data = timed
+base = current_rss_bytes()
+reset_peak_rss()
+t, c = time.perf_counter(), time.process_time()
+r = train(config, progress=False)
+print(json.dumps({"seconds": time.perf_counter() - t, "cpu": time.process_time() - c, "load": timing["load"],
+                  "base": base, "peak": peak_rss_since_reset_bytes(), "steps": r.steps, "batch": r.batch_size,
+                  "n_train": r.dataset.n_train, "eps": r.epsilon_spent, "acc": r.test_accuracy,
+                  "streaming": r.streaming}))
+"""
+
+
+def train_measured(config: dict[str, Any]) -> dict[str, Any]:
+    """One ``veil.train`` in a fresh process: times, resident memory, the report's figures."""
+    bench_dir = str(Path(__file__).resolve().parent)
+    done = subprocess.run(
+        [sys.executable, "-c", TRAIN_MEASURE, bench_dir, json.dumps(config)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-3000:])
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def stream_speed(
+    folder: Path, rows: int, memory_rows: int, batch: int, epochs: int, budget: int, row_group: int
+) -> None:
+    """DP training streamed from an N-row Parquet file (``--stream``) beside in-memory training on a
+    smaller one, at the same sampling rate q = B/N_train, epochs, ε = 3 and δ = 1e-8, secure randomness,
+    no baseline. Each run in a fresh process: wall and CPU seconds, the load (in-memory: read + encode;
+    streamed: the scan that encodes and splits every row once), DP examples/s = steps × B / (run − load),
+    and the resident-memory high-water mark (peak) and its rise over the imports (peak − base).
+    """
+    results = []
+    for mode, n in (("in memory", memory_rows), ("streamed", rows)):
+        t = time.perf_counter()
+        path = generate_parquet(folder, n, row_group)
+        print(f"generated {n} rows in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+        b = max(1, round(batch * n / rows))  # the same q at both sizes
+        config: dict[str, Any] = {
+            "dataset": f"parquet:{path}",
+            "table_schema": str(folder / "schema.toml"),
+            "epsilon": 3.0,
+            "delta": 1e-8,
+            "epochs": epochs,
+            "batch_size": b,
+            "baseline": False,
+            "out": str(folder / f"run-{n}"),
+            **({"stream": True, "stream_rows": budget} if mode == "streamed" else {}),
+        }
+        m = train_measured(config)
+        path.unlink()
+        shutil.rmtree(folder / f"run-{n}", ignore_errors=True)
+        steps, seconds, load = int(m["steps"]), float(m["seconds"]), float(m["load"])
+        info = m["streaming"] or {}
+        results.append(
+            [mode, n, m["n_train"], b, steps, round(load, 1), round(seconds, 1), round(m["cpu"], 1),
+             round(steps * b / max(seconds - load, 1e-9)), round(m["peak"] / 1e6),
+             round((m["peak"] - m["base"]) / 1e6), round(n * (FEATURES * 4 + 8) / 1e6),
+             info.get("windows", "–"), round(m["acc"], 4)]
+        )  # fmt: skip
+        print(results[-1], m["streaming"], file=sys.stderr)
+    header = ["mode", "rows", "train rows", "B", "steps", "load/scan s", "run s", "CPU s", "DP examples/s",
+              "peak RSS MB", "peak − base MB", "encoded table MB", "windows", "DP test acc"]  # fmt: skip
+    print(markdown_table(header, results))
+    print(f"\nrow groups of {row_group} rows; streamed with --stream-rows {budget}; {epochs} epoch(s)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -187,11 +297,39 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--epochs", type=int, default=None, help="Epochs of --train (default: the preset's 50)."
     )
+    parser.add_argument(
+        "--stream", type=int, default=None, help="Time veil train --stream on a Parquet file of N rows."
+    )
+    parser.add_argument("--memory-rows", type=int, default=1_000_000, help="In-memory run beside --stream.")
+    parser.add_argument("--batch", type=int, default=100_000, help="Expected batch of the --stream run.")
+    parser.add_argument("--stream-rows", type=int, default=1_000_000, help="--stream-rows of that run.")
+    parser.add_argument("--row-group", type=int, default=131_072, help="Parquet row group of --stream.")
     args = parser.parse_args(argv)
     folder = Path(args.dir)
     folder.mkdir(parents=True, exist_ok=True)
     schema = folder / "schema.toml"
     schema.write_text(schema_text())
+    if args.stream:
+        load_before = os.getloadavg()
+        try:
+            stream_speed(
+                folder,
+                args.stream,
+                args.memory_rows,
+                args.batch,
+                args.epochs or 1,
+                args.stream_rows,
+                args.row_group,
+            )
+        finally:
+            if not args.keep:
+                shutil.rmtree(folder, ignore_errors=True)
+        print(
+            f"\nload average before {tuple(round(v, 1) for v in load_before)}, after "
+            f"{tuple(round(v, 1) for v in os.getloadavg())}"
+        )
+        print(describe_machine())
+        return 0
     if args.train:
         load_before = os.getloadavg()
         try:
