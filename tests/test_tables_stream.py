@@ -25,6 +25,7 @@ from veil.cli.main import main  # noqa: E402
 from veil.mechanisms.rng import make_source  # noqa: E402
 from veil.sampling import PoissonBatchSampler  # noqa: E402
 from veil.tables.encoder import TableEncoder  # noqa: E402
+from veil.tables.sampler import ChunkedPoissonSampler  # noqa: E402
 from veil.tables.schema import ColumnSpec, TableSchema  # noqa: E402
 from veil.tables.stream import ParquetRows, WindowedSampler, parquet_rows, scan_parquet  # noqa: E402
 
@@ -58,7 +59,7 @@ def _stream(path: Path, encoder: TableEncoder, q: float, steps: int, seed: int, 
     """(file ids of each step's batch, the reader, the training positions): the read path of a run."""
     scan = scan_parquet(path, encoder, 0.2, seed=0)
     rows = ParquetRows(path, encoder, scan.positions)
-    inner = PoissonBatchSampler(len(rows), q, steps, make_source(False, seed))
+    inner = _chunked(PoissonBatchSampler(len(rows), q, steps, make_source(False, seed)), 500)
     batches = []
     for indices, _ in WindowedSampler(inner, rows, budget).logical_batches():
         x, y = rows.fetch(indices)
@@ -67,6 +68,12 @@ def _stream(path: Path, encoder: TableEncoder, q: float, steps: int, seed: int, 
         np.testing.assert_array_equal(y, np.where(ids % 3 == 0, 0, 1))
         batches.append(ids)
     return batches, rows, scan.positions
+
+
+def _chunked(sampler: PoissonBatchSampler, chunk: int) -> ChunkedPoissonSampler:
+    chunked = ChunkedPoissonSampler.like(sampler)
+    chunked.chunk_rows = chunk  # several chunks per mask (production: 2^20 rows)
+    return chunked
 
 
 def _sampling_ok(batches: list[np.ndarray], positions: np.ndarray, q: float) -> bool:
@@ -88,11 +95,12 @@ def _sampling_ok(batches: list[np.ndarray], positions: np.ndarray, q: float) -> 
     return bool(abs(z) < crit and chi2 < stats.chi2.isf(FALSE_FAILURE, keep.sum() - 1) and bias < crit)
 
 
-def test_the_window_makes_the_engine_sampler_s_draws_in_its_order(tmp_path: Path) -> None:
+def test_chunked_window_makes_the_engine_sampler_s_draws_in_its_order(tmp_path: Path) -> None:
+    """The mask drawn in chunks and the steps drawn ahead per window: the engine sampler's very draws."""
     path, encoder = _id_table(tmp_path, N, 700)
     rows = ParquetRows(path, encoder, scan_parquet(path, encoder, 0.2, seed=0).positions)
     plain = list(PoissonBatchSampler(len(rows), 0.05, 30, make_source(False, 9)).logical_batches())
-    inner = PoissonBatchSampler(len(rows), 0.05, 30, make_source(False, 9))
+    inner = _chunked(PoissonBatchSampler(len(rows), 0.05, 30, make_source(False, 9)), 333)
     windowed = list(WindowedSampler(inner, rows, 400).logical_batches())
     assert [b for b, _ in windowed] == [b for b, _ in plain]
     assert [t for _, t in windowed] == [t for _, t in plain]  # resume tokens too

@@ -192,9 +192,16 @@ def rows_dataset(data: StreamedDataset, batch_type: type) -> Any:
 
 
 def install_window(loader: Any, data: StreamedDataset) -> None:
-    """Read the engine loader's Poisson batches window by window (the draws stay the sampler's own)."""
+    """Read the engine loader's Poisson batches window by window: its sampler, chunked
+    (:mod:`veil.tables.sampler`: the same draws in the same order), wrapped in a
+    :class:`~veil.tables.stream.WindowedSampler`."""
+    from veil.sampling import PoissonBatchSampler
+    from veil.tables.sampler import ChunkedPoissonSampler
     from veil.tables.stream import WindowedSampler
 
-    chunker = loader.batch_sampler
-    assert data.rows is not None and hasattr(chunker, "logical")
-    chunker.logical = WindowedSampler(chunker.logical, data.rows, data.budget_rows)
+    chunker, inner = loader.batch_sampler, loader.logical_sampler
+    assert data.rows is not None and hasattr(chunker, "logical") and chunker.logical is inner
+    assert isinstance(inner, PoissonBatchSampler)  # one process, Poisson (check_streamable)
+    windowed = WindowedSampler(ChunkedPoissonSampler.like(inner), data.rows, data.budget_rows)
+    chunker.logical = windowed
+    loader.logical_sampler = windowed  # resume tokens: saved and restored through the same sampler
