@@ -202,22 +202,35 @@ sys.path.insert(0, sys.argv[1])
 from common import current_rss_bytes, peak_rss_since_reset_bytes, reset_peak_rss
 import pyarrow.parquet, torch  # noqa: F401  (imported before the baseline memory is read)
 import veil.pipeline.data as pdata
+import veil.training as vt
 from veil import train
 config = json.loads(sys.argv[2])
-timing = {}
-real = pdata.load_data
-def timed(cfg):
+timing, peaks = {}, {}
+real_load, real_start, real_steps = pdata.load_data, vt.start, vt.train_steps
+def load(cfg):  # the load (in memory) or the scan (streamed)
     t = time.perf_counter()
-    data = real(cfg)
+    data = real_load(cfg)
     timing["load"] = time.perf_counter() - t
+    peaks["load"] = peak_rss_since_reset_bytes()
     return data
-pdata.load_data = timed
+def start(*args, **kwargs):  # from here to the last step: the training loop's own high-water mark
+    peaks["before_loop"] = peak_rss_since_reset_bytes()
+    reset_peak_rss()
+    return real_start(*args, **kwargs)
+def steps(*args, **kwargs):
+    out = real_steps(*args, **kwargs)
+    peaks["loop"] = peak_rss_since_reset_bytes()
+    reset_peak_rss()
+    return out
+pdata.load_data, vt.start, vt.train_steps = load, start, steps
 base = current_rss_bytes()
 reset_peak_rss()
 t, c = time.perf_counter(), time.process_time()
 r = train(config, progress=False)
+peaks["after_loop"] = peak_rss_since_reset_bytes()
 print(json.dumps({"seconds": time.perf_counter() - t, "cpu": time.process_time() - c, "load": timing["load"],
-                  "base": base, "peak": peak_rss_since_reset_bytes(), "steps": r.steps, "batch": r.batch_size,
+                  "base": base, "peak": max(peaks.values()), "load_peak": peaks["load"],
+                  "loop_peak": peaks["loop"], "steps": r.steps, "batch": r.batch_size,
                   "n_train": r.dataset.n_train, "eps": r.epsilon_spent, "acc": r.test_accuracy,
                   "streaming": r.streaming}))
 """
@@ -244,12 +257,16 @@ def stream_speed(
     smaller one, at the same sampling rate q = B/N_train, epochs, ε = 3 and δ = 1e-8, secure randomness,
     no baseline. Each run in a fresh process: wall and CPU seconds, the load (in-memory: read + encode;
     streamed: the scan that encodes and splits every row once), DP examples/s = steps × B / (run − load),
-    and the resident-memory high-water mark (peak) and its rise over the imports (peak − base).
+    and the resident-memory high-water mark (peak) and its rise over the imports (peak − base), also
+    split by phase: during the load or scan, and during the training loop alone (from building the
+    private model to the last step; in memory, the table is resident throughout).
     """
     results = []
-    for mode, n in (("in memory", memory_rows), ("streamed", rows)):
+    for mode, n in (("in memory", memory_rows), ("streamed", memory_rows), ("streamed", rows)):
         t = time.perf_counter()
-        path = generate_parquet(folder, n, row_group)
+        path = folder / f"s{n}.parquet"
+        if not path.exists():
+            path = generate_parquet(folder, n, row_group)
         print(f"generated {n} rows in {time.perf_counter() - t:.1f} s", file=sys.stderr)
         b = max(1, round(batch * n / rows))  # the same q at both sizes
         config: dict[str, Any] = {
@@ -261,24 +278,29 @@ def stream_speed(
             "batch_size": b,
             "baseline": False,
             "out": str(folder / f"run-{n}"),
-            **({"stream": True, "stream_rows": budget} if mode == "streamed" else {}),
+            # the budget scaled like B: the same steps per window at both sizes
+            **({"stream": True, "stream_rows": round(budget * n / rows)} if mode == "streamed" else {}),
         }
         m = train_measured(config)
-        path.unlink()
+        if mode == "streamed":
+            path.unlink()
         shutil.rmtree(folder / f"run-{n}", ignore_errors=True)
         steps, seconds, load = int(m["steps"]), float(m["seconds"]), float(m["load"])
         info = m["streaming"] or {}
         results.append(
             [mode, n, m["n_train"], b, steps, round(load, 1), round(seconds, 1), round(m["cpu"], 1),
              round(steps * b / max(seconds - load, 1e-9)), round(m["peak"] / 1e6),
+             round((m["load_peak"] - m["base"]) / 1e6), round((m["loop_peak"] - m["base"]) / 1e6),
              round((m["peak"] - m["base"]) / 1e6), round(n * (FEATURES * 4 + 8) / 1e6),
              info.get("windows", "–"), round(m["acc"], 4)]
         )  # fmt: skip
         print(results[-1], m["streaming"], file=sys.stderr)
     header = ["mode", "rows", "train rows", "B", "steps", "load/scan s", "run s", "CPU s", "DP examples/s",
-              "peak RSS MB", "peak − base MB", "encoded table MB", "windows", "DP test acc"]  # fmt: skip
+              "peak RSS MB", "load peak − base MB", "loop peak − base MB", "peak − base MB",
+              "encoded table MB", "windows", "DP test acc"]  # fmt: skip
     print(markdown_table(header, results))
-    print(f"\nrow groups of {row_group} rows; streamed with --stream-rows {budget}; {epochs} epoch(s)")
+    print(f"\nrow groups of {row_group} rows; --stream-rows {budget} at {rows} rows, scaled with N;")
+    print(f"{epochs} epoch(s)")
 
 
 def main(argv: list[str] | None = None) -> int:

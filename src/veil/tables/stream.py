@@ -233,23 +233,23 @@ class ParquetRows:
 
         source = TableSource("parquet", self.path)
         groups = np.searchsorted(self._starts, rows, side="right") - 1
-        xs, ys, held = [], [], 0
+        x = np.empty((len(rows), self.encoder.width), np.float32)  # filled group by group: no concatenation
+        y = np.empty(len(rows), np.int64)
+        held = 0
         for g in np.unique(groups):
             local = rows[groups == g] - self._starts[g]
             table = self._pf.read_row_group(int(g), columns=self._columns)
             self.stats.groups_read += 1
             self.stats.rows_decoded += table.num_rows
-            self.stats.peak_rows = max(self.stats.peak_rows, held + len(self._cache_y) + table.num_rows)
+            self.stats.peak_rows = max(self.stats.peak_rows, len(rows) + len(self._cache_y) + table.num_rows)
             encoded = self.encoder.encode(RawTable(table.take(local), source))
             del table
             assert encoded.y is not None
-            xs.append(encoded.x)
-            ys.append(encoded.y)
+            x[held : held + len(local)] = encoded.x
+            y[held : held + len(local)] = encoded.y
             held += len(local)
         self.stats.rows_encoded += held
-        if not xs:
-            return np.zeros((0, self.encoder.width), np.float32), np.zeros(0, np.int64)
-        return np.concatenate(xs), np.concatenate(ys)
+        return x, y
 
     def load(self, index_sets: list[np.ndarray]) -> None:
         """Cache the rows of a window of steps (indices into the training rows), dropping the last window."""
