@@ -279,3 +279,18 @@ def test_refusals_are_one_line_exit_2_nothing_written(
     err = capsys.readouterr().err
     assert code == 2 and match in err and err.count("\n") == 1 and "Traceback" not in err, err
     assert not (tmp_path / "x").exists()
+
+
+def test_a_job_that_needs_the_table_in_memory_refuses_stream(table: dict[str, Path]) -> None:
+    """veil tune and veil audit prepare their data with prepare(cfg): given stream they would train on
+    the few probe rows, so it is refused."""
+    from veil.config import make_config
+    from veil.errors import ConfigError
+    from veil.pipeline.data import prepare
+
+    cfg = make_config(
+        {"dataset": f"parquet:{table['data']}", "table_schema": str(table["schema"]), "stream": True}
+    )
+    with pytest.raises(ConfigError, match="only veil train"):
+        prepare(cfg)
+    assert prepare(cfg, streaming=True).data.n_train == 544

@@ -65,7 +65,7 @@ __all__ = ["Report", "train"]
 def _prepare(cfg: TrainConfig, out: Path | None, check: bool = True) -> RunPlan:
     from veil.engine import refuse_example_mixing
 
-    prepared = prepare(cfg)
+    prepared = prepare(cfg, streaming=True)
     refuse_private_preprocessing(prepared.prep.public)  # across ranks: one release is not yet supported
     cfg, data = prepared.cfg, prepared.data
     net = build_net(cfg, data, cfg.seed)
