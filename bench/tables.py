@@ -207,9 +207,9 @@ from veil import train
 config = json.loads(sys.argv[2])
 timing, peaks = {}, {}
 real_load, real_start, real_steps = pdata.load_data, vt.start, vt.train_steps
-def load(cfg):  # the load (in memory) or the scan (streamed)
+def load(cfg, **kwargs):  # the load (in memory) or the scan (streamed)
     t = time.perf_counter()
-    data = real_load(cfg)
+    data = real_load(cfg, **kwargs)
     timing["load"] = time.perf_counter() - t
     peaks["load"] = peak_rss_since_reset_bytes()
     return data
