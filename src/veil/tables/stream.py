@@ -158,7 +158,8 @@ def scan_parquet(
     source = TableSource("parquet", str(path))
     n = int(starts[-1])
     index_type = np.uint32 if n < 2**32 else np.int64
-    positions: list[np.ndarray] = []
+    positions = np.empty(n, index_type)  # filled in order, then cut: no list of parts to concatenate
+    n_train = 0
     tests: list[tuple[np.ndarray, np.ndarray]] = []
     probes: list[tuple[np.ndarray, np.ndarray]] = []
     kept_test = kept_probe = n_test = 0
@@ -168,7 +169,9 @@ def scan_parquet(
         )
         assert encoded.y is not None
         test = held_out(encoded.x, encoded.y, test_fraction, seed)
-        positions.append((np.flatnonzero(~test) + starts[g]).astype(index_type))
+        train_rows = np.flatnonzero(~test) + starts[g]
+        positions[n_train : n_train + len(train_rows)] = train_rows
+        n_train += len(train_rows)
         n_test += int(test.sum())
         if kept_test < eval_rows and test.any():
             x, y = encoded.x[test][: eval_rows - kept_test], encoded.y[test][: eval_rows - kept_test]
@@ -178,8 +181,8 @@ def scan_parquet(
             x, y = encoded.x[~test][: probe_rows - kept_probe], encoded.y[~test][: probe_rows - kept_probe]
             probes.append((x.copy(), y.copy()))
             kept_probe += len(y)
-    train = np.concatenate(positions) if positions else np.zeros(0, index_type)
-    if len(train) == 0 or n_test == 0:
+    train = positions[:n_train]  # a view: 4 bytes per row of the file below 2³² rows
+    if n_train == 0 or n_test == 0:
         raise DataError(
             "dataset",
             f"{n} examples",
