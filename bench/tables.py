@@ -5,6 +5,8 @@
     python bench/tables.py --train 1000000          # DP training examples/s (veil train) on that table
     python bench/tables.py --stream 10000000        # DP training streamed from a 10^7-row Parquet file,
                                                     # beside in-memory training on 10^6 rows
+    python bench/tables.py --stream-read 1000000,10000000 --batch 10000 --stream-rows 100000
+                                                    # the streaming read path alone, same B and budget
 
 Files are generated into ``--dir`` (default /tmp/veil-bench-tables; deleted afterwards unless --keep):
 N rows × 20 numeric columns (values printed with 6 significant digits) and a 0/1 label, as CSV and as
@@ -303,6 +305,62 @@ def stream_speed(
     print(f"{epochs} epoch(s)")
 
 
+READ_MEASURE = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+from common import current_rss_bytes, peak_rss_since_reset_bytes, reset_peak_rss
+import pyarrow.parquet, torch  # noqa: F401
+from veil.mechanisms.rng import make_source
+from veil.tables.encoder import TableEncoder
+from veil.tables.sampler import ChunkedPoissonSampler
+from veil.tables.schema import load_schema
+from veil.tables.stream import ParquetRows, WindowedSampler, scan_parquet
+path, schema, batch, budget, steps = sys.argv[2], sys.argv[3], *map(int, sys.argv[4:7])
+encoder = TableEncoder(load_schema(schema))
+base = current_rss_bytes()
+reset_peak_rss()
+t = time.perf_counter()
+scan = scan_parquet(path, encoder, 0.2, 0)
+scan_s, scan_peak = time.perf_counter() - t, peak_rss_since_reset_bytes()
+rows = ParquetRows(path, encoder, scan.positions)
+sampler = ChunkedPoissonSampler(len(rows), batch / len(rows), steps, make_source(True))
+t = time.perf_counter()
+for indices, _ in WindowedSampler(sampler, rows, budget).logical_batches():
+    rows.fetch(indices)
+print(json.dumps({"scan": scan_s, "steps_s": time.perf_counter() - t, "base": base, "scan_peak": scan_peak,
+                  "peak": peak_rss_since_reset_bytes(), "windows": rows.stats.windows,
+                  "peak_rows": rows.stats.peak_rows}))
+"""
+
+
+def stream_read(folder: Path, sizes: list[int], batch: int, budget: int, row_group: int, steps: int) -> None:
+    """The streaming read path alone (no model): the scan, then ``steps`` Poisson batches of expected
+    size ``batch`` read window by window (``budget`` rows), at each table size, same B and budget; in a
+    fresh process each: what streaming itself holds as N grows."""
+    bench_dir = str(Path(__file__).resolve().parent)
+    results = []
+    for n in sizes:
+        path = generate_parquet(folder, n, row_group)
+        done = subprocess.run(
+            [sys.executable, "-c", READ_MEASURE, bench_dir, str(path), str(folder / "schema.toml"),
+             str(batch), str(budget), str(steps)],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        path.unlink()
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr[-3000:])
+        m = json.loads(done.stdout.strip().splitlines()[-1])
+        results.append(
+            [n, batch, budget, round(m["scan"], 1), round((m["scan_peak"] - m["base"]) / 1e6),
+             steps, round(m["steps_s"], 1), m["windows"], m["peak_rows"],
+             round((max(m["peak"], m["scan_peak"]) - m["base"]) / 1e6), round(n * (FEATURES * 4 + 8) / 1e6)]
+        )  # fmt: skip
+        print(results[-1], file=sys.stderr)
+    header = ["rows", "B", "--stream-rows", "scan s", "scan peak − base MB", "steps", "steps s", "windows",
+              "peak rows held", "peak − base MB", "encoded table MB"]  # fmt: skip
+    print(markdown_table(header, results))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -326,11 +384,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=100_000, help="Expected batch of the --stream run.")
     parser.add_argument("--stream-rows", type=int, default=1_000_000, help="--stream-rows of that run.")
     parser.add_argument("--row-group", type=int, default=131_072, help="Parquet row group of --stream.")
+    parser.add_argument(
+        "--stream-read", default=None, help="Comma-separated row counts: the streaming read path alone."
+    )
     args = parser.parse_args(argv)
     folder = Path(args.dir)
     folder.mkdir(parents=True, exist_ok=True)
     schema = folder / "schema.toml"
     schema.write_text(schema_text())
+    if args.stream_read:
+        load_before = os.getloadavg()
+        try:
+            sizes = [int(float(r)) for r in args.stream_read.split(",")]
+            stream_read(folder, sizes, args.batch, args.stream_rows, args.row_group, 30)
+        finally:
+            if not args.keep:
+                shutil.rmtree(folder, ignore_errors=True)
+        print(
+            f"\nload average before {tuple(round(v, 1) for v in load_before)}, after "
+            f"{tuple(round(v, 1) for v in os.getloadavg())}"
+        )
+        print(describe_machine())
+        return 0
     if args.stream:
         load_before = os.getloadavg()
         try:
