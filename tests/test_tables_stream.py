@@ -187,6 +187,7 @@ def test_a_streamed_run_is_the_in_memory_run_and_predicts(
     info = streamed["streaming"]
     assert info["row_groups"] == 7 and info["windows"] >= 2 and info["peak_rows_held"] <= 400 + 100
     assert streamed["non_private"]["baseline_test_accuracy"] is None
+    assert "streaming" in streamed["non_private"]["labelled_elsewhere"]  # counts of the realised batches
     assert all(c["passed"] for c in streamed["checks"] if c["name"] != "secure_randomness")
     a = torch.load(tmp_path / "s" / "model.pt", weights_only=True)
     b = torch.load(tmp_path / "m" / "model.pt", weights_only=True)

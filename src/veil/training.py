@@ -339,7 +339,11 @@ def _report(plan: RunPlan, run_dir: Path, ledger: Ledger, model: nn.Module, **re
                 "entire dataset; kept for the audit trail and resume checks",
                 "dataset.n_test": "the number of held-out rows",
                 **(
-                    {"streaming.evaluated_held_out_rows": "how many held-out rows the test metrics used"}
+                    {
+                        "streaming": "how the file was read: windows, row groups read, rows decoded and "
+                        "the most rows held depend on the realised Poisson batches, and the evaluated "
+                        "count on the held-out rows; for the operator, like the sampling check's counts"
+                    }
                     if cfg.stream
                     else {}
                 ),
