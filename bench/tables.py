@@ -253,7 +253,14 @@ def train_measured(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def stream_speed(
-    folder: Path, rows: int, memory_rows: int, batch: int, epochs: int, budget: int, row_group: int
+    folder: Path,
+    rows: int,
+    memory_rows: int,
+    batch: int,
+    epochs: int,
+    budget: int,
+    row_group: int,
+    physical: int | None = None,
 ) -> None:
     """DP training streamed from an N-row Parquet file (``--stream``) beside in-memory training on a
     smaller one, at the same sampling rate q = B/N_train, epochs, ε = 3 and δ = 1e-8, secure randomness,
@@ -280,6 +287,7 @@ def stream_speed(
             "batch_size": b,
             "baseline": False,
             "out": str(folder / f"run-{n}"),
+            **({"physical_batch_size": physical} if physical else {}),
             # the budget scaled like B: the same steps per window at both sizes
             **({"stream": True, "stream_rows": round(budget * n / rows)} if mode == "streamed" else {}),
         }
@@ -302,7 +310,7 @@ def stream_speed(
               "encoded table MB", "windows", "DP test acc"]  # fmt: skip
     print(markdown_table(header, results))
     print(f"\nrow groups of {row_group} rows; --stream-rows {budget} at {rows} rows, scaled with N;")
-    print(f"{epochs} epoch(s)")
+    print(f"{epochs} epoch(s); physical batch size {physical or 'none'}")
 
 
 READ_MEASURE = r"""
@@ -384,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=100_000, help="Expected batch of the --stream run.")
     parser.add_argument("--stream-rows", type=int, default=1_000_000, help="--stream-rows of that run.")
     parser.add_argument("--row-group", type=int, default=131_072, help="Parquet row group of --stream.")
+    parser.add_argument("--physical-batch-size", type=int, default=None, help="For --stream's runs.")
     parser.add_argument(
         "--stream-read", default=None, help="Comma-separated row counts: the streaming read path alone."
     )
@@ -417,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.epochs or 1,
                 args.stream_rows,
                 args.row_group,
+                args.physical_batch_size,
             )
         finally:
             if not args.keep:
