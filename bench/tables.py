@@ -3,6 +3,10 @@
     python bench/tables.py                          # 10^5, 10^6, 10^7 rows × 20 numeric columns
     python bench/tables.py --rows 100000 --legacy   # also the old pure-Python CSV reader, for comparison
     python bench/tables.py --train 1000000          # DP training examples/s (veil train) on that table
+    python bench/tables.py --stream 10000000        # DP training streamed from a 10^7-row Parquet file,
+                                                    # beside in-memory training on 10^6 rows
+    python bench/tables.py --stream-read 1000000,10000000 --batch 10000 --stream-rows 100000
+                                                    # the streaming read path alone, same B and budget
 
 Files are generated into ``--dir`` (default /tmp/veil-bench-tables; deleted afterwards unless --keep):
 N rows × 20 numeric columns (values printed with 6 significant digits) and a 0/1 label, as CSV and as
@@ -25,6 +29,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -171,6 +176,199 @@ def train_speed(folder: Path, rows: int, epsilon: float, epochs: int | None = No
     )
 
 
+def generate_parquet(folder: Path, rows: int, row_group: int) -> Path:
+    """The N-row table of :func:`generate` as Parquet only, in row groups of ``row_group`` rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = folder / f"s{rows}.parquet"
+    rng = np.random.default_rng(rows)
+    writer = None
+    for start in range(0, rows, 1_000_000):
+        n = min(1_000_000, rows - start)
+        x = rng.normal(0, 3, (n, FEATURES)).astype(np.float32)
+        cols = {f"f{j}": pa.array(np.round(x[:, j], 4)) for j in range(FEATURES)}
+        cols["label"] = pa.array((x[:, 0] + x[:, 1] > 0).astype(np.int64))
+        table = pa.table(cols)
+        if writer is None:
+            writer = pq.ParquetWriter(path, table.schema)
+        writer.write_table(table, row_group_size=row_group)
+    assert writer is not None
+    writer.close()
+    return path
+
+
+TRAIN_MEASURE = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+from common import current_rss_bytes, peak_rss_since_reset_bytes, reset_peak_rss
+import pyarrow.parquet, torch  # noqa: F401  (imported before the baseline memory is read)
+import veil.pipeline.data as pdata
+import veil.training as vt
+from veil import train
+config = json.loads(sys.argv[2])
+timing, peaks = {}, {}
+real_load, real_start, real_steps = pdata.load_data, vt.start, vt.train_steps
+def load(cfg, **kwargs):  # the load (in memory) or the scan (streamed)
+    t = time.perf_counter()
+    data = real_load(cfg, **kwargs)
+    timing["load"] = time.perf_counter() - t
+    peaks["load"] = peak_rss_since_reset_bytes()
+    return data
+def start(*args, **kwargs):  # from here to the last step: the training loop's own high-water mark
+    peaks["before_loop"] = peak_rss_since_reset_bytes()
+    reset_peak_rss()
+    return real_start(*args, **kwargs)
+def steps(*args, **kwargs):
+    out = real_steps(*args, **kwargs)
+    peaks["loop"] = peak_rss_since_reset_bytes()
+    reset_peak_rss()
+    return out
+pdata.load_data, vt.start, vt.train_steps = load, start, steps
+base = current_rss_bytes()
+reset_peak_rss()
+t, c = time.perf_counter(), time.process_time()
+r = train(config, progress=False)
+peaks["after_loop"] = peak_rss_since_reset_bytes()
+print(json.dumps({"seconds": time.perf_counter() - t, "cpu": time.process_time() - c, "load": timing["load"],
+                  "base": base, "peak": max(peaks.values()), "load_peak": peaks["load"],
+                  "loop_peak": peaks["loop"], "steps": r.steps, "batch": r.batch_size,
+                  "n_train": r.dataset.n_train, "eps": r.epsilon_spent, "acc": r.test_accuracy,
+                  "streaming": r.streaming}))
+"""
+
+
+def train_measured(config: dict[str, Any]) -> dict[str, Any]:
+    """One ``veil.train`` in a fresh process: times, resident memory, the report's figures."""
+    bench_dir = str(Path(__file__).resolve().parent)
+    done = subprocess.run(
+        [sys.executable, "-c", TRAIN_MEASURE, bench_dir, json.dumps(config)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-3000:])
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def stream_speed(
+    folder: Path,
+    rows: int,
+    memory_rows: int,
+    batch: int,
+    epochs: int,
+    budget: int,
+    row_group: int,
+    physical: int | None = None,
+) -> None:
+    """DP training streamed from an N-row Parquet file (``--stream``) beside in-memory training on a
+    smaller one, at the same sampling rate q = B/N_train, epochs, ε = 3 and δ = 1e-8, secure randomness,
+    no baseline. Each run in a fresh process: wall and CPU seconds, the load (in-memory: read + encode;
+    streamed: the scan that encodes and splits every row once), DP examples/s = steps × B / (run − load),
+    and the resident-memory high-water mark (peak) and its rise over the imports (peak − base), also
+    split by phase: during the load or scan, and during the training loop alone (from building the
+    private model to the last step; in memory, the table is resident throughout).
+    """
+    results = []
+    for mode, n in (("in memory", memory_rows), ("streamed", memory_rows), ("streamed", rows)):
+        t = time.perf_counter()
+        path = folder / f"s{n}.parquet"
+        if not path.exists():
+            path = generate_parquet(folder, n, row_group)
+        print(f"generated {n} rows in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+        b = max(1, round(batch * n / rows))  # the same q at both sizes
+        config: dict[str, Any] = {
+            "dataset": f"parquet:{path}",
+            "table_schema": str(folder / "schema.toml"),
+            "epsilon": 3.0,
+            "delta": 1e-8,
+            "epochs": epochs,
+            "batch_size": b,
+            "baseline": False,
+            "out": str(folder / f"run-{n}"),
+            **({"physical_batch_size": physical} if physical else {}),
+            # the budget scaled like B: the same steps per window at both sizes
+            **({"stream": True, "stream_rows": round(budget * n / rows)} if mode == "streamed" else {}),
+        }
+        m = train_measured(config)
+        if mode == "streamed":
+            path.unlink()
+        shutil.rmtree(folder / f"run-{n}", ignore_errors=True)
+        steps, seconds, load = int(m["steps"]), float(m["seconds"]), float(m["load"])
+        info = m["streaming"] or {}
+        results.append(
+            [mode, n, m["n_train"], b, steps, round(load, 1), round(seconds, 1), round(m["cpu"], 1),
+             round(steps * b / max(seconds - load, 1e-9)), round(m["peak"] / 1e6),
+             round((m["load_peak"] - m["base"]) / 1e6), round((m["loop_peak"] - m["base"]) / 1e6),
+             round((m["peak"] - m["base"]) / 1e6), round(n * (FEATURES * 4 + 8) / 1e6),
+             info.get("windows", "–"), round(m["acc"], 4)]
+        )  # fmt: skip
+        print(results[-1], m["streaming"], file=sys.stderr)
+    header = ["mode", "rows", "train rows", "B", "steps", "load/scan s", "run s", "CPU s", "DP examples/s",
+              "peak RSS MB", "load peak − base MB", "loop peak − base MB", "peak − base MB",
+              "encoded table MB", "windows", "DP test acc"]  # fmt: skip
+    print(markdown_table(header, results))
+    print(f"\nrow groups of {row_group} rows; --stream-rows {budget} at {rows} rows, scaled with N;")
+    print(f"{epochs} epoch(s); physical batch size {physical or 'none'}")
+
+
+READ_MEASURE = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+from common import current_rss_bytes, peak_rss_since_reset_bytes, reset_peak_rss
+import pyarrow.parquet, torch  # noqa: F401
+from veil.mechanisms.rng import make_source
+from veil.tables.encoder import TableEncoder
+from veil.tables.sampler import ChunkedPoissonSampler
+from veil.tables.schema import load_schema
+from veil.tables.stream import ParquetRows, WindowedSampler, scan_parquet
+path, schema, batch, budget, steps = sys.argv[2], sys.argv[3], *map(int, sys.argv[4:7])
+encoder = TableEncoder(load_schema(schema))
+base = current_rss_bytes()
+reset_peak_rss()
+t = time.perf_counter()
+scan = scan_parquet(path, encoder, 0.2, 0)
+scan_s, scan_peak = time.perf_counter() - t, peak_rss_since_reset_bytes()
+rows = ParquetRows(path, encoder, scan.positions)
+sampler = ChunkedPoissonSampler(len(rows), batch / len(rows), steps, make_source(True))
+t = time.perf_counter()
+for indices, _ in WindowedSampler(sampler, rows, budget).logical_batches():
+    rows.fetch(indices)
+print(json.dumps({"scan": scan_s, "steps_s": time.perf_counter() - t, "base": base, "scan_peak": scan_peak,
+                  "peak": peak_rss_since_reset_bytes(), "windows": rows.stats.windows,
+                  "peak_rows": rows.stats.peak_rows}))
+"""
+
+
+def stream_read(folder: Path, sizes: list[int], batch: int, budget: int, row_group: int, steps: int) -> None:
+    """The streaming read path alone (no model): the scan, then ``steps`` Poisson batches of expected
+    size ``batch`` read window by window (``budget`` rows), at each table size, same B and budget; in a
+    fresh process each: what streaming itself holds as N grows."""
+    bench_dir = str(Path(__file__).resolve().parent)
+    results = []
+    for n in sizes:
+        path = generate_parquet(folder, n, row_group)
+        done = subprocess.run(
+            [sys.executable, "-c", READ_MEASURE, bench_dir, str(path), str(folder / "schema.toml"),
+             str(batch), str(budget), str(steps)],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        path.unlink()
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr[-3000:])
+        m = json.loads(done.stdout.strip().splitlines()[-1])
+        results.append(
+            [n, batch, budget, round(m["scan"], 1), round((m["scan_peak"] - m["base"]) / 1e6),
+             steps, round(m["steps_s"], 1), m["windows"], m["peak_rows"],
+             round((max(m["peak"], m["scan_peak"]) - m["base"]) / 1e6), round(n * (FEATURES * 4 + 8) / 1e6)]
+        )  # fmt: skip
+        print(results[-1], file=sys.stderr)
+    header = ["rows", "B", "--stream-rows", "scan s", "scan peak − base MB", "steps", "steps s", "windows",
+              "peak rows held", "peak − base MB", "encoded table MB"]  # fmt: skip
+    print(markdown_table(header, results))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -187,11 +385,58 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--epochs", type=int, default=None, help="Epochs of --train (default: the preset's 50)."
     )
+    parser.add_argument(
+        "--stream", type=int, default=None, help="Time veil train --stream on a Parquet file of N rows."
+    )
+    parser.add_argument("--memory-rows", type=int, default=1_000_000, help="In-memory run beside --stream.")
+    parser.add_argument("--batch", type=int, default=100_000, help="Expected batch of the --stream run.")
+    parser.add_argument("--stream-rows", type=int, default=1_000_000, help="--stream-rows of that run.")
+    parser.add_argument("--row-group", type=int, default=131_072, help="Parquet row group of --stream.")
+    parser.add_argument("--physical-batch-size", type=int, default=None, help="For --stream's runs.")
+    parser.add_argument(
+        "--stream-read", default=None, help="Comma-separated row counts: the streaming read path alone."
+    )
     args = parser.parse_args(argv)
     folder = Path(args.dir)
     folder.mkdir(parents=True, exist_ok=True)
     schema = folder / "schema.toml"
     schema.write_text(schema_text())
+    if args.stream_read:
+        load_before = os.getloadavg()
+        try:
+            sizes = [int(float(r)) for r in args.stream_read.split(",")]
+            stream_read(folder, sizes, args.batch, args.stream_rows, args.row_group, 30)
+        finally:
+            if not args.keep:
+                shutil.rmtree(folder, ignore_errors=True)
+        print(
+            f"\nload average before {tuple(round(v, 1) for v in load_before)}, after "
+            f"{tuple(round(v, 1) for v in os.getloadavg())}"
+        )
+        print(describe_machine())
+        return 0
+    if args.stream:
+        load_before = os.getloadavg()
+        try:
+            stream_speed(
+                folder,
+                args.stream,
+                args.memory_rows,
+                args.batch,
+                args.epochs or 1,
+                args.stream_rows,
+                args.row_group,
+                args.physical_batch_size,
+            )
+        finally:
+            if not args.keep:
+                shutil.rmtree(folder, ignore_errors=True)
+        print(
+            f"\nload average before {tuple(round(v, 1) for v in load_before)}, after "
+            f"{tuple(round(v, 1) for v in os.getloadavg())}"
+        )
+        print(describe_machine())
+        return 0
     if args.train:
         load_before = os.getloadavg()
         try:

@@ -70,6 +70,11 @@ class TrainConfig(BaseModel):
     """Table name of a ``sql:`` dataset."""
     query: str | None = None
     """SQL query of a ``sql:`` dataset (instead of ``table``)."""
+    stream: bool = False
+    """(``--stream``) Train on Poisson-sampled rows read from a Parquet file window by window, never
+    holding the table in memory (docs/tables.md); needs ``parquet:`` data and ``table_schema``."""
+    stream_rows: int | None = None
+    """Sampled rows a streamed run holds at once (default 1,000,000; one row group comes on top)."""
     data_dir: str | None = None
     """Folder of the IDX files (fashion-mnist, mnist)."""
     target: str | None = None
@@ -254,6 +259,7 @@ class TrainConfig(BaseModel):
         "lora_rank",
         "max_length",
         "last_k",
+        "stream_rows",
     )
     @classmethod
     def _positive_int(cls, v: int | None, info: Any) -> int | None:

@@ -67,10 +67,14 @@ def _prepare(cfg: TrainConfig, out: Path | None, check: bool = True) -> RunPlan:
     from veil.precision import autocast
 
     autocast(cfg.device, cfg.precision)  # a precision the device lacks is refused before anything is written
-    prepared = prepare(cfg)
+    prepared = prepare(cfg, streaming=True)
     refuse_private_preprocessing(prepared.prep.public)  # across ranks: one release is not yet supported
     cfg, data = prepared.cfg, prepared.data
     net = build_net(cfg, data, cfg.seed)
+    if cfg.stream:
+        from veil.pipeline.streaming import refuse_fixed_front
+
+        refuse_fixed_front(assemble(prepared.prep, data.input_shape, net))
     steps = plan_steps(cfg, data.n_train, prepared.pre_events)
     allowed = allowed_steps(cfg, steps.sigma, steps.q, steps.steps_planned, prepared.pre_events)
     if cfg.clip == "adaptive":  # the count's noise must fit inside the step's σ: refused before writing
@@ -225,7 +229,7 @@ def _execute(
         ledger.append("end", charged=ledger.steps, applied=s.applied, epsilon=eps)
     baseline_acc: float | None = None
     baseline_history: list[dict[str, float]] = []
-    if cfg.baseline:
+    if cfg.baseline and not cfg.stream:  # streamed: the baseline would need the table in memory
         baseline_acc, baseline_history = _baseline(plan, cfg.device)
     report = _report(
         plan,
@@ -337,10 +341,20 @@ def _report(plan: RunPlan, run_dir: Path, ledger: Ledger, model: nn.Module, **re
                 "dataset.sha256": "a fingerprint of the whole private file: it confirms a guess of the "
                 "entire dataset; kept for the audit trail and resume checks",
                 "dataset.n_test": "the number of held-out rows",
+                **(
+                    {
+                        "streaming": "how the file was read: windows, row groups read, rows decoded and "
+                        "the most rows held depend on the realised Poisson batches, and the evaluated "
+                        "count on the held-out rows; for the operator, like the sampling check's counts"
+                    }
+                    if cfg.stream
+                    else {}
+                ),
             },
         ),
         files=files,
         out_dir=str(run_dir),
+        streaming=data.summary() if cfg.stream else None,  # type: ignore[attr-defined]
     )
     checks = [*result["checks"], data_use_check(plan.prepared, ledger, report.to_dict())]
     return report.model_copy(update={"checks": checks, "release_ready": release_ready(randomness, checks)})

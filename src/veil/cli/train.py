@@ -60,6 +60,14 @@ def register(app: typer.Typer) -> None:
         schema: str = opts.SCHEMA,
         table: str = opts.TABLE,
         query: str = opts.QUERY,
+        stream: bool = typer.Option(
+            None,
+            "--stream",
+            help="Parquet + --schema: train on Poisson-sampled rows read from the file, never all in memory.",
+        ),
+        stream_rows: int = typer.Option(
+            None, "--stream-rows", help="With --stream: sampled rows held at once (default 1000000)."
+        ),
         data_dir: str = opts.DATA_DIR,
         dataset_id: str = typer.Option(
             None, "--dataset-id", help="Declared dataset identity in the budget registry (veil budget)."
@@ -139,6 +147,8 @@ def register(app: typer.Typer) -> None:
             "table_schema": schema,
             "table": table,
             "query": query,
+            "stream": stream,
+            "stream_rows": stream_rows,
             "data_dir": data_dir,
             "dataset_id": dataset_id,
             "target": target,

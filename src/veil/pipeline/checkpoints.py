@@ -43,7 +43,16 @@ CKPT_FORMAT = "veil.train.checkpoint/1"
 _KEEP_CHECKPOINTS = 2
 # Settings that may differ on --resume: they cannot change what was or will be charged.
 RESUME_MUTABLE = frozenset(
-    {"out", "progress", "baseline", "device", "physical_batch_size", "checkpoint_every"}
+    {
+        "out",
+        "progress",
+        "baseline",
+        "device",
+        "physical_batch_size",
+        "checkpoint_every",
+        "stream",
+        "stream_rows",
+    }
 )
 HEADER_KEYS = (
     "accountant",

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from veil.config import TrainConfig, apply_presets, preset_for
-from veil.errors import InvalidParameterError, SamplingError
+from veil.errors import ConfigError, InvalidParameterError, SamplingError
 from veil.pipeline.randomness import private_source
 from veil.pipeline.seeds import Purpose
 
@@ -62,11 +62,30 @@ class UsesPrepared:
         return self.prepared.model_name
 
 
-def load_data(cfg: TrainConfig) -> Dataset:
+def load_data(cfg: TrainConfig, *, streaming: bool = False) -> Dataset:
     """The configured dataset, split by a keyed hash of each row (key from the run's seed), labels in
-    the order of the declared public label set."""
+    the order of the declared public label set.
+
+    ``streaming``: the caller trains from a :class:`~veil.pipeline.streaming.StreamedDataset` (``veil
+    train``); any other job given ``stream`` is refused, since it would see only the probe rows."""
     from veil.data import load_dataset
 
+    if cfg.stream:  # the training rows stay in the file: veil.pipeline.streaming
+        from veil.pipeline.streaming import load_streamed
+
+        if not streaming:
+            raise ConfigError(
+                "stream",
+                True,
+                "only veil train reads a table window by window; this job needs the table in memory",
+                "drop stream (--stream) for this job",
+            )
+
+        return load_streamed(cfg)
+    if cfg.table_schema is not None and cfg.dataset.startswith("parquet:"):
+        from veil.pipeline.streaming import refuse_too_large
+
+        refuse_too_large(cfg)
     if cfg.text_column is not None or cfg.model.startswith("hf:"):
         from veil.hf.data import load_text_dataset
 
@@ -109,14 +128,15 @@ def check_delta(delta: float, n: int) -> None:
         )
 
 
-def prepare(cfg: TrainConfig, *, private: bool = True) -> Prepared:
+def prepare(cfg: TrainConfig, *, private: bool = True, streaming: bool = False) -> Prepared:
     """Load and check the data, apply the presets, plan the preprocessing (nothing released).
 
-    ``private=False`` (a σ = 0 reference run) skips the δ check: such a run promises nothing."""
+    ``private=False`` (a σ = 0 reference run) skips the δ check: such a run promises nothing.
+    ``streaming``: see :func:`load_data`."""
     from veil.data.preprocess import plan_preprocessing
     from veil.models import resolve_name
 
-    data = load_data(cfg)
+    data = load_data(cfg, streaming=streaming)
     n = data.n_train
     if private:
         check_delta(cfg.delta, n)

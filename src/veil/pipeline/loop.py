@@ -183,8 +183,15 @@ def start(plan: RunPlan, run_dir: Path, ledger: Ledger) -> Session:
     criterion = nn.CrossEntropyLoss()
     clip_check = clipping_check(view.full, data, cfg.seed, criterion)
     engine = make_engine(cfg, cfg.seed)
+    if cfg.stream:  # the training rows stay in the Parquet file (veil.pipeline.streaming)
+        from veil.pipeline.streaming import StreamedDataset, rows_dataset
+
+        assert isinstance(data, StreamedDataset)
+        rows: Any = rows_dataset(data, _Rows)
+    else:
+        rows = _rows_dataset(torch.from_numpy(x_train), torch.from_numpy(data.y_train))
     loader = DataLoader(
-        _rows_dataset(torch.from_numpy(x_train), torch.from_numpy(data.y_train)),
+        rows,
         batch_size=cfg.batch_size,
         collate_fn=_collate_rows,
     )
@@ -199,6 +206,10 @@ def start(plan: RunPlan, run_dir: Path, ledger: Ledger) -> Session:
         distributed=rank_and_world()[1] > 1,  # across ranks: veil.distributed
     )
     assert engine.plan is not None
+    if cfg.stream:
+        from veil.pipeline.streaming import install_window
+
+        install_window(dp_loader, data)  # type: ignore[arg-type]
     if cfg.clip == "adaptive":
         from veil.clipping.adaptive import record_adaptive_clipping
 

@@ -128,6 +128,9 @@ class Report(BaseModel):
     non_private: NonPrivate
     files: dict[str, str]
     out_dir: str
+    streaming: dict[str, Any] | None = None
+    """How a ``--stream`` run read its Parquet file (windows, rows decoded, peak rows held); None
+    for a run on a table in memory."""
 
     @property
     def all_checks_passed(self) -> bool:
