@@ -132,10 +132,13 @@ class DistributedDPOptimizer(DPOptimizer):
             work_handle = dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
             self.reductions += 1
             in_flight.append((work_handle, flat, members, numels))
-        for key, numel in ahead:  # while the reductions are in flight: the next step's noise
-            self._ahead[key] = (std * inverse, self._draw(numel, std * inverse, *key))
-        for work_handle, flat, members, numels in in_flight:
-            work_handle.wait()
+        try:
+            for key, numel in ahead:  # while the reductions are in flight: the next step's noise
+                self._ahead[key] = (std * inverse, self._draw(numel, std * inverse, *key))
+        finally:  # a failed draw ahead still completes this step's collectives on every rank
+            for work_handle, *_ in in_flight:
+                work_handle.wait()
+        for _, flat, members, numels in in_flight:
             if grid is not None:
                 flat.div_(grid).round_().mul_(grid)  # exact: grid is a power of two
             for i, piece in zip(members, flat.split(numels), strict=True):
