@@ -19,8 +19,7 @@ Workloads (``--workloads N:B,...``): synthetic data (N examples, 784 features, 1
 MLP (784 → 256 → tanh → 10), expected logical batch B, σ = 1, C = 1. The first (headline) workload
 is N = 60,000 (the size of Fashion-MNIST's training set) with B = 2,048 (q ≈ 0.034): DP-SGD is run
 with large logical batches (the usual advice is as large as the compute allows, 1,024–4,096), and
-Opacus runs there only (its per-sample hooks take seconds a step), to keep the whole run near 3
-minutes. The earlier N = 16,384 with B = 256 follows for veil (add e.g. ``60000:1024`` for more),
+Opacus runs there only (its per-sample hooks take seconds a step), to keep the run short. The earlier N = 16,384 with B = 256 follows for veil (add e.g. ``60000:1024`` for more),
 because the ratio depends on the batch: compute per step grows with B, the one all-reduce does not.
 Every rank runs ``--warmup`` logical steps, waits at a barrier,
 then times as many logical steps as fill about ``--seconds`` (estimated from the warm-up; at least
@@ -35,7 +34,8 @@ whether it finished. ``--profile`` prints where one veil step's time goes instea
 
 Usage::
 
-    python bench/distributed.py              # about 3 minutes on 2 idle cores
+    python bench/distributed.py              # everything: about 4 minutes on 2 idle cores
+    python bench/distributed.py --no-tiny --libraries veil,veil-serial,veil-seeded,opacus-ghost  # ~3 min
     python bench/distributed.py --quick      # smoke run: few steps, one repetition
     python bench/distributed.py --profile    # per-phase time of a veil step, 1 and 2 processes
 """
