@@ -19,10 +19,10 @@ Workloads (``--workloads N:B,...``): synthetic data (N examples, 784 features, 1
 MLP (784 → 256 → tanh → 10), expected logical batch B, σ = 1, C = 1. The first (headline) workload
 is N = 60,000 (the size of Fashion-MNIST's training set) with B = 2,048 (q ≈ 0.034): DP-SGD is run
 with large logical batches (the usual advice is as large as the compute allows, 1,024–4,096), and
-Opacus runs there only (its per-sample hooks take seconds a step), to keep the run short. The earlier N = 16,384 with B = 256 follows for veil (add e.g. ``60000:1024`` for more),
-because the ratio depends on the batch: compute per step grows with B, the one all-reduce does not.
-Every rank runs ``--warmup`` logical steps, waits at a barrier,
-then times as many logical steps as fill about ``--seconds`` (estimated from the warm-up; at least
+Opacus runs there only (its per-sample hooks take seconds a step), to keep the run short. The
+earlier N = 16,384 with B = 256 follows for veil (add e.g. ``60000:1024`` for more), because the
+ratio depends on the batch: compute per step grows with B, the one all-reduce does not. Every rank
+runs ``--warmup`` logical steps, waits at a barrier, then times as many logical steps as fill about ``--seconds`` (estimated from the warm-up; at least
 ``--steps``; the same count on every rank), and waits at a barrier again; examples/s is the number of
 examples in those steps *over all ranks* divided by rank 0's wall time. The scaling ratio is the
 2-process examples/s over the 1-process examples/s of the same library. Repetitions are interleaved
