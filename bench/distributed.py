@@ -15,22 +15,22 @@ with ``torch.multiprocessing`` (spawn) that meet through a file rendezvous and t
   ``DPDDP``-wrapped module (its distributed Poisson sampler), where it runs; "opacus" is its default
   per-sample-gradient hooks, "opacus-ghost" its ghost clipping (``grad_sample_mode="ghost"``).
 
-Workloads (``--workloads N:B,...``): synthetic data (N examples, 784 features, 10 classes), the same
-MLP (784 → 256 → tanh → 10), expected logical batch B, σ = 1, C = 1. The first (headline) workload
-is N = 60,000 (the size of Fashion-MNIST's training set) with B = 2,048 (q ≈ 0.034): DP-SGD is run
-with large logical batches (the usual advice is as large as the compute allows, 1,024–4,096), and
-Opacus runs there only (its per-sample hooks take seconds a step), to keep the run short. The
-earlier N = 16,384 with B = 256 follows for veil (add e.g. ``60000:1024`` for more), because the
-ratio depends on the batch: compute per step grows with B, the one all-reduce does not. Every rank
-runs ``--warmup`` logical steps, waits at a barrier, then times as many logical steps as fill about ``--seconds`` (estimated from the warm-up; at least
-``--steps``; the same count on every rank), and waits at a barrier again; examples/s is the number of
-examples in those steps *over all ranks* divided by rank 0's wall time. The scaling ratio is the
-2-process examples/s over the 1-process examples/s of the same library. Repetitions are interleaved
-(rep 1 of every configuration, then rep 2, ...) so drift in the machine's load hits all alike; the
-table shows medians and the load average seen during the runs. A second table runs each library once
-on tiny data (8 examples, q = 0.25, 2 processes, where local batches are often empty) and says
-whether it finished. ``--profile`` prints where one veil step's time goes instead (per rank, 1 and
-2 processes, ms per logical step).
+Workloads (``--workloads N:B,...``): synthetic data (N examples, 784 features, 10 classes), the same MLP
+(784 → 256 → tanh → 10), expected logical batch B, σ = 1, C = 1. The first (headline) workload is N =
+60,000 (the size of Fashion-MNIST's training set) with B = 2,048 (q ≈ 0.034): DP-SGD is run with large
+logical batches (the usual advice is as large as the compute allows, 1,024–4,096), and Opacus runs there
+only (its per-sample hooks take seconds a step), to keep the run short. The earlier N = 16,384 with B =
+256 follows for veil (add e.g. ``60000:1024`` for more), because the ratio depends on the batch: compute
+per step grows with B, the one all-reduce does not. Every rank runs ``--warmup`` logical steps, waits at
+a barrier, then times as many logical steps as fill about ``--seconds`` (estimated from the warm-up; at
+least ``--steps``; the same count on every rank), and waits at a barrier again; examples/s is the number
+of examples in those steps *over all ranks* divided by rank 0's wall time. The scaling ratio is the
+2-process examples/s over the 1-process examples/s of the same library. Repetitions are interleaved (rep
+1 of every configuration, then rep 2, ...) so drift in the machine's load hits all alike; the table
+shows medians and the load average seen during the runs. A second table runs each library once on tiny
+data (8 examples, q = 0.25, 2 processes, where local batches are often empty) and says whether it
+finished. ``--profile`` prints where one veil step's time goes instead (per rank, 1 and 2 processes, ms
+per logical step).
 
 Usage::
 
