@@ -38,6 +38,7 @@ Usage::
     python bench/distributed.py --no-tiny --libraries veil,veil-serial,veil-seeded,opacus-ghost  # ~3 min
     python bench/distributed.py --quick      # smoke run: few steps, one repetition
     python bench/distributed.py --profile    # per-phase time of a veil step, 1 and 2 processes
+    python bench/distributed.py --allreduce  # the all-reduce alone: whole vs 4 pieces, gloo options
 """
 
 from __future__ import annotations
@@ -342,6 +343,76 @@ def profile(workloads: list[tuple[int, int]], libraries: list[str], steps: int) 
             print()
 
 
+def _allreduce_rank(rank: int, world: int, variant: str, numel: int, rendezvous: str, out: str) -> None:
+    """One rank of ``--allreduce``: ms and process-CPU ms per all-reduce of ``numel`` float32."""
+    torch.set_num_threads(1)
+    options = {}
+    if variant.startswith("lo-devices"):
+        opts = dist.ProcessGroupGloo._Options()
+        opts._devices = [dist.ProcessGroupGloo.create_device(interface="lo")] * int(variant[-1])
+        options["pg_options"] = opts
+    elif variant == "GLOO_SOCKET_IFNAME=lo":
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    dist.init_process_group(
+        "gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world, **options
+    )
+    try:
+        buffer = torch.ones(numel)
+        pieces = list(buffer.split(math.ceil(numel / 4)))
+        result = {}
+        for name, call in (
+            ("one all-reduce of the whole buffer", lambda: dist.all_reduce(buffer)),
+            (
+                "4 async all-reduces of quarter pieces",
+                lambda: [w.wait() for w in [dist.all_reduce(p, async_op=True) for p in pieces]],
+            ),
+        ):
+            for _ in range(5):
+                call()
+            dist.barrier()
+            start, cpu = time.perf_counter(), time.process_time()
+            for _ in range(100):
+                call()
+            result[name] = (10 * (time.perf_counter() - start), 10 * (time.process_time() - cpu))
+        if rank == 0:
+            Path(out).write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+def allreduce(repeats: int) -> None:
+    """Print ``--allreduce``: the bench model's all-reduce, whole vs in pieces, under gloo variants."""
+    numel = sum(p.numel() for p in _model().parameters())
+    variants = ["gloo defaults", "GLOO_SOCKET_IFNAME=lo", "lo-devices 1", "lo-devices 2"]
+    seen: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for _ in range(repeats):  # interleaved
+        for variant in variants:
+            with tempfile.TemporaryDirectory() as tmp:
+                mp.start_processes(
+                    _allreduce_rank,
+                    args=(2, variant, numel, f"{tmp}/rendezvous", f"{tmp}/out"),
+                    nprocs=2,
+                    start_method="spawn",
+                )
+                for name, figures in json.loads(Path(f"{tmp}/out").read_text()).items():
+                    seen.setdefault((variant, name), []).append(tuple(figures))
+    rows = [
+        [
+            variant,
+            name,
+            ", ".join(f"{wall:.2f}" for wall, _ in runs),
+            ", ".join(f"{cpu:.2f}" for _, cpu in runs),
+        ]
+        for (variant, name), runs in seen.items()
+    ]
+    print(
+        f"{numel:,} float32 over gloo, 2 processes, mean of 100 calls per run, {repeats} interleaved runs, "
+        f"load average {os.getloadavg()[0]:.1f}\n"
+    )
+    print(markdown_table(["gloo", "how", "wall ms per call (runs)", "rank 0 process CPU ms"], rows))
+    print()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -358,6 +429,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smoke run: 2 steps, 1 repetition")
     parser.add_argument("--profile", action="store_true", help="per-phase time of a veil step instead")
     parser.add_argument(
+        "--allreduce", action="store_true", help="the all-reduce alone: whole vs pieces, gloo options"
+    )
+    parser.add_argument(
         "--no-tiny", dest="tiny", action="store_false", help="skip the tiny-data run (8 examples, 2 ranks)"
     )
     args = parser.parse_args(argv)
@@ -366,6 +440,10 @@ def main(argv: list[str] | None = None) -> int:
         args.steps, args.seconds, args.warmup, args.repeats = 2, 0.0, 1, 1
         workloads = [(512, 32)]
     libraries = [name for name in args.libraries.split(",") if name]
+    if args.allreduce:
+        allreduce(args.repeats)
+        print(describe_machine())
+        return 0
     if args.profile:
         profile(workloads, libraries, max(args.steps, 20))
         print(describe_machine())
