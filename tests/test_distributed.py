@@ -123,6 +123,7 @@ def _train(
         "local_sizes": local_sizes,
         "engine_steps": engine.steps,
         "reductions": getattr(optimizer, "reductions", None),
+        "noise_draws": getattr(optimizer, "noise_draws", None),
         "epsilon": engine.get_epsilon(1e-5),
     }
 
@@ -310,6 +311,13 @@ def test_update_noise_std_is_sigma_c_over_global_batch(ranks: list[dict[str, Any
         assert not _chi2_accepts(samples, wrong * expected, alpha), wrong
     # the steps' noise draws are independent (not one draw repeated)
     assert not torch.equal(grads[0], grads[1])
+
+
+def test_noise_drawn_once_per_step_on_the_ranks_that_draw_it(ranks: list[dict[str, Any]]) -> None:
+    """Seeded: rank 0 draws every step's noise, rank 1 none. Secure: each rank draws its slice once per
+    step, the next step's while the all-reduce is in flight (so one more than the 8 steps)."""
+    assert [ranks[r]["noise"]["noise_draws"] for r in range(WORLD)] == [8, 0]
+    assert [ranks[r]["noise_secure"]["noise_draws"] for r in range(WORLD)] == [9, 9]
 
 
 def test_tiny_data_with_empty_local_batches_finishes(ranks: list[dict[str, Any]]) -> None:

@@ -24,6 +24,19 @@ process would form, with sensitivity ``Δ``; the divisor is the constant global 
 realised batch size. Ranks then apply the same update from the same all-reduced bytes, so replicas
 stay identical.
 
+Overlap (secure source only). The all-reduce is started asynchronously; while it is in flight —
+time a rank otherwise spends waiting for its peers and for the transport — the rank draws its noise
+slice for the *next* step (same shape, same standard deviation, same dtype and device), and the next
+step adds that draw instead of drawing one then. The draw is independent of all data and is used for
+exactly one step: it is taken out of the buffer when it is added, and a buffered draw whose
+standard deviation no longer matches (adaptive clipping changed C) is discarded and replaced by a
+fresh one, so every coordinate of every step still carries exactly one N(0, σ²Δ²) draw. Nothing of
+the buffer is checkpointed (a resumed secure run draws fresh noise, as it always did). The seeded
+source never draws ahead: its stream order is what lets a 2-rank run reproduce the 1-process run
+and a resumed run reproduce an uninterrupted one. Why no per-layer buckets: on gloo several
+concurrent all-reduces of the pieces cost more than one of the whole buffer (measured in
+``docs/distributed.md``), so each step reduces one flat buffer per parameter dtype/device group.
+
 Assumptions: every rank calls ``step()`` once per physical batch and the logical steps line up (the
 sharded sampler gives every rank ``steps_per_epoch`` logical batches, empty ones included); the
 collective's result is the same on every rank (true of gloo's and NCCL's all-reduce).
@@ -59,6 +72,10 @@ class DistributedDPOptimizer(DPOptimizer):
         self.world_size = int(world_size)
         self.group = group
         self.reductions = 0  # all-reduce calls made, for tests and logs
+        # Draw the next step's noise slice while the all-reduce is in flight (secure source only).
+        self.overlap_noise = True
+        self.noise_draws = 0  # noise draws made (prefetched or not), for tests
+        self._ahead: dict[tuple[torch.dtype, torch.device], tuple[float, torch.Tensor]] = {}
 
     @property
     def shares_noise(self) -> bool:
@@ -71,6 +88,20 @@ class DistributedDPOptimizer(DPOptimizer):
             return (0, numel) if self.rank == 0 else (0, 0)
         return numel * self.rank // self.world_size, numel * (self.rank + 1) // self.world_size
 
+    def _draw(self, numel: int, std: float, work: torch.dtype, device: torch.device) -> torch.Tensor:
+        self.noise_draws += 1
+        return self._noise.normal((numel,), std, dtype=work, device=device)
+
+    def _slice_noise(self, key: tuple[torch.dtype, torch.device], numel: int, std: float) -> torch.Tensor:
+        """This step's noise for this rank's slice of group ``key``: the buffered draw if it fits, else new.
+
+        A buffered draw leaves the buffer here, so it is added to exactly one step.
+        """
+        ahead = self._ahead.pop(key, None)
+        if ahead is not None and ahead[0] == std and ahead[1].numel() == numel:
+            return ahead[1]
+        return self._draw(numel, std, *key)
+
     @torch.no_grad()
     def _write_private_grads(self) -> None:
         """``p.grad = (Σ_r S_r + N(0, σ²Δ²I)) / B`` on every rank, from one all-reduce per group.
@@ -78,21 +109,36 @@ class DistributedDPOptimizer(DPOptimizer):
         The reduced noisy gradient is rounded to the same release grid as the single-process
         optimizer's (:func:`veil.optimizer.release_grid`, post-processing against the floating-point
         attack); every rank holds the same reduced values, so the rounding keeps replicas identical.
+        With a secure source the next step's noise slice is drawn while the all-reduce is in flight
+        (see the module docstring).
         """
         std = self.noise_std
         inverse = 1.0 / self.expected_batch_size
         sums = self.clipper.clipped_sum()
         params = self.clipper.parameters
         grid = release_grid(std * inverse) if std > 0 else None
-        for (work, device), members in self._noise_groups().items():
+        in_flight = []
+        ahead = []
+        for key, members in self._noise_groups().items():
+            work, device = key
             numels = [params[i].numel() for i in members]
             flat = torch.cat([sums[i].reshape(-1).to(dtype=work, device=device) for i in members])
             flat.mul_(inverse)
             lo, hi = self.noise_slice(flat.numel())
             if std > 0 and hi > lo:
-                flat[lo:hi].add_(self._noise.normal((hi - lo,), std * inverse, dtype=work, device=device))
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
+                flat[lo:hi].add_(self._slice_noise(key, hi - lo, std * inverse))
+                if self.overlap_noise and self.shares_noise:
+                    ahead.append((key, hi - lo))
+            work_handle = dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
             self.reductions += 1
+            in_flight.append((work_handle, flat, members, numels))
+        try:
+            for key, numel in ahead:  # while the reductions are in flight: the next step's noise
+                self._ahead[key] = (std * inverse, self._draw(numel, std * inverse, *key))
+        finally:  # a failed draw ahead still completes this step's collectives on every rank
+            for work_handle, *_ in in_flight:
+                work_handle.wait()
+        for _, flat, members, numels in in_flight:
             if grid is not None:
                 flat.div_(grid).round_().mul_(grid)  # exact: grid is a power of two
             for i, piece in zip(members, flat.split(numels), strict=True):
