@@ -69,6 +69,7 @@ def _prepare(cfg: TrainConfig, out: Path | None, check: bool = True) -> RunPlan:
     refuse_private_preprocessing(prepared.prep.public)  # across ranks: one release is not yet supported
     cfg, data = prepared.cfg, prepared.data
     net = build_net(cfg, data, cfg.seed)
+    refuse_unsupported_augment(cfg, data, net)
     steps = plan_steps(cfg, data.n_train, prepared.pre_events)
     allowed = allowed_steps(cfg, steps.sigma, steps.q, steps.steps_planned, prepared.pre_events)
     if cfg.clip == "adaptive":  # the count's noise must fit inside the step's σ: refused before writing
@@ -90,6 +91,16 @@ def _prepare(cfg: TrainConfig, out: Path | None, check: bool = True) -> RunPlan:
     # engine never sees) must compute each example's output from that example alone.
     refuse_example_mixing(assemble(prepared.prep, data.input_shape, net), data.x_train, data.y_train)
     return RunPlan(prepared, net, steps, allowed, out_dir)
+
+
+def refuse_unsupported_augment(cfg: TrainConfig, data: Any, net: nn.Module) -> None:
+    """``--augment K > 1`` only for images and end-to-end models (see veil.augment.multiplicity)."""
+    from veil.augment.multiplicity import refuse_unsupported
+    from veil.models import FixedFeaturesThenHead, resolve_name
+
+    fixed = isinstance(net, FixedFeaturesThenHead)
+    name = resolve_name(cfg.model, data.kind, data.input_shape)
+    refuse_unsupported(cfg.augment, data.kind, data.input_shape, name, fixed)
 
 
 def _header(plan: RunPlan) -> dict[str, Any]:
