@@ -17,9 +17,9 @@ DIGITS = ["train", "--dataset", "digits", "--epochs", "1", "--batch-size", "256"
 def test_train_augment_runs_the_grouped_step_with_the_same_accounting(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """K = 3 (logistic regression on the shifted images: the wiring; the CNN's exactness is
-    tested above against a naive loop): every physical batch holds 3 rows per sampled example, the clipper returns
-    one norm per example, and the ledger's steps are the plain run's events (same σ, same q)."""
+    """K = 3 (logistic regression on shifted images: the wiring; the CNN's exactness is tested in
+    test_augment_multiplicity against a naive loop): every physical batch holds 3 rows per sampled
+    example, the clipper returns one norm per example, and the accounting is the plain run's."""
     from veil.clipping.clipper import PerSampleClipper
 
     seen: list[tuple[int, int]] = []
@@ -43,7 +43,9 @@ def test_train_augment_runs_the_grouped_step_with_the_same_accounting(
     from veil.training import _prepare
 
     plain = _prepare(
-        make_config({"dataset": "digits", "model": "logreg", "epochs": 1, "batch_size": 256}), None, check=False
+        make_config({"dataset": "digits", "model": "logreg", "epochs": 1, "batch_size": 256}),
+        None,
+        check=False,
     )
     assert report["noise_multiplier"] == plain.steps.sigma and report["sampling_rate"] == plain.steps.q
     assert report["steps"] == plain.steps.steps_planned and report["epsilon_spent"] <= 3.0
@@ -75,7 +77,9 @@ def test_train_augment_is_refused_for_tables(tmp_path: Path) -> None:
     assert main(args) == 2 and not out.exists()
 
 
-def test_adaptive_clip_norm_resumes_from_its_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_adaptive_clip_norm_resumes_from_its_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A run interrupted after its checkpoint at step 4 resumes with C at the checkpointed value (not
     the initial one), and the clipper and optimizer use it from the first resumed step."""
     import veil.pipeline.loop as loop
@@ -115,7 +119,9 @@ def test_adaptive_clip_norm_resumes_from_its_checkpoint(tmp_path: Path, monkeypa
 
     def spy(self: AdaptiveClipping, state: dict[str, Any]) -> None:
         original(self, state)
-        restored.append((self.state.clip, self.optimizer.clipper.max_grad_norms[0], self.optimizer.max_grad_norm))
+        restored.append(
+            (self.state.clip, self.optimizer.clipper.max_grad_norms[0], self.optimizer.max_grad_norm)
+        )
 
     monkeypatch.setattr(AdaptiveClipping, "restore", spy)
     assert main(["train", "--resume", str(out), "--json"]) == 0

@@ -6,7 +6,9 @@ loss term with respect to every trainable parameter and ``clip`` scales ``g_i`` 
 ``C`` (flat), or each group's part to at most ``C_k`` (per-layer). Adding or removing one
 example therefore changes the accumulated sum by a vector of L2 norm at most
 :attr:`PerSampleClipper.sensitivity` (``C``, or ``sqrt(Σ C_k²)``): the add/remove-one
-neighbouring relation used by the DP-SGD accountant.
+neighbouring relation used by the DP-SGD accountant. With augmentation multiplicity
+(:attr:`PerSampleClipper.group_size` ``K > 1``) an example is its ``K`` consecutive rows, ``g_i`` the
+gradient of the mean of their loss terms, and the same bound holds per example.
 
 Assumptions, each checked where it can be: examples lie along dimension 0 of the inputs of
 every hooked module (a batch-size mismatch between layers is refused); the model's forward does

@@ -182,6 +182,10 @@ def start(plan: RunPlan, run_dir: Path, ledger: Ledger) -> Session:
     ensure_preprocessing(plan, run_dir, ledger)
     net = build_net(cfg, data, cfg.seed)
     view, x_train, x_test = trainable_view(plan, net, device)
+    if cfg.augment > 1:  # a last guard for every job (veil train refuses it before writing anything)
+        from veil.augment.multiplicity import refuse_unsupported
+
+        refuse_unsupported(cfg.augment, data.kind, data.input_shape, cfg.model, view.front is not None)
     criterion = nn.CrossEntropyLoss()
     clip_check = clipping_check(view.full, data, cfg.seed, criterion)
     engine = make_engine(cfg, cfg.seed)
