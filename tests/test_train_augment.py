@@ -50,6 +50,7 @@ def test_train_augment_runs_the_grouped_step_with_the_same_accounting(
     assert report["noise_multiplier"] == plain.steps.sigma and report["sampling_rate"] == plain.steps.q
     assert report["steps"] == plain.steps.steps_planned and report["epsilon_spent"] <= 3.0
     assert (out / "model.pt").is_file()
+    assert report["clipping"] == {"mode": "fixed", "max_grad_norm": 1.0, "augment": 3, "augment_flip": False}
     assert "augment = 3" in (out / "config.toml").read_text()
 
 
@@ -128,3 +129,6 @@ def test_adaptive_clip_norm_resumes_from_its_checkpoint(
     assert restored == [(saved_clip, saved_clip, saved_clip)]
     report = json.loads((out / "report.json").read_text())
     assert report["resumes"] == 1 and report["epsilon_spent"] <= report["target_epsilon"]
+    clipping = report["clipping"]
+    assert clipping["mode"] == "adaptive" and clipping["target_quantile"] == 0.5
+    assert clipping["max_grad_norm"] == 20 and 0 < clipping["final_clip"] < 20

@@ -251,9 +251,26 @@ def _execute(
         stop_reason=stop_reason,
         duration=time.monotonic() - t0,
         audit=audit,
+        clipping=_clipping(cfg, s.optimizer),
     )
     _write_outputs(report, run_dir, s.full, curve, plan.data.encoder)
     return report
+
+
+def _clipping(cfg: TrainConfig, optimizer: Any) -> dict[str, Any]:
+    """The report's ``clipping`` section: the clip mode (an adaptive C's start and end) and K."""
+    out: dict[str, Any] = {"mode": cfg.clip, "max_grad_norm": cfg.max_grad_norm, "augment": cfg.augment}
+    hook = optimizer.adaptive
+    if hook is not None:
+        out.update(
+            target_quantile=hook.state.target_quantile,
+            final_clip=hook.state.clip,
+            count_noise_std=hook.state.count_std,
+            gradient_noise_multiplier=optimizer.noise_multiplier,
+        )
+    if cfg.augment > 1:
+        out["augment_flip"] = cfg.augment_flip
+    return out
 
 
 def _event_records(ledger: Ledger) -> list[dict[str, Any]]:
@@ -303,6 +320,7 @@ def _report(plan: RunPlan, run_dir: Path, ledger: Ledger, model: nn.Module, **re
         epochs=cfg.epochs,
         stopped_early=result["stop_reason"] is not None,
         stop_reason=result["stop_reason"],
+        clipping=result.get("clipping"),
         preprocessing={
             "method": plan.prep.method,
             "description": plan.prep.description,
