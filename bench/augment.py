@@ -2,6 +2,7 @@
 
     python bench/augment.py                                   # digits, K = 1,4,8, seeds 0,1,2
     python bench/augment.py --dataset fashion-mnist --ks 1,4 --seeds 0 --epochs 5 --flip
+    python bench/augment.py --step-cost --ks 1,4,8      # clipped step of the 28×28 CNN, K interleaved
 
 Each run is ``veil train`` with its defaults (the CNN's preset, secure randomness, no baseline) and
 the stated overrides; only K changes between rows, so the privacy cost is the same in every row
@@ -39,7 +40,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=None, help="override the preset's epochs")
     parser.add_argument("--flip", action="store_true", help="also mirror the copies (--augment-flip)")
     parser.add_argument("--out", default="bench/results")
+    parser.add_argument(
+        "--step-cost",
+        action="store_true",
+        help="only time one clipped step (forward, backward, per-example clipping) of the Fashion-MNIST "
+        "CNN on 256 examples per K, the K values interleaved over --reps rounds (a ratio under load)",
+    )
+    parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args(argv)
+    if args.step_cost:
+        return _step_cost([int(v) for v in args.ks.split(",")], args.reps)
 
     from veil.training import train
 
@@ -88,6 +98,37 @@ def main(argv: list[str] | None = None) -> int:
     print("|" + "|".join("---" for _ in header) + "|")
     for row in rows:
         print("| " + " | ".join(row) + " |")
+    return 0
+
+
+def _step_cost(ks: list[int], reps: int, batch: int = 256) -> int:
+    import torch
+
+    from veil.augment.multiplicity import expand
+    from veil.clipping import PerSampleClipper
+    from veil.models import cnn
+
+    torch.manual_seed(0)
+    model = cnn((1, 28, 28), 10)
+    clipper = PerSampleClipper(model, 0.1)
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.rand(batch, 1, 28, 28), torch.randint(0, 10, (batch,))
+    times: dict[int, list[float]] = {k: [] for k in ks}
+    for _ in range(reps + 1):  # the first round warms up and is dropped
+        for k in ks:
+            start = time.perf_counter()
+            clipper.group_size = k
+            rows, labels = expand(x, y, k, gen, flip=True, pad=2)
+            torch.nn.functional.cross_entropy(model(rows), labels).backward()
+            clipper.accumulate()
+            clipper.reset()
+            times[k].append(time.perf_counter() - start)
+    base = statistics.median(times[ks[0]][1:])
+    print(f"\nclipped step, Fashion-MNIST CNN, {batch} examples · load {os.getloadavg()[0]:.1f}\n")
+    print("| K | median s per step | × K = " + str(ks[0]) + " |\n|---|---|---|")
+    for k in ks:
+        med = statistics.median(times[k][1:])
+        print(f"| {k} | {med:.3f} | {med / base:.2f} |")
     return 0
 
 
