@@ -21,6 +21,7 @@ Usage::
     python bench/finetune.py --quick           # smoke run: tiny subsets, few steps
     python bench/finetune.py                   # the recorded run (about 10 minutes on 2 idle cores)
     python bench/finetune.py --part head       # only the frozen-encoder part
+    python bench/finetune.py --part throughput --repeats 5 [--threads 1]   # the DP/plain step ratio
 """
 
 from __future__ import annotations
@@ -352,6 +353,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--timed-steps", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch CPU threads (0: torch's default); 1 measures compute alone, free of thread "
+        "synchronisation, which a loaded machine inflates",
+    )
     p.add_argument("--cache", default=str(Path(__file__).resolve().parent / "results" / "cache"))
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)
@@ -360,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
         args.batch, args.physical, args.repeats, args.timed_steps, args.warmup = 32, 8, 1, 1, 1
         args.head_epochs = 3
     warnings.filterwarnings("ignore")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from veil.hf import inspect_folder, load_tokenizer, tokenize
 
     folder = inspect_folder(minilm_folder())
@@ -408,7 +418,8 @@ def main(argv: list[str] | None = None) -> int:
             out["throughput"] = res
             print(
                 f"## Step throughput, LoRA MiniLM, fixed batch of {res['batch']} tweets "
-                f"({res['tokens_per_example']:.0f} tokens on average)\n"
+                f"({res['tokens_per_example']:.0f} tokens on average), {torch.get_num_threads()} torch "
+                "thread(s)\n"
             )
             rows = []
             for mode in ("plain", "veil", "opacus"):
@@ -418,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
                         mode,
                         f"{r['examples_per_second']:.1f}" if "examples_per_second" in r else "-",
                         f"{r['ratio_to_plain']:.2f}" if "ratio_to_plain" in r else "-",
-                        f"{r['step_cpu_seconds']:.1f}" if "step_cpu_seconds" in r else "-",
+                        f"{r['step_cpu_seconds']:.3f}" if "step_cpu_seconds" in r else "-",
                         f"{r['cpu_ratio_to_plain']:.2f}" if "cpu_ratio_to_plain" in r else "-",
                         r.get("update", "-"),
                     ]

@@ -165,3 +165,21 @@ def test_lora_and_full_modes(folder: str, mode: str) -> None:
     assert model(x).shape == (2, 2)
     with pytest.raises(ConfigError, match="lora_targets"):
         build_text_classifier(inspect_folder(folder), 2, "lora", LoraSettings(targets=("nowhere",)))
+
+
+def test_model_too_large_is_foreseen_from_the_config(folder: str, tmp_path) -> None:
+    """Without a safetensors header, the count comes from the config (embeddings + layers)."""
+    big = _copy_without(folder, tmp_path / "big-config", {"model.safetensors"})
+    with open(os.path.join(big, "pytorch_model.bin"), "wb") as fh:
+        fh.write(b"not read")
+    with open(os.path.join(big, "config.json"), encoding="utf-8") as fh:
+        config = json.load(fh)
+    config.update(hidden_size=8192, num_hidden_layers=96, intermediate_size=32768, vocab_size=50_000)
+    with open(os.path.join(big, "config.json"), "w", encoding="utf-8") as fh:
+        json.dump(config, fh)
+    checked = inspect_folder(big)
+    assert checked.counted_from == "config"
+    # 96 layers × (4·8192² + 2·8192·32768) + (50,000 + positions)·8192 ≈ 7.8·10¹⁰ parameters
+    assert 7.7e10 < checked.parameters < 7.9e10
+    with pytest.raises(ConfigError, match=r"need about .* GiB to fine-tune with --fine-tune head"):
+        build_text_classifier(checked, 2, "head")

@@ -99,6 +99,7 @@ def test_train_text_classifier(
         (["--text-column", "score"], "number"),
         (["--text-column", "nope"], "no such column"),
         (["--fine-tune", "sideways"], "fine"),
+        (["--table", "reviews"], "only a sql: source has tables"),
     ],
 )
 def test_bad_text_inputs_exit_2_and_write_nothing(
@@ -121,4 +122,113 @@ def test_folder_without_weights_exits_2(
     assert main(args) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "no weights" in err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.fixture(scope="module")
+def sqlite_reviews(files: Path) -> Path:
+    """The same reviews as a SQLite table (text, a real-valued score, a text label)."""
+    import sqlite3
+
+    db = files / "reviews.db"
+    if not db.exists():
+        with open(files / "reviews.csv", newline="", encoding="utf-8") as fh:
+            rows = list(csv.DictReader(fh))
+        con = sqlite3.connect(db)
+        con.execute("CREATE TABLE reviews (review TEXT, score REAL, label TEXT)")
+        values = [(r["review"], float(r["score"]), r["label"]) for r in rows]
+        con.executemany("INSERT INTO reviews VALUES (?, ?, ?)", values)
+        con.commit()
+        con.close()
+    return db
+
+
+def _train_sql(
+    files: Path, db: Path, out: Path, capsys: pytest.CaptureFixture[str], *extra: str
+) -> tuple[int, str]:
+    args = ["train", "--model", f"hf:{files / 'model'}", "--dataset", f"sql:sqlite:///{db}"]
+    args += ["--target", "label", "--classes", "neg,pos", "--max-length", "10", "--delta", "1e-3"]
+    args += ["--no-baseline", "--out", str(out), *extra]
+    code = main(args)
+    return code, capsys.readouterr().err
+
+
+def test_train_text_from_sqlite(
+    files: Path, sqlite_reviews: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, err = _train_sql(
+        files, sqlite_reviews, tmp_path / "run", capsys, "--table", "reviews", "--text-column", "review",
+        "--epochs", "1", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["dataset"]["name"] == f"sql:sqlite:///{sqlite_reviews} table reviews"
+    assert report["dataset"]["n_train"] + report["dataset"]["n_test"] == 120
+    assert report["epsilon_spent"] <= 3.0 + 1e-9
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--table", "reviews", "--text-column", "score"], "number"),
+        (["--query", "SELECT '  ' AS review, label FROM reviews", "--text-column", "review"], "empty"),
+        (["--table", "nope", "--text-column", "review"], "no such table"),
+    ],
+)
+def test_bad_sql_text_exits_2_and_writes_nothing(
+    files: Path,
+    sqlite_reviews: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    extra: list[str],
+    message: str,
+) -> None:
+    code, err = _train_sql(files, sqlite_reviews, tmp_path / "run", capsys, *extra)
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and message in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def _folder_variant(files: Path, where: Path, kind: str) -> Path:
+    """The model folder without its tokenizer, or with a safetensors header announcing 3·10¹⁰ parameters."""
+    import shutil
+    import struct
+
+    shutil.copytree(files / "model", where)
+    if kind == "no-tokenizer":
+        for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
+            (where / name).unlink(missing_ok=True)
+    else:
+        header = json.dumps(
+            {"w": {"dtype": "F32", "shape": [200_000, 150_000], "data_offsets": [0, 120_000_000_000]}}
+        ).encode()
+        (where / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+    return where
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("no-tokenizer", "no tokenizer"),
+        ("too-large", "30,000.0 M parameters"),
+        ("empty-text", "row 3 is empty"),
+    ],
+)
+def test_bad_folders_and_texts_exit_2_and_write_nothing(
+    files: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str, message: str
+) -> None:
+    model, data = files / "model", files / "reviews.csv"
+    if case == "empty-text":
+        rows = (files / "reviews.csv").read_text(encoding="utf-8").splitlines()
+        rows[4] = '"   ",0.5,pos'
+        data = tmp_path / "empty.csv"
+        data.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    else:
+        model = _folder_variant(files, tmp_path / case, case)
+    args = ["train", "--model", f"hf:{model}", "--dataset", f"csv:{data}", "--text-column", "review"]
+    args += ["--target", "label", "--classes", "neg,pos", "--max-length", "10", "--delta", "1e-3"]
+    args += ["--fine-tune", "lora", "--out", str(tmp_path / "run")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and message in err, err
     assert not (tmp_path / "run").exists()

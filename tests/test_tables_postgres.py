@@ -12,7 +12,8 @@ pa = pytest.importorskip("pyarrow")
 sqlalchemy = pytest.importorskip("sqlalchemy")
 pytest.importorskip("psycopg")
 
-from tables_support import PostgresServer, gbsg2, postgres_bin  # noqa: E402
+from _postgres import PostgresServer, pg_bindir  # noqa: E402
+from tables_support import gbsg2  # noqa: E402
 from test_tables_sources import GBSG2_SCHEMA, load_into_sql  # noqa: E402
 from veil.cli.main import main  # noqa: E402
 from veil.tables import load_table  # noqa: E402
@@ -21,7 +22,7 @@ from veil.tables.schema import parse_schema  # noqa: E402
 
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[PostgresServer]:
-    bindir = postgres_bin()
+    bindir = pg_bindir()
     if bindir is None:
         pytest.skip("PostgreSQL server binaries are not installed (make test installs Debian's postgresql)")
     server = PostgresServer(bindir).start()
@@ -76,9 +77,9 @@ def test_bad_postgres_input_is_one_line_exit_2_nothing_written(
     if url == "wrong-password":
         spec = f"sql:{postgres.url(password='not-the-password')}"
     elif url == "unreachable":
-        from tables_support import _free_port
+        from _postgres import free_port
 
-        spec = f"sql:{postgres.url()}".replace(f":{postgres.port}/", f":{_free_port()}/")
+        spec = f"sql:{postgres.url()}".replace(f":{postgres.port}/", f":{free_port()}/")
     else:
         spec = f"sql:{postgres.url()}"
     out = tmp_path / "s.toml"
@@ -97,7 +98,7 @@ def test_train_from_postgres_with_the_password_outside_the_url(
 
     import tomllib
 
-    from tables_support import PG_PASSWORD
+    from _postgres import PG_PASSWORD
 
     schema = tmp_path / "s.toml"
     schema.write_text(GBSG2_SCHEMA)

@@ -95,11 +95,20 @@ class TrainConfig(BaseModel):
     """``auto`` | ``logreg`` | ``mlp`` | ``cnn`` | ``scatternet`` | ``rff`` | ``package.module:factory`` |
     ``hf:DIR`` (a pretrained Hugging Face model folder; needs ``veil[hf]``)."""
     text_column: str | None = None
-    """Column of texts (csv, parquet), tokenized by the ``hf:DIR`` model's tokenizer."""
+    """Column of texts (csv, parquet, sql), tokenized by the ``hf:DIR`` model's tokenizer."""
     max_length: int = 128
     """Tokens per text (padded or truncated): declared, never read off the data."""
-    fine_tune: Literal["head", "lora", "full"] = "head"
-    """``hf:`` models: frozen encoder + DP head (features computed once), LoRA adapters, or everything."""
+    fine_tune: Literal["head", "lora", "full", "last-k"] = "head"
+    """``hf:`` models: frozen encoder + DP head (features computed once), LoRA adapters, or everything.
+    With ``init_from``: the classifier only, the last ``last_k`` parameterised layers, or everything."""
+    init_from: str | None = None
+    """Public pretrained weights to start from (a torch state_dict file, a veil ``model.pt`` or run
+    folder): declared public by the user; see veil.models.pretrained."""
+    last_k: int = 2
+    """Layers trained by ``fine_tune = "last-k"`` (modules with parameters of their own, from the end)."""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """``bf16``: the forward pass under bfloat16 autocast; weights, per-sample norms, the clipped sum and
+    the noise stay float32."""
     lora_rank: int = 8
     lora_alpha: float = 16.0
     lora_targets: list[str] | None = None
@@ -250,6 +259,7 @@ class TrainConfig(BaseModel):
         "checkpoint_every",
         "lora_rank",
         "max_length",
+        "last_k",
         "augment",
     )
     @classmethod
@@ -330,6 +340,8 @@ PRIVACY_KEYS = frozenset(
         "lora_alpha",
         "lora_targets",
         "lora_dropout",
+        "init_from",
+        "last_k",
         "epsilon",
         "delta",
         "noise_multiplier",

@@ -64,7 +64,9 @@ __all__ = ["Report", "train"]
 # ----------------------------------------------------------------------------------------------
 def _prepare(cfg: TrainConfig, out: Path | None, check: bool = True) -> RunPlan:
     from veil.engine import refuse_example_mixing
+    from veil.precision import autocast
 
+    autocast(cfg.device, cfg.precision)  # a precision the device lacks is refused before anything is written
     prepared = prepare(cfg)
     refuse_private_preprocessing(prepared.prep.public)  # across ranks: one release is not yet supported
     cfg, data = prepared.cfg, prepared.data
@@ -341,6 +343,7 @@ def _report(plan: RunPlan, run_dir: Path, ledger: Ledger, model: nn.Module, **re
             "declared_by": data.classes_declared_by,
         },
         model=plan.model_name,
+        pretrained=getattr(plan.net, "veil_pretrained", None),
         parameters=sum(p.numel() for p in model.parameters() if p.requires_grad),
         optimizer=cfg.optimizer or "sgd",
         lr=cfg.lr,
@@ -384,6 +387,13 @@ def _covers(plan: RunPlan, ledger: Ledger) -> str:
         "held-out rows; the non-private baseline; any audit) and the dataset fingerprint. N and the "
         "label set are public by declaration"
     )
+    pretrained = getattr(plan.net, "veil_pretrained", None)
+    if pretrained is not None:
+        text += (
+            f". The initial weights ({pretrained['checkpoint']}, sha256 {pretrained['sha256'][:12]}…) are "
+            "public by the user's declaration (--init-from): they cost nothing only if they were trained "
+            "without these rows"
+        )
     if cfg.reproducible:
         text += f". {RESEARCH_CAVEAT[0].upper()}{RESEARCH_CAVEAT[1:]}: not release-ready"
     return text

@@ -81,7 +81,8 @@ class PrivacyAccountant(abc.ABC):
                 type(bad).__name__,
                 f"the {self.name} accountant cannot bound its privacy loss under "
                 f"{self.neighbouring.value} ({bad.to_json()})",
-                "use an accountant that supports it (see docs/accounting.md) or a supported mechanism",
+                getattr(bad, "refusal_fix", None)
+                or "use an accountant that supports it (see docs/accounting.md) or a supported mechanism",
             )
         if count == 0:
             return self

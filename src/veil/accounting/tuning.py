@@ -38,11 +38,28 @@ from typing import Literal
 
 import numpy as np
 
-from veil.accounting.events import PrivacyEvent
+from veil.accounting.events import (
+    ApproximateDP,
+    Composed,
+    Neighbouring,
+    OneOf,
+    PrivacyEvent,
+    RepeatAndSelect,
+    SelfComposed,
+    ZeroConcentrated,
+)
 from veil.accounting.rdp import DEFAULT_ORDERS, RDPAccountant, rdp_to_delta, rdp_to_epsilon
 from veil.errors import InvalidParameterError
 
-__all__ = ["TrialCount", "trial_rdp", "tuning_epsilon", "tuning_rdp"]
+__all__ = [
+    "TrialCount",
+    "events_rdp",
+    "pure_dp_rdp",
+    "repeat_and_select",
+    "trial_rdp",
+    "tuning_epsilon",
+    "tuning_rdp",
+]
 
 Law = Literal["negative_binomial", "poisson"]
 
@@ -163,3 +180,82 @@ def tuning_epsilon(
 ) -> float:
     """ε at ``delta`` of the whole tuning procedure (every trial counted, not the best one's ε)."""
     return rdp_to_epsilon(orders, tuning_rdp(orders, trial_rdp(trial_events, orders), count), delta)
+
+
+# -- the whole tuning procedure as one event ----------------------------------------------------
+
+
+def repeat_and_select(trial: PrivacyEvent, count: TrialCount) -> RepeatAndSelect:
+    """The event of a whole random-stopping tuning run whose trials are each ``trial``."""
+    return RepeatAndSelect(trial, count.mean, count.law, count.shape)
+
+
+def pure_dp_rdp(epsilon: float, orders: Sequence[float]) -> np.ndarray:
+    """RDP of randomized response RR(ε) at each order: the largest of any ε-DP mechanism.
+
+    ``D_α = log(p^α (1−p)^{1−α} + (1−p)^α p^{1−α}) / (α − 1)`` with ``p = e^ε/(1 + e^ε)``, in log space.
+    """
+    a = np.asarray(orders, dtype=float)
+    if epsilon == 0:
+        return np.zeros(len(a))
+    lp, lq = -math.log1p(math.exp(-epsilon)), -math.log1p(math.exp(epsilon))
+    d = np.logaddexp(a * lp + (1 - a) * lq, a * lq + (1 - a) * lp) / (a - 1)
+    return np.minimum(d, epsilon)
+
+
+def _needs_this_module(event: PrivacyEvent) -> bool:
+    if isinstance(event, (RepeatAndSelect, OneOf, ZeroConcentrated)):
+        return True
+    if isinstance(event, ApproximateDP):
+        return event.delta == 0
+    if isinstance(event, SelfComposed):
+        return _needs_this_module(event.event)
+    if isinstance(event, Composed):
+        return any(_needs_this_module(e) for e in event.events)
+    return False
+
+
+def _event_rdp(event: PrivacyEvent, orders: Sequence[float], relation: Neighbouring) -> np.ndarray:
+    if isinstance(event, RepeatAndSelect):
+        inner = _event_rdp(event.event, orders, relation)
+        count = TrialCount(event.mean, event.law, event.shape)  # type: ignore[arg-type]
+        return tuning_rdp(orders, inner, count)
+    if isinstance(event, OneOf):
+        return np.max([_event_rdp(e, orders, relation) for e in event.events], axis=0)
+    if isinstance(event, ZeroConcentrated):
+        return np.asarray(orders, dtype=float) * event.rho
+    if isinstance(event, ApproximateDP) and event.delta == 0:
+        return pure_dp_rdp(event.epsilon, orders)
+    if isinstance(event, SelfComposed) and _needs_this_module(event.event):
+        return (
+            event.count * _event_rdp(event.event, orders, relation) if event.count else np.zeros(len(orders))
+        )
+    if isinstance(event, Composed) and _needs_this_module(event):
+        return np.sum([_event_rdp(e, orders, relation) for e in event.events], axis=0)
+    acc = RDPAccountant(relation, orders=orders)  # refuses what it cannot bound, naming it
+    acc.compose(event)
+    return np.asarray(acc.rdp, dtype=float)
+
+
+def events_rdp(
+    events: Sequence[PrivacyEvent],
+    orders: Sequence[float] = DEFAULT_ORDERS,
+    neighbouring: Neighbouring = Neighbouring.ADD_OR_REMOVE_ONE,
+) -> np.ndarray:
+    """The composed RDP curve of ``events``, including the events only an RDP analysis bounds.
+
+    Besides everything :class:`~veil.accounting.rdp.RDPAccountant` composes: a
+    :class:`~veil.accounting.events.RepeatAndSelect` gets the random-stopping bound above over its
+    inner event's curve (the same bound as dp-accounting's ``RepeatAndSelectDpEvent``); a
+    :class:`~veil.accounting.events.OneOf` the pointwise largest curve of its events (a
+    data-independent choice); a :class:`~veil.accounting.events.ZeroConcentrated` ``α·ρ``. Events
+    compose by adding curves (RDP composition). The PLD accountant refuses all three. Used by the
+    budget registry (:mod:`veil.registry.compose`) to compose a dataset's runs in RDP.
+    """
+    relation = Neighbouring(neighbouring)
+    total = np.zeros(len(orders))
+    for event in events:
+        if not event.supports_relation(relation):
+            RDPAccountant(relation, orders=orders).compose(event)  # raises, naming the event
+        total = total + _event_rdp(event, orders, relation)
+    return total

@@ -52,7 +52,7 @@ def set_budget(
 
     identity = _identity(dataset, dataset_id, table, query, data_dir)
     with open_registry(db) as registry:
-        status = registry.set_budget(identity, epsilon, delta, accountant, neighbouring)  # type: ignore[arg-type]
+        status = registry.set_budget(identity, epsilon, delta, accountant, neighbouring)
         return {"registry": registry.shown_url, **status.to_dict()}
 
 
@@ -101,6 +101,11 @@ def _print_status(status: dict[str, Any]) -> None:
         f"  budget {budget}; spent ε = {_eps(status['spent_epsilon'])}{at} "
         f"({status['accountant']}, composed over all charged runs); remaining ε = {remaining}"
     )
+    jobs = status.get("jobs") or {}
+    if jobs:
+        console.print(
+            "  charged runs by job: " + ", ".join(f"{job} × {n}" for job, n in sorted(jobs.items()))
+        )
     if not status["runs"]:
         console.print("  no runs recorded")
         return
@@ -138,7 +143,11 @@ def register(app: typer.Typer) -> None:
         table: str = TABLE,
         query: str = QUERY,
         data_dir: str = DATA_DIR,
-        accountant: str = typer.Option(None, "--accountant", help="pld (default) or rdp: composes the runs."),
+        accountant: str = typer.Option(
+            None,
+            "--accountant",
+            help="auto (default: the tighter of PLD and RDP that bounds every run), pld or rdp.",
+        ),
         neighbouring: str = typer.Option(
             None, "--neighbouring", help="add_or_remove_one (default) or replace_one."
         ),

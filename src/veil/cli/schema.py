@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from veil.cli._output import emit
 from veil.errors import ConfigError
+
+if TYPE_CHECKING:
+    from veil.accounting.events import PrivacyEvent
 
 
 def run_infer(
@@ -24,8 +27,12 @@ def run_infer(
     ignore: list[str] | None = None,
     max_levels: int = 100,
     force: bool = False,
+    dataset_id: str | None = None,
 ) -> dict[str, Any]:
-    """The work of ``veil schema infer``; writes ``out`` (atomically) and returns a summary."""
+    """The work of ``veil schema infer``; writes ``out`` (atomically) and returns a summary.
+
+    With ``epsilon`` the release is charged to the dataset's privacy budget (``veil budget``), checked
+    before a row is read; a draft (no ``epsilon``) is not private, says so, and is not charged."""
     from veil.tables.infer import MAX_LEVELS, describe, infer_schema
     from veil.tables.schema import write_schema
     from veil.tables.sources import parse_source
@@ -42,16 +49,71 @@ def run_infer(
         raise ConfigError("--out", str(path), "its folder does not exist", "create the folder first")
     source = parse_source(dataset, table=table, query=query)
     ignored = list(ignore or [])
-    result = infer_schema(
-        source,
-        target=target,
-        epsilon=epsilon,
-        delta=delta,
-        ignore=ignored,
-        max_levels=max_levels or MAX_LEVELS,
+    if epsilon is None:  # a draft: not private, labelled so in the file, and not a DP spend
+        result = infer_schema(
+            source, target=target, delta=delta, ignore=ignored, max_levels=max_levels or MAX_LEVELS
+        )
+        write_schema(result.schema, path, result.header, result.notes)
+        return {"schema": str(path), "source": source.describe(), **describe(result)}
+    return _release_charged(
+        dataset, source, path, target, epsilon, delta, ignored, max_levels or MAX_LEVELS, dataset_id
     )
-    write_schema(result.schema, path, result.header, result.notes)
-    return {"schema": str(path), "source": source.describe(), **describe(result)}
+
+
+def _release_charged(
+    dataset: str,
+    source: Any,
+    path: Path,
+    target: str,
+    epsilon: float,
+    delta: float,
+    ignored: list[str],
+    max_levels: int,
+    dataset_id: str | None,
+) -> dict[str, Any]:
+    """The DP release, charged to the dataset's budget: the dataset is identified and its budget checked
+    before a row is read, the plan (:func:`veil.tables.infer.dp_plan`: every release the inference may
+    make) reserved before the first release, and the charge settled to what was released."""
+    import dataclasses
+    import uuid
+
+    from veil.registry.charge import DatasetCharge
+    from veil.tables.infer import describe, dp_plan, infer_schema
+    from veil.tables.schema import write_schema
+    from veil.tables.sources import source_columns
+
+    charge = DatasetCharge.before_reading(
+        dataset, job="schema", table=source.table, query=source.query, dataset_id=dataset_id
+    )
+    try:
+        names = source_columns(source)  # the header only: column names are not rows
+        read = [n for n in names if n not in ignored]
+        plan = dp_plan(read, target, epsilon, delta, secure=True) if target in read else []
+        run_id = uuid.uuid4().hex
+        if plan:
+            charge.reserve(plan, run_id, delta)
+        spent: list[PrivacyEvent] = []
+        try:
+            result = infer_schema(
+                source,
+                target=target,
+                epsilon=epsilon,
+                delta=delta,
+                ignore=ignored,
+                max_levels=max_levels,
+                spent=spent,
+            )
+            budget = {"budget_run_id": run_id, "budget_dataset_id": charge.identity.id}
+            schema = dataclasses.replace(result.schema, dp={**result.schema.dp, **budget})
+            write_schema(schema, path, result.header, result.notes)
+        finally:
+            if spent:
+                charge.settle(spent)
+            else:
+                charge.release()  # refused before the first release: nothing was spent
+    finally:
+        charge.close()
+    return {"schema": str(path), "source": source.describe(), "budget_run_id": run_id, **describe(result)}
 
 
 def run_check(
@@ -99,6 +161,9 @@ def register(app: typer.Typer) -> None:
         ignore: list[str] = typer.Option(None, "--ignore", help="A column not to read (repeatable)."),
         max_levels: int = typer.Option(100, "--max-levels", help="Most levels a categorical may get."),
         force: bool = typer.Option(False, "--force", help="Overwrite --out."),
+        dataset_id: str = typer.Option(
+            None, "--dataset-id", help="Declared dataset identity in the budget registry (veil budget)."
+        ),
         json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     ) -> None:
         """Draft a schema from the data (reviewed = false) or release it with DP (reviewed = "dp")."""
@@ -113,6 +178,7 @@ def register(app: typer.Typer) -> None:
             ignore=ignore,
             max_levels=max_levels,
             force=force,
+            dataset_id=dataset_id,
         )
         emit(summary, json_output, title="schema")
         if not json_output and summary["reviewed"] is False:

@@ -67,10 +67,25 @@ def register(app: typer.Typer) -> None:
         target: str = opts.TARGET,
         model: str = opts.MODEL,
         text_column: str = typer.Option(
-            None, "--text-column", help="Column of texts (csv, parquet) for --model hf:DIR."
+            None, "--text-column", help="Column of texts (csv, parquet, sql) for --model hf:DIR."
         ),
         fine_tune: str = typer.Option(
-            None, "--fine-tune", help="hf: models: head (frozen encoder, default), lora or full."
+            None,
+            "--fine-tune",
+            help="hf: models: head (frozen encoder, default), lora or full; with --init-from: head, "
+            "last-k or full.",
+        ),
+        init_from: str = typer.Option(
+            None,
+            "--init-from",
+            help="Start from public pretrained weights (state_dict file, veil model.pt or run folder); "
+            "declares them public.",
+        ),
+        last_k: int = typer.Option(
+            None, "--last-k", help="Layers trained by --fine-tune last-k (default 2)."
+        ),
+        precision: str = typer.Option(
+            None, "--precision", help="fp32 (default) or bf16 (autocast forward; clipping and noise fp32)."
         ),
         lora_rank: int = typer.Option(None, "--lora-rank", help="LoRA rank r (default 8)."),
         lora_alpha: float = typer.Option(
@@ -143,6 +158,9 @@ def register(app: typer.Typer) -> None:
             "lora_alpha": lora_alpha,
             "lora_targets": None if lora_targets is None else [t.strip() for t in lora_targets.split(",")],
             "max_length": max_length,
+            "init_from": init_from,
+            "last_k": last_k,
+            "precision": precision,
             "epsilon": epsilon,
             "delta": delta,
             "epochs": epochs,

@@ -21,10 +21,18 @@ import numpy as np
 from veil.data import Dataset, check_labels, encode_labels, split
 from veil.errors import DataError
 
-__all__ = ["load_user"]
+__all__ = [
+    "data_file",
+    "file_sha256",
+    "load_user",
+    "read_csv_columns",
+    "read_parquet_columns",
+    "require_target",
+]
 
 
-def _file(path: str) -> Path:
+def data_file(path: str) -> Path:
+    """``path`` as an existing file, or a :class:`DataError` (shared by every file reader)."""
     p = Path(path).expanduser()
     if not p.is_file():
         raise DataError(
@@ -33,7 +41,8 @@ def _file(path: str) -> Path:
     return p
 
 
-def _sha256(p: Path) -> str:
+def file_sha256(p: Path) -> str:
+    """The hex SHA-256 of a file's bytes (the dataset fingerprint), read in 1 MiB chunks."""
     h = hashlib.sha256()
     with p.open("rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
@@ -41,7 +50,8 @@ def _sha256(p: Path) -> str:
     return h.hexdigest()
 
 
-def _require_target(target: str | None, scheme: str, columns: list[str]) -> str:
+def require_target(target: str | None, scheme: str, columns: list[str]) -> str:
+    """The label column ``target``, refused when not given or not among ``columns``."""
     if target is None:
         raise DataError(
             "target",
@@ -132,7 +142,8 @@ def _from_columns(
     )
 
 
-def _read_csv(p: Path) -> dict[str, list[Any]]:
+def read_csv_columns(p: Path) -> dict[str, list[Any]]:
+    """A UTF-8 CSV as ``{column: [cells as str]}`` (header row required, every row as wide)."""
     try:
         text = p.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
@@ -164,7 +175,8 @@ def _read_csv(p: Path) -> dict[str, list[Any]]:
     return {h: [r[j] for r in rows[1:]] for j, h in enumerate(header)}
 
 
-def _read_parquet(p: Path) -> dict[str, list[Any]]:
+def read_parquet_columns(p: Path) -> dict[str, list[Any]]:
+    """A Parquet file as ``{column: [values]}`` (needs pyarrow)."""
     try:
         import pyarrow.parquet as pq
     except ModuleNotFoundError:
@@ -200,7 +212,7 @@ def _load_npz(
         raise DataError(
             "dataset file", str(p), f"it cannot be read as .npz ({exc})", "save arrays with np.savez"
         ) from None
-    label_key = _require_target(target or ("y" if "y" in arrays else None), "npz", list(arrays))
+    label_key = require_target(target or ("y" if "y" in arrays else None), "npz", list(arrays))
     others = [k for k in arrays if k != label_key]
     feature_key = next(
         (k for k in ("x", "X", "features", "data") if k in others), others[0] if len(others) == 1 else None
@@ -248,7 +260,7 @@ def _load_npz(
         x_test=x_te,
         y_test=y_te,
         classes=classes,
-        sha256=_sha256(p),
+        sha256=file_sha256(p),
         preset=("image" if x.shape[-1] >= 16 else "image-small") if image else "table",
         feature_names=None if image else [f"{feature_key}[{j}]" for j in range(x.shape[1])],
         pixel_max=pixel_max,
@@ -268,14 +280,14 @@ def load_user(
 ) -> Dataset:
     """Load ``scheme:path`` (csv, parquet or npz) with labels from ``target``, in the order of the
     declared public label set ``classes`` (required)."""
-    p = _file(path)
+    p = data_file(path)
     if scheme == "npz":
         return _load_npz(p, target, test_fraction, seed, classes)
-    columns = _read_csv(p) if scheme == "csv" else _read_parquet(p)
-    label = _require_target(target, scheme, list(columns))
+    columns = read_csv_columns(p) if scheme == "csv" else read_parquet_columns(p)
+    label = require_target(target, scheme, list(columns))
     return _from_columns(
         f"{scheme}:{p}",
-        _sha256(p),
+        file_sha256(p),
         columns,
         label,
         test_fraction,

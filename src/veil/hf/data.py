@@ -1,6 +1,7 @@
 """A text classification dataset for ``veil train --model hf:DIR --text-column COL``.
 
-Reads a CSV (UTF-8) or Parquet file, checks the text column (:func:`veil.hf.text.check_texts`) and
+Reads a CSV (UTF-8) or Parquet file, or a SQL table or query (through the tables' SQLAlchemy
+reader, :mod:`veil.tables.sources`), checks the text column (:func:`veil.hf.text.check_texts`) and
 the labels, tokenizes every text with the model folder's own tokenizer (public) to the declared
 ``max_length``, and splits by the run's seed. Like the other readers, nothing here computes a
 statistic of the data: token ids are a fixed per-example map, so the arrays are as private as the
@@ -9,12 +10,14 @@ texts and no more.
 
 from __future__ import annotations
 
+from typing import Any
+
 from veil.data import Dataset, check_labels, encode_labels, sha256_arrays, split
 from veil.errors import ConfigError, DataError
 
 __all__ = ["TEXT_SCHEMES", "load_text_dataset", "model_folder"]
 
-TEXT_SCHEMES = ("csv", "parquet")
+TEXT_SCHEMES = ("csv", "parquet", "sql")
 
 
 def model_folder(model: str) -> str:
@@ -29,6 +32,33 @@ def model_folder(model: str) -> str:
     return model[3:]
 
 
+def _sql_columns(dataset: str, table: str | None, query: str | None) -> tuple[str, str, dict[str, Any]]:
+    """A ``sql:URL`` table or query read through the tables' SQL reader (SQLAlchemy): its printable
+    name, its fingerprint (the address and table/query, as for other SQL data) and its columns
+    (numeric columns as numpy arrays, so a numeric text column is named as such)."""
+    from veil.tables.dataset import source_fingerprint
+    from veil.tables.sources import hide_password, parse_source, read_source, url_has_password
+
+    url = dataset[4:]
+    if url_has_password(url):
+        raise ConfigError(
+            "dataset",
+            "sql:" + hide_password(url),
+            "the run folder records the dataset (config.toml, report), and a password in the URL would "
+            "be written there beside the released model",
+            "leave the password out of the URL and give it to the driver another way (PostgreSQL: the "
+            "PGPASSWORD environment variable or ~/.pgpass)",
+        )
+    source = parse_source(dataset, table=table, query=query)
+    raw = read_source(source, None).table
+    columns: dict[str, Any] = {}
+    for name in raw.column_names:
+        column = raw.column(name)
+        numeric = str(column.type).startswith(("int", "uint", "float", "double", "decimal"))
+        columns[name] = column.to_numpy(zero_copy_only=False) if numeric else column.to_pylist()
+    return source.describe(), source_fingerprint(dataset, table, query), columns
+
+
 def load_text_dataset(
     dataset: str,
     *,
@@ -40,10 +70,22 @@ def load_text_dataset(
     seed: int,
     preset: str,
     classes: list[str] | None = None,
+    table: str | None = None,
+    query: str | None = None,
+    fine_tune: str | None = None,
+    device: str = "cpu",
 ) -> Dataset:
-    """Tokenized texts ``[N, 2, max_length]`` (int64) and labels from ``csv:PATH``/``parquet:PATH``."""
-    from veil.data.tabular import _file, _read_csv, _read_parquet, _require_target, _sha256
-    from veil.hf.load import inspect_folder, load_tokenizer
+    """Tokenized texts ``[N, 2, max_length]`` (int64) and labels from ``csv:PATH``, ``parquet:PATH``
+    or ``sql:URL`` (with ``table`` or ``query``). With ``fine_tune``, a model too large to fine-tune
+    that way on ``device`` is refused before the data is read."""
+    from veil.data.tabular import (
+        data_file,
+        file_sha256,
+        read_csv_columns,
+        read_parquet_columns,
+        require_target,
+    )
+    from veil.hf.load import check_fits, inspect_folder, load_tokenizer
     from veil.hf.text import check_texts, tokenize
 
     scheme, _, path = dataset.partition(":")
@@ -51,13 +93,24 @@ def load_text_dataset(
         raise ConfigError(
             "dataset",
             dataset,
-            "a text column is read from a CSV or Parquet file",
-            "pass --dataset csv:PATH or parquet:PATH",
+            "a text column is read from a CSV or Parquet file or a SQL table",
+            "pass --dataset csv:PATH, parquet:PATH or sql:URL (with --table or --query)",
         )
     folder = inspect_folder(model_folder(model))  # before reading the data: a bad folder fails fast
-    p = _file(path)
-    columns = _read_csv(p) if scheme == "csv" else _read_parquet(p)
-    label = _require_target(target, scheme, list(columns))
+    if fine_tune in ("head", "lora", "full"):
+        check_fits(folder, fine_tune, device)  # type: ignore[arg-type]
+    digest: str | None
+    if scheme == "sql":
+        name, digest, columns = _sql_columns(dataset, table, query)
+    else:
+        if table is not None or query is not None:
+            raise DataError(
+                "--table/--query", table or query, "only a sql: source has tables", "drop it, or use sql:URL"
+            )
+        p = data_file(path)
+        name, digest = f"{scheme}:{p}", file_sha256(p)
+        columns = read_csv_columns(p) if scheme == "csv" else read_parquet_columns(p)
+    label = require_target(target, scheme, list(columns))
     if text_column not in columns:
         raise DataError(
             "text_column",
@@ -75,14 +128,14 @@ def load_text_dataset(
     x = tokenize(load_tokenizer(folder), texts, max_length)
     x_train, y_train, x_test, y_test = split(x, y, test_fraction, seed)
     return Dataset(
-        name=f"{scheme}:{p}",
+        name=name,
         kind="text",  # type: ignore[arg-type]
         x_train=x_train,
         y_train=y_train,
         x_test=x_test,
         y_test=y_test,
         classes=classes,
-        sha256=_sha256(p) if p.is_file() else sha256_arrays(x, y),
+        sha256=digest or sha256_arrays(x, y),
         preset=preset,
         feature_names=[text_column],
         notes=[f"texts of column '{text_column}' tokenized by the model's tokenizer to {max_length} tokens"],

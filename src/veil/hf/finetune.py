@@ -19,9 +19,8 @@ engine's probes and samplers apply unchanged. The Hugging Face model stays reach
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -29,6 +28,7 @@ from torch import Tensor, nn
 from veil.errors import ConfigError
 from veil.hf.features import FrozenTextEncoder, trim_padding
 from veil.hf.load import FineTune, ModelFolder, check_fits, require_transformers
+from veil.precision import autocast
 
 __all__ = [
     "FINE_TUNE_MODES",
@@ -40,7 +40,6 @@ __all__ = [
 ]
 
 FINE_TUNE_MODES: tuple[FineTune, ...] = ("head", "lora", "full")
-Precision = Literal["fp32", "bf16"]
 
 
 @dataclass(frozen=True)
@@ -190,26 +189,6 @@ def build_text_classifier(
     return SequenceClassifier(model)
 
 
-def autocast(
-    device: str | torch.device, precision: Precision = "fp32"
-) -> contextlib.AbstractContextManager[Any]:
-    """The forward-pass context for ``precision``: bf16 autocast (weights, gradients and the clipped
-    sum stay float32; per-sample norms are taken in float32) or nothing for fp32.
-
-    bf16 is refused on a CUDA device without bf16 support rather than emulated slowly.
-    """
-    device_type = torch.device(device).type
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    if precision != "bf16":
-        raise ConfigError("precision", precision, "unknown precision", "use fp32 or bf16")
-    if device_type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise ConfigError(
-            "precision", precision, "this GPU has no bfloat16 support", "use --precision fp32 on this GPU"
-        )
-    return torch.autocast(device_type=device_type, dtype=torch.bfloat16)
-
-
 def pipeline_net(cfg: Any, num_classes: int) -> nn.Module:
     """The network ``veil train`` trains for ``--model hf:DIR`` (``cfg``: a ``TrainConfig``).
 
@@ -220,6 +199,13 @@ def pipeline_net(cfg: Any, num_classes: int) -> nn.Module:
     from veil.hf.data import model_folder
     from veil.hf.load import inspect_folder
 
+    if getattr(cfg, "init_from", None) is not None:
+        raise ConfigError(
+            "init_from",
+            cfg.init_from,
+            "an hf:DIR model starts from the pretrained weights in its folder",
+            "drop --init-from (it is for the zoo's and your own models)",
+        )
     folder = inspect_folder(model_folder(cfg.model))
     lora = None
     if cfg.fine_tune == "lora":

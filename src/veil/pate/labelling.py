@@ -494,6 +494,17 @@ def _worst_case_epsilon(run: _Labelling) -> float:
     s, plan = run.s, run.plan
     if plan.rule is not None:
         return plan.rule.epsilon(run.spent, plan.max_queries)
+    return planned_epsilon(s, plan)
+
+
+def planned_epsilon(settings: LabelSettings, plan: BudgetPlan) -> float:
+    """The most data-independent ε a run of ``plan`` can spend, from public parameters only (what the
+    budget registry reserves): the target for the data-independent and PTR budgets (both stop within
+    it), and for the data-dependent budget every query asked at its worst case plus the most releases
+    that can happen (usually far above the target, see the module docstring)."""
+    s = settings
+    if s.budget != "data-dependent":
+        return s.epsilon
     max_releases = math.ceil(plan.max_queries / s.check_every) + 2
     per_query = EventTally.of((e, 1) for e in plan.query_events).rdp()
     return rdp_epsilon(plan.max_queries * per_query + max_releases * plan.release_rdp, s.delta)

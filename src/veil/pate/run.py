@@ -6,6 +6,10 @@
 
 The data (private part, public pool, test set) is prepared by :mod:`veil.pate.data`.
 
+The run is charged to the dataset's privacy budget (``veil budget``): an exhausted dataset is refused
+before a row is read; the most the labelling may spend is reserved (or the run refused) before any
+teacher is trained; the released labels' (ε, δ) is what stays charged (:class:`_Account`).
+
 A run folder whose labels were already released is refused: relabelling would draw fresh noise on
 the same data and spend the budget a second time. Teachers are resumed (they are not private
 releases).
@@ -423,15 +427,62 @@ def run_pate(
     cfg = config if isinstance(config, PateConfig) else make_pate_config(config or {})
     out = _checked_out(cfg)
     privacy = _privacy(cfg)  # settings errors before any work
-    data = load_pate_data(cfg)
-    t_factory, s_factory, models = _factories(cfg, data.ds, teacher_factory, student_factory)
-    part = _partition(cfg, data, groups)
-    votes = _teacher_votes(cfg, data, part, out, groups, t_factory)
-    hist = votes.histograms(data.ds.num_classes)
-    result = _label(cfg, privacy, hist, out, data)
-    student = _student(cfg, data, result, out, s_factory)
-    margins = _margins(hist, result.queries_asked)
-    outcome = _Outcome(privacy, data, part, votes, result, student, margins, models, started)
-    rep = _build_report(cfg, outcome, out)
-    _write_report(cfg, rep, outcome, out)
+    account = _Account.before_reading(cfg)  # an exhausted dataset is refused before a row is read
+    try:
+        data = load_pate_data(cfg)
+        t_factory, s_factory, models = _factories(cfg, data.ds, teacher_factory, student_factory)
+        part = _partition(cfg, data, groups)
+        account.reserve(privacy, data)  # before any teacher is trained or label released
+        votes = _teacher_votes(cfg, data, part, out, groups, t_factory)
+        hist = votes.histograms(data.ds.num_classes)
+        result = _label(cfg, privacy, hist, out, data)
+        account.released = result
+        student = _student(cfg, data, result, out, s_factory)
+        margins = _margins(hist, result.queries_asked)
+        outcome = _Outcome(privacy, data, part, votes, result, student, margins, models, started)
+        rep = _build_report(cfg, outcome, out)
+        _write_report(cfg, rep, outcome, out)
+    finally:
+        account.settle()
     return rep
+
+
+class _Account:
+    """The run's charge to the privacy-budget registry (``veil budget``), as one
+    :class:`~veil.accounting.events.ApproximateDP` event at the run's δ: PATE's guarantee is an (ε, δ)
+    statement (PTR, data-dependent stopping), not a composition of events. Reserved once the data is
+    loaded (the public pool's size sets the plan) and before any teacher is trained: the most ε the
+    budget allows (:func:`veil.pate.labelling.planned_epsilon`); settled to the released labels'
+    guarantee, or released if no label was."""
+
+    def __init__(self, cfg: PateConfig, charge: Any) -> None:
+        self.cfg = cfg
+        self.charge = charge
+        self.released: LabelResult | None = None
+
+    @classmethod
+    def before_reading(cls, cfg: PateConfig) -> _Account:
+        from veil.registry.charge import DatasetCharge
+
+        return cls(cfg, DatasetCharge.before_reading(cfg.dataset, job="pate", data_dir=cfg.data_dir))
+
+    def reserve(self, privacy: _Privacy, data: PateData) -> None:
+        import uuid
+
+        from veil.accounting.events import ApproximateDP
+        from veil.pate.labelling import plan_budget, planned_epsilon
+
+        settings = privacy.settings(len(data.order), data.ds.num_classes)
+        planned = planned_epsilon(settings, plan_budget(settings, True, len(data.order)))
+        self.charge.reserve([ApproximateDP(planned, self.cfg.delta)], uuid.uuid4().hex, self.cfg.delta)
+
+    def settle(self) -> None:
+        from veil.accounting.events import ApproximateDP
+
+        try:
+            if self.released is None:
+                self.charge.release()
+            else:
+                self.charge.settle([ApproximateDP(self.released.epsilon, self.cfg.delta)])
+        finally:
+            self.charge.close()

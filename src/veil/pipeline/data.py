@@ -80,6 +80,10 @@ def load_data(cfg: TrainConfig) -> Dataset:
             seed=cfg.seed,
             preset="text" if cfg.fine_tune == "head" else "text-finetune",
             classes=cfg.classes,
+            table=cfg.table,
+            query=cfg.query,
+            fine_tune=cfg.fine_tune,
+            device=cfg.device,
         )
     return load_dataset(
         cfg.dataset,

@@ -327,6 +327,8 @@ def train_steps(
 ) -> None:
     """DP-SGD up to step ``limit``: each logical step is charged to the ledger (on disk) before its
     noisy update is computed; evaluation each epoch, checkpoints every ``checkpoint_every`` steps."""
+    from veil.precision import autocast
+
     cfg, device, spe = plan.cfg, plan.cfg.device, plan.steps.steps_per_epoch
     step_dict = plan.steps.step_event.to_dict()
     last_saved = ledger.steps if s.resumed else -1
@@ -343,7 +345,8 @@ def train_steps(
                 # Charged and on disk before this step's noisy update is computed.
                 ledger.append("step", step=ledger.steps + 1, event=step_dict)
             xr, yr = (xb, yb) if s.augment is None else s.augment(xb, yb)
-            loss = s.criterion(s.model(xr.to(device)), yr.to(device))
+            with autocast(device, cfg.precision):  # bf16: the forward only; clipping and noise float32
+                loss = s.criterion(s.model(xr.to(device)), yr.to(device))
             loss.backward()
             s.optimizer.step()
             s.optimizer.zero_grad()

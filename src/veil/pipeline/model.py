@@ -62,6 +62,14 @@ def build_net(cfg: TrainConfig, data: Dataset, seed: int) -> nn.Module:
         problems = validate(net)
         if problems:
             raise ModelNotSupportedError(problems)
+    if cfg.init_from is not None and not cfg.model.startswith("hf:"):
+        from veil.models.pretrained import pipeline_net as pretrained_net
+
+        net = pretrained_net(cfg, data, net)
+    elif not cfg.model.startswith("hf:"):
+        from veil.models.pretrained import refuse_without_checkpoint
+
+        refuse_without_checkpoint(cfg)
     return net
 
 

@@ -110,6 +110,9 @@ class Report(BaseModel):
     lr: float
     label_set: dict[str, Any]
     """{"source": "declared", "classes": [...], "declared_by": ...}: the output width is public."""
+    pretrained: dict[str, Any] | None = None
+    """``--init-from``: the checkpoint (path, SHA-256), who declared it public, what was trained and
+    frozen, what was re-initialised; None when the model started from its seed."""
     # Randomness and release.
     randomness: str
     """"secure" (OS CSPRNG, the default) or "seeded" (research mode: replayable from the seed)."""

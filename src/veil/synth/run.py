@@ -3,8 +3,10 @@
 Order of work (everything that can refuse runs before anything is written or charged):
 
 1. settings, schema (reviewed), public domain from the schema, size checks on the domain;
-2. the run folder must be new; the table is read and encoded (a column the schema does not declare
-   is refused by the reader); δ < 1/N; the 1-way noise must be below N;
+2. the run folder must be new; the run is charged to the dataset's privacy budget (``veil budget``):
+   its whole zCDP budget ρ is reserved, or the run refused, before a row is read, and the charge is
+   settled to the ledger's events at the end; the table is read and encoded (a column the schema
+   does not declare is refused by the reader); δ < 1/N; the 1-way noise must be below N;
 3. the ledger is created, then the mechanism runs, each event appended to the ledger (fsync'ed)
    as it is released; the (ε, δ) is the RDP accountant's composition of the ledger's events and is
    checked against the target before any output is written;
@@ -100,7 +102,56 @@ def _first_sigma(settings: SynthSettings, d: int, rho: float) -> float:
 
 
 def run_synth(settings: SynthSettings) -> dict[str, Any]:
-    """Run ``veil synth``; returns the report (also written to ``out/report.json``)."""
+    """Run ``veil synth``; returns the report (also written to ``out/report.json``).
+
+    The run is charged to its dataset's privacy budget through :class:`_Account` (see step 2 above)."""
+    account = _Account()
+    try:
+        return _run(settings, account)
+    finally:
+        account.close()
+
+
+class _Account:
+    """The run's charge to the budget registry: the whole zCDP budget ρ reserved as one
+    :class:`~veil.accounting.events.ZeroConcentrated` event before a row is read (refused: nothing
+    written, nothing charged), settled to the ledger's events (MST's and AIM's measurements and
+    selections, chosen as they go, their ρ summing to at most the reserved ρ, so their RDP curve lies
+    below α·ρ), or released when no ledger was created (nothing was released)."""
+
+    def __init__(self) -> None:
+        self.charge: Any = None
+        self.run_id = ""
+        self.ledger: Any = None
+
+    def reserve(self, settings: SynthSettings, rho: float) -> None:
+        import uuid
+
+        from veil.accounting.events import ZeroConcentrated
+        from veil.registry.charge import DatasetCharge
+
+        self.charge = DatasetCharge.before_reading(
+            settings.dataset, job="synth", table=settings.table, query=settings.query
+        )
+        self.run_id = uuid.uuid4().hex
+        self.charge.reserve([ZeroConcentrated(rho)], self.run_id, settings.delta)
+
+    def header(self) -> dict[str, str]:
+        return {"budget_run_id": self.run_id, "budget_dataset_id": self.charge.identity.id}
+
+    def close(self) -> None:
+        if self.charge is None:
+            return
+        try:
+            if self.ledger is None:
+                self.charge.release()
+            else:
+                self.charge.settle(self.ledger.events())
+        finally:
+            self.charge.close()
+
+
+def _run(settings: SynthSettings, account: _Account) -> dict[str, Any]:
     from veil.accounting.ledger import Ledger
     from veil.accounting.zcdp import rho_for_epsilon
     from veil.mechanisms.rng import make_source
@@ -116,6 +167,7 @@ def run_synth(settings: SynthSettings) -> dict[str, Any]:
     out = Path(settings.out) if settings.out is not None else default_out(settings.dataset, "synth")
     check_out(out)
     rho = rho_for_epsilon(settings.epsilon, settings.delta)
+    account.reserve(settings, rho)  # the budget registry: refused here, before a row is read
     codes = read_codes(settings, schema, domain)
     n = codes.shape[0]
     check_delta(settings.delta, n)
@@ -133,8 +185,10 @@ def run_synth(settings: SynthSettings) -> dict[str, Any]:
             "rho": rho,
             "accountant": "rdp",
             "neighbouring": "add_or_remove_one",
+            **account.header(),
         },
     )
+    account.ledger = ledger
     try:
         fit = _fit(settings, codes, domain, rho, rng, ledger)
         report = _finish(settings, schema, domain, codes, fit, rho, rng, ledger, out, start)

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from veil.accounting.events import Composed, Laplace, PrivacyEvent, SelfComposed
+from veil.accounting.events import Composed, DeltaOnly, Laplace, PrivacyEvent, SelfComposed
 from veil.errors import DataError, InvalidParameterError
 from veil.tables.schema import BOOLEAN_FALSE, BOOLEAN_TRUE, DEFAULT_MISSING_VALUES, ColumnSpec, TableSchema
 
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from veil.mechanisms.rng import RandomSource
     from veil.tables.sources import TableSource
 
-__all__ = ["InferResult", "infer_schema"]
+__all__ = ["InferResult", "dp_plan", "infer_schema"]
 
 MAX_LEVELS = 100
 """A text column with more distinct values than this is not drafted as categorical."""
@@ -69,15 +69,20 @@ def infer_schema(
     ignore: Sequence[str] = (),
     max_levels: int = MAX_LEVELS,
     rng: RandomSource | None = None,
+    spent: list[PrivacyEvent] | None = None,
 ) -> InferResult:
-    """Draft (``epsilon=None``) or DP-release (``epsilon=E``) the schema of ``source``."""
+    """Draft (``epsilon=None``) or DP-release (``epsilon=E``) the schema of ``source``.
+
+    ``spent``: a list that receives each release's event (and each threshold's
+    :class:`~veil.accounting.events.DeltaOnly`) as soon as it is released, for the budget registry;
+    on an error part-way it holds exactly what was released."""
     from veil.tables.sources import source_columns
 
     names = source_columns(source)
     _check_names(names, target, ignore, source.describe())
     read = [n for n in names if n not in ignore]
     if epsilon is not None:
-        return _infer_dp(source, names, read, target, epsilon, delta, ignore, max_levels, rng)
+        return _infer_dp(source, names, read, target, epsilon, delta, ignore, max_levels, rng, released=spent)
     table = _read(source, read)
     columns: list[ColumnSpec] = []
     notes: dict[str, str] = {}
@@ -271,6 +276,7 @@ def _infer_dp(
     ignore: Sequence[str],
     max_levels: int,
     rng: RandomSource | None,
+    released: list[PrivacyEvent] | None = None,
 ) -> InferResult:
     from veil.mechanisms.rng import make_source
     from veil.tables.release import dp_bounds, noisy_kind_counts, scale_for, thresholded_levels
@@ -287,6 +293,14 @@ def _infer_dp(
     eps_col, delta_col = epsilon / k, delta / k
     kind_scale = scale_for(eps_col / 4, rng.secure)
     events: list[PrivacyEvent] = []
+    charged = released if released is not None else []
+
+    def record(event: PrivacyEvent, threshold_delta: float | None = None) -> None:
+        events.append(event)
+        charged.append(event)
+        if threshold_delta is not None:
+            charged.append(DeltaOnly(threshold_delta))
+
     columns: list[ColumnSpec] = []
     notes: dict[str, str] = {}
     for name in names:
@@ -296,22 +310,22 @@ def _infer_dp(
         numbers, words, missing = _cells(table.column(name))
         if name == target:
             release = thresholded_levels(_value_counts(numbers, words), eps_col, delta_col, rng, max_levels)
-            events.append(release.event)
+            record(release.event, release.threshold_delta)
             columns.append(ColumnSpec(name, "categorical", "target", levels=_sorted_levels(release.levels)))
             notes[name] = f"target: classes released by a thresholded noisy histogram (ε = {eps_col:.4g})"
             continue
         n_words = sum(w is not None for w in words)
         noisy, event = noisy_kind_counts(numbers.size, n_words, int(missing.sum()), kind_scale, rng)
-        events.append(event)
+        record(event)
         rest = eps_col * 3 / 4
         if noisy[0] >= noisy[1]:
             bounds = dp_bounds(numbers, rest, rng)
-            events.append(bounds.event)
+            record(bounds.event)
             columns.append(ColumnSpec(name, "numeric", bounds=(bounds.low, bounds.high)))
             notes[name] = f"numeric: bounds by DP binary search on a grid of round numbers (ε = {rest:.4g})"
             continue
         release = thresholded_levels(_value_counts(np.array([]), words), rest, delta_col, rng, max_levels)
-        events.append(release.event)
+        record(release.event, release.threshold_delta)
         if not release.levels:
             columns.append(ColumnSpec(name, "ignored"))
             notes[name] = "text: no value frequent enough to be released; ignored"
@@ -345,6 +359,43 @@ def _infer_dp(
         "the data does not (then it is a draft again: set reviewed = false).",
     ]
     return InferResult(schema, header, notes, composed, spent, delta)
+
+
+def dp_plan(
+    read: Sequence[str], target: str, epsilon: float, delta: float, secure: bool
+) -> list[PrivacyEvent]:
+    """Every release :func:`infer_schema` with ``epsilon`` may make on the columns ``read``, known
+    before a row is read (the budget registry's reservation).
+
+    Which of a feature column's two releases runs — DP bounds or a levels histogram — depends on its
+    noisy kind counts, so the plan holds both (composition never lowers ε when an event is added, in
+    either accountant, so the plan bounds whatever runs); each histogram's threshold δ is a
+    :class:`~veil.accounting.events.DeltaOnly`. The registry settles the run to what was released.
+    """
+    from veil.tables.release import bound_grid, release_event, scale_for, search_steps
+
+    if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
+        raise InvalidParameterError(
+            "epsilon", epsilon, "the release needs a finite budget ε > 0", "pass ε > 0"
+        )
+    if not (0 < delta < 1):
+        raise InvalidParameterError("delta", delta, "the thresholds' δ must lie in (0, 1)", "pass e.g. 1e-7")
+    k = len(read)
+    eps_col, delta_col = epsilon / k, delta / k
+    rest = eps_col * 3 / 4
+    steps = search_steps(len(bound_grid()))
+    plan: list[PrivacyEvent] = []
+    for name in read:
+        if name == target:
+            plan += [release_event(scale_for(eps_col, secure), secure), DeltaOnly(delta_col)]
+            continue
+        plan += [
+            release_event(scale_for(eps_col / 4, secure), secure),
+            SelfComposed(release_event(scale_for(rest / (2 * steps), secure), secure), 2 * steps),
+            release_event(scale_for(rest, secure), secure),
+            DeltaOnly(delta_col),
+        ]
+    return plan
 
 
 def _pure_epsilon(event: PrivacyEvent) -> float:

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from veil.accounting.calibrate import dpsgd_event
-from veil.accounting.events import PrivacyEvent, SelfComposed
+from veil.accounting.events import Composed, OneOf, PrivacyEvent, RepeatAndSelect, SelfComposed
 from veil.accounting.rdp import rdp_to_epsilon
-from veil.accounting.tuning import TrialCount, trial_rdp, tuning_rdp
+from veil.accounting.tuning import TrialCount, repeat_and_select, trial_rdp, tuning_rdp
 from veil.errors import UnreachableTargetError
 
 __all__ = ["ORDERS", "BudgetSplit", "ShapePlan", "split_budget"]
@@ -63,6 +63,13 @@ class BudgetSplit:
         return np.max(
             [trial_rdp(s.events(self.prefix, self.score_event), ORDERS) for s in self.shapes], axis=0
         )
+
+    def event(self) -> RepeatAndSelect:
+        """The whole procedure as one event (charged to the budget registry): K trials, each one of the
+        shapes (drawn independently of the data), only the best released. Its RDP curve is the bound
+        above (:func:`veil.accounting.tuning.events_rdp`)."""
+        trials = [Composed(s.events(self.prefix, self.score_event)) for s in self.shapes]
+        return repeat_and_select(trials[0] if len(trials) == 1 else OneOf(trials), self.count)
 
     def trial_epsilon(self, events: Sequence[PrivacyEvent]) -> float:
         """ε at δ of one set of events alone (for the report's split, never the total)."""

@@ -75,6 +75,7 @@ def _budget(split: BudgetSplit, score_noise: float) -> dict[str, Any]:
             for s in split.shapes
         ],
         "epsilon_total": split.epsilon,
+        "event": split.event().to_dict(),  # what the budget registry is charged with
     }
 
 

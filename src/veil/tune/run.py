@@ -32,6 +32,7 @@ from veil.pipeline.budget import plan_steps
 from veil.pipeline.data import check_delta
 from veil.pipeline.run_folder import check_out, default_out
 from veil.tune.budget import ORDERS, BudgetSplit, split_budget
+from veil.tune.charge import TuneCharge
 from veil.tune.space import SearchSpace
 from veil.tune.trial import prepare_trial, run_trial, score_event, trial_config
 
@@ -110,6 +111,7 @@ def tune(
     make_config({**base, "epsilon": epsilon})  # typos and wrong types refused before anything else
     out_dir = Path(out if out is not None else default_out(dataset, job="tune"))
     check_out(out_dir)
+    account = TuneCharge(dataset, base)  # an exhausted dataset is refused before a row is read
     full, _, _ = prepare_trial(make_config({**base, "epsilon": epsilon}), None)
     mask = _validation_mask(full.data.n_train, validation_fraction)
     check_delta(delta, int((~mask).sum()))
@@ -117,9 +119,10 @@ def tune(
         if b > int((~mask).sum()):
             raise ConfigError("batch_size", b, "the sampling rate B/N must be ≤ 1", "lower it")
     split = _plan(base, space, mask, epsilon, count, score_noise)
+    account.reserve(split.event(), delta)  # the whole procedure, before any trial or file
 
     k = count.sample()
-    out_dir.mkdir(parents=True, exist_ok=True)
+    account.start(out_dir)
     trials: list[dict[str, Any]] = []
     planned = split.trial_curve()
     for i in range(k):
@@ -134,7 +137,7 @@ def tune(
     chosen = max(trials, key=lambda t: t["noisy_score"]) if trials else None
     if chosen is not None:
         shutil.copyfile(out_dir / "trials" / str(chosen["trial"]) / "model.pt", out_dir / "model.pt")
-    return write_report(
+    report = write_report(
         out_dir,
         dataset=full.data.name,
         n_train=int((~mask).sum()),
@@ -148,3 +151,5 @@ def tune(
         target=epsilon,
         duration=time.monotonic() - t0,
     )
+    account.settle()
+    return report

@@ -1,0 +1,188 @@
+"""What the registry reports: a dataset's budget, composed spend and run history.
+
+:func:`dataset_status` turns a dataset's row and its runs' rows into a :class:`DatasetStatus`; nothing
+here writes. The spend is :func:`veil.registry.compose.spent_epsilon` over the *charged* runs
+(committed runs with what their ledger recorded, reserved ones with their plan), at the budget's δ,
+or without a budget at the sum of the charged runs' own δ.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from veil.accounting.events import Neighbouring, PrivacyEvent
+from veil.registry.compose import DEFAULT_ACCOUNTANT, events_from_json, spent_epsilon
+
+__all__ = [
+    "CHARGED",
+    "COMMITTED",
+    "RELEASED",
+    "RESERVED",
+    "DatasetStatus",
+    "RunRecord",
+    "dataset_status",
+    "empty_status",
+    "run_record",
+    "stored_events",
+]
+
+RESERVED, COMMITTED, RELEASED = "reserved", "committed", "released"
+CHARGED = (RESERVED, COMMITTED)
+
+
+def stored_events(row: Any) -> list[PrivacyEvent]:
+    """The events a run row is charged with: its ledger's once committed, its plan before."""
+    return events_from_json(row.events if row.status == COMMITTED else row.planned_events)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One run as the registry knows it; ``epsilon`` is its own ε at the dataset's reporting δ."""
+
+    run_id: str
+    job: str
+    status: str
+    created_at: str
+    finished_at: str | None
+    delta: float | None
+    events: tuple[PrivacyEvent, ...]
+    epsilon: float | None
+
+    @property
+    def charged(self) -> bool:
+        return self.status in CHARGED
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "job": self.job,
+            "status": self.status,
+            "charged": self.charged,
+            "created_at": self.created_at,
+            "finished_at": self.finished_at,
+            "delta": self.delta,
+            "epsilon": self.epsilon,
+            "events": [e.to_dict() for e in self.events],
+        }
+
+
+@dataclass(frozen=True)
+class DatasetStatus:
+    """A dataset's budget, composed spend and run history.
+
+    ``delta`` is the δ the spend is stated at: the budget's δ_B, or without a budget the sum of the
+    charged runs' own δ (what composing their separate guarantees would give); ``None`` if unknown.
+    ``remaining_epsilon`` is ε_B − spent: headroom, not a promise that a run of that ε fits, since a new
+    run is admitted by composing its events with all others (usually a run of ε ≤ headroom fits).
+    ``jobs`` counts the charged runs per job kind (``train``, ``schema``, ``synth``, ``tune``, ...).
+    """
+
+    dataset_id: str
+    label: str
+    epsilon_budget: float | None
+    delta_budget: float | None
+    accountant: str
+    neighbouring: str
+    delta: float | None
+    spent_epsilon: float | None
+    runs: tuple[RunRecord, ...] = field(default_factory=tuple)
+
+    @property
+    def remaining_epsilon(self) -> float | None:
+        if self.epsilon_budget is None or self.spent_epsilon is None:
+            return None
+        return max(self.epsilon_budget - self.spent_epsilon, 0.0)
+
+    @property
+    def over_budget(self) -> bool:
+        return (
+            self.epsilon_budget is not None
+            and self.spent_epsilon is not None
+            and self.spent_epsilon > self.epsilon_budget
+        )
+
+    @property
+    def jobs(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for r in self.runs:
+            if r.charged:
+                counts[r.job] = counts.get(r.job, 0) + 1
+        return counts
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "dataset_id": self.dataset_id,
+            "label": self.label,
+            "epsilon_budget": self.epsilon_budget,
+            "delta_budget": self.delta_budget,
+            "accountant": self.accountant,
+            "neighbouring": self.neighbouring,
+            "delta": self.delta,
+            "spent_epsilon": self.spent_epsilon,
+            "remaining_epsilon": self.remaining_epsilon,
+            "over_budget": self.over_budget,
+            "jobs": self.jobs,
+            "runs": [r.to_dict() for r in self.runs],
+        }
+
+
+def run_record(row: Any, delta: float | None, accountant: str, relation: Neighbouring) -> RunRecord:
+    """A run row as a :class:`RunRecord`, with its own ε at ``delta`` (None: not computed)."""
+    events = tuple(stored_events(row))
+    eps: float | None = None
+    if row.status != RELEASED and delta is not None and delta < 1.0:
+        eps = spent_epsilon([list(events)], delta, accountant, relation)
+        eps = None if math.isnan(eps) else eps
+    return RunRecord(
+        run_id=row.run_id,
+        job=row.job,
+        status=row.status,
+        created_at=row.created_at,
+        finished_at=row.finished_at,
+        delta=row.delta,
+        events=events,
+        epsilon=eps,
+    )
+
+
+def empty_status(dataset_id: str, label: str) -> DatasetStatus:
+    """The status of a dataset the registry has never seen."""
+    relation = Neighbouring.ADD_OR_REMOVE_ONE.value
+    return DatasetStatus(dataset_id, label, None, None, DEFAULT_ACCOUNTANT, relation, None, 0.0, ())
+
+
+def dataset_status(row: Any, run_rows: Sequence[Any], per_run: bool = True) -> DatasetStatus:
+    """Budget, composed spend and history from a dataset row and its run rows (in order).
+
+    ``per_run=False`` skips each run's own ε (``RunRecord.epsilon`` is then None): one composition
+    instead of one per run.
+    """
+    relation = Neighbouring(row.neighbouring)
+    charged = [r for r in run_rows if r.status in CHARGED]
+    if row.delta is not None:
+        delta: float | None = row.delta
+    else:
+        deltas = [r.delta for r in charged if r.delta is not None]
+        delta = min(sum(deltas), 1.0) if deltas else None
+    records = tuple(run_record(r, delta if per_run else None, row.accountant, relation) for r in run_rows)
+    spent: float | None
+    if not charged:
+        spent = 0.0
+    elif delta is None or delta >= 1.0:
+        spent = None
+    else:
+        spent = spent_epsilon([list(r.events) for r in records if r.charged], delta, row.accountant, relation)
+    return DatasetStatus(
+        dataset_id=row.dataset_id,
+        label=row.label,
+        epsilon_budget=row.epsilon,
+        delta_budget=row.delta,
+        accountant=row.accountant,
+        neighbouring=row.neighbouring,
+        delta=delta,
+        spent_epsilon=spent,
+        runs=records,
+    )

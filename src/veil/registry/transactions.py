@@ -1,0 +1,281 @@
+"""The registry's writes, each one transaction that holds the dataset: set, reserve, reopen, commit, release.
+
+Guarantee. For a dataset with a budget (ε_B, δ_B), the events of every run admitted here (committed
+runs with what their ledger recorded, unfinished or crashed runs with what they planned), composed by
+the dataset's accountant (:mod:`veil.registry.compose`) under its neighbouring relation, give
+ε ≤ ε_B at δ_B, *provided* every run on the dataset goes through :func:`reserve` before it releases
+anything and releases no more than it reserved (its actual events are dominated by its plan in each
+accountant that bounds the plan). :func:`reserve` reads the charged runs, composes and records in one
+transaction holding the dataset (:meth:`veil.registry.database.Database.locked`), so processes
+racing for the last of a budget cannot both pass. A refused reservation writes nothing.
+
+A crashed run's reservation stays charged with its planned events: the registry cannot know how much
+of it ran, so it assumes all of it. :func:`commit` replaces the plan by the events the run's ledger
+holds; :func:`release` un-charges a run and is only for a run that never read a row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Connection, select
+
+from veil.accounting.base import check_delta, check_epsilon
+from veil.accounting.events import Neighbouring, PrivacyEvent
+from veil.errors import BudgetExhaustedError, InvalidParameterError, RegistryError
+from veil.registry.compose import REGISTRY_ACCOUNTANTS, check_events, events_to_json, spent_epsilon
+from veil.registry.database import Database, now
+from veil.registry.identity import DatasetIdentity
+from veil.registry.reporting import CHARGED, COMMITTED, RELEASED, RESERVED, stored_events
+from veil.registry.schema import datasets, runs
+
+__all__ = ["check_run_id", "commit", "dataset_key", "release", "reopen", "reserve", "run_row", "set_budget"]
+
+
+def dataset_key(dataset: DatasetIdentity | str) -> tuple[str, str]:
+    """(registry key, label) of a dataset given as an identity or as a stored id."""
+    if isinstance(dataset, DatasetIdentity):
+        return dataset.id, dataset.label
+    if not isinstance(dataset, str) or not dataset.strip() or len(dataset) > 255:
+        raise InvalidParameterError(
+            "dataset_id",
+            dataset,
+            "the budget is kept per dataset identity",
+            "pass a DatasetIdentity or a non-empty id of at most 255 characters",
+        )
+    return dataset, dataset
+
+
+def check_run_id(run_id: str) -> str:
+    if not isinstance(run_id, str) or not run_id.strip() or len(run_id) > 255:
+        raise InvalidParameterError(
+            "run_id", run_id, "each run's spend is recorded under its id", "pass a non-empty id (≤ 255 chars)"
+        )
+    return run_id
+
+
+def _charged_events(
+    conn: Connection, dataset_id: str, leave_out: str | None = None
+) -> list[list[PrivacyEvent]]:
+    query = select(runs.c.status, runs.c.planned_events, runs.c.events).where(
+        runs.c.dataset_id == dataset_id, runs.c.status.in_(CHARGED)
+    )
+    if leave_out is not None:
+        query = query.where(runs.c.run_id != leave_out)
+    return [stored_events(r) for r in conn.execute(query).all()]
+
+
+def run_row(db: Database, run_id: str) -> Any:
+    """A run's row, or a :class:`~veil.errors.RegistryError` if the registry has no such run."""
+    with db.reading() as conn:
+        row = conn.execute(select(runs).where(runs.c.run_id == check_run_id(run_id))).one_or_none()
+    if row is None:
+        raise RegistryError(
+            "run_id", run_id, "the registry has no such run", "reserve the run before committing it"
+        )
+    return row
+
+
+def set_budget(
+    db: Database,
+    dataset: DatasetIdentity | str,
+    epsilon: float,
+    delta: float,
+    accountant: str | None = None,
+    neighbouring: Neighbouring | str | None = None,
+) -> str:
+    """Set (or change) a dataset's total budget; runs already recorded stay charged. Returns its id."""
+    dataset_id, label = dataset_key(dataset)
+    epsilon = check_epsilon(epsilon)
+    delta = check_delta(delta)
+    if accountant is not None and accountant not in REGISTRY_ACCOUNTANTS:
+        raise InvalidParameterError(
+            "accountant",
+            accountant,
+            "only known accountants give a checked bound",
+            f"use one of {list(REGISTRY_ACCOUNTANTS)}",
+        )
+    relation = Neighbouring(neighbouring) if neighbouring is not None else None
+    with db.locked(dataset_id, label) as (conn, row):
+        acc_name = accountant or row.accountant
+        rel = relation or Neighbouring(row.neighbouring)
+        recorded = _charged_events(conn, dataset_id)
+        if recorded and rel.value != row.neighbouring:
+            raise InvalidParameterError(
+                "neighbouring",
+                rel.value,
+                f"runs already recorded on this dataset were accounted under {row.neighbouring}, and "
+                "guarantees under different relations cannot be composed",
+                f"keep --neighbouring {row.neighbouring}",
+            )
+        check_events([e for r in recorded for e in r], acc_name, rel)
+        conn.execute(
+            datasets.update()
+            .where(datasets.c.dataset_id == dataset_id)
+            .values(
+                epsilon=epsilon,
+                delta=delta,
+                accountant=acc_name,
+                neighbouring=rel.value,
+                updated_at=now(),
+                **({"label": label[:1000]} if isinstance(dataset, DatasetIdentity) else {}),
+            )
+        )
+    return dataset_id
+
+
+def reserve(
+    db: Database,
+    dataset: DatasetIdentity | str,
+    events: Sequence[PrivacyEvent],
+    run_id: str,
+    *,
+    job: str = "train",
+    delta: float | None = None,
+    neighbouring: Neighbouring | str = Neighbouring.ADD_OR_REMOVE_ONE,
+) -> str:
+    """Admit a run that plans to release ``events`` on ``dataset``, or refuse it, atomically.
+
+    Raises :class:`~veil.errors.BudgetExhaustedError` (nothing recorded) when the composed ε of all
+    charged runs plus these events exceeds the dataset's budget. Returns the dataset's id.
+    """
+    dataset_id, label = dataset_key(dataset)
+    run_id = check_run_id(run_id)
+    relation = Neighbouring(neighbouring)
+    if delta is not None:
+        delta = check_delta(delta)
+    with db.locked(dataset_id, label) as (conn, row):
+        if conn.execute(select(runs.c.run_id).where(runs.c.run_id == run_id)).first() is not None:
+            raise RegistryError(
+                "run_id",
+                run_id,
+                "this run is already recorded; recording it twice would misstate its spend",
+                "resume the run under its own id, or give a new run a new id",
+            )
+        accountant = row.accountant
+        first = conn.execute(select(runs.c.run_id).where(runs.c.dataset_id == dataset_id)).first() is None
+        if first and row.epsilon is None and relation.value != row.neighbouring:
+            # A dataset without budget or runs takes the relation of its first run.
+            conn.execute(
+                datasets.update()
+                .where(datasets.c.dataset_id == dataset_id)
+                .values(neighbouring=relation.value)
+            )
+        elif relation.value != row.neighbouring:
+            raise InvalidParameterError(
+                "neighbouring",
+                relation.value,
+                f"this dataset's budget and runs are accounted under {row.neighbouring}, and guarantees "
+                "under different relations cannot be composed",
+                f"run under {row.neighbouring}",
+            )
+        recorded = _charged_events(conn, dataset_id)
+        planned = check_events(events, accountant, relation, [e for r in recorded for e in r])
+        refused: tuple[Any, float] | None = None
+        if row.epsilon is not None:
+            total = spent_epsilon([*recorded, planned], row.delta, accountant, relation)
+            if total > row.epsilon:
+                refused = (row, total)
+        if refused is None:
+            conn.execute(
+                runs.insert().values(
+                    run_id=run_id,
+                    dataset_id=dataset_id,
+                    job=job[:32],
+                    status=RESERVED,
+                    planned_events=events_to_json(planned),
+                    events=None,
+                    delta=delta,
+                    created_at=now(),
+                    finished_at=None,
+                )
+            )
+    if refused is not None:  # the message is composed after the lock is released
+        row, total = refused
+        before = spent_epsilon(recorded, row.delta, accountant, relation)
+        raise BudgetExhaustedError(
+            "dataset",
+            row.label,
+            f"this {job} run would bring the dataset's composed spend from ε = {before:.4g} to "
+            f"ε = {total:.4g} at δ = {row.delta:.3g}, over its budget ε = {row.epsilon:.4g}; "
+            "nothing was read or recorded",
+            "plan a smaller spend (a lower --epsilon, fewer epochs), or ask the data owner to "
+            "raise the budget (veil budget set); see veil budget show",
+        )
+    return dataset_id
+
+
+def reopen(db: Database, run_id: str, events: Sequence[PrivacyEvent]) -> str:
+    """Re-admit a recorded run that continues (a resume) with ``events`` as its whole plan.
+
+    The run goes back to *reserved*, charged with ``events`` (which must include what it already
+    released), after the same atomic check as :func:`reserve` with the run's old record left out.
+    Raises :class:`~veil.errors.BudgetExhaustedError` (nothing changed) if that would exceed the budget.
+    """
+    record = run_row(db, run_id)
+    with db.locked(record.dataset_id) as (conn, row):
+        accountant = row.accountant
+        relation = Neighbouring(row.neighbouring)
+        others = _charged_events(conn, record.dataset_id, leave_out=run_id)
+        planned = check_events(events, accountant, relation, [e for r in others for e in r])
+        total = None
+        if row.epsilon is not None:
+            total = spent_epsilon([*others, planned], row.delta, accountant, relation)
+        if total is None or total <= row.epsilon:
+            conn.execute(
+                runs.update()
+                .where(runs.c.run_id == run_id)
+                .values(
+                    status=RESERVED, planned_events=events_to_json(planned), events=None, finished_at=None
+                )
+            )
+    if total is not None and total > row.epsilon:
+        raise BudgetExhaustedError(
+            "dataset",
+            row.label,
+            f"continuing run {run_id} would bring the dataset's composed spend to ε = {total:.4g} at "
+            f"δ = {row.delta:.3g}, over its budget ε = {row.epsilon:.4g}; nothing was changed",
+            "see veil budget show; only the data owner can raise the budget (veil budget set)",
+        )
+    return str(record.dataset_id)
+
+
+def commit(db: Database, run_id: str, events: Sequence[PrivacyEvent]) -> str:
+    """Record what a run actually released (its ledger's events) in place of its plan."""
+    record = run_row(db, run_id)
+    with db.locked(record.dataset_id) as (conn, row):
+        current = conn.execute(select(runs).where(runs.c.run_id == run_id)).one()
+        if current.status != RESERVED:
+            raise RegistryError(
+                "run_id",
+                run_id,
+                f"the run is {current.status}, so its spend is already settled",
+                "commit a run once, after it ends",
+            )
+        others = _charged_events(conn, record.dataset_id, leave_out=run_id)
+        actual = check_events(
+            events, row.accountant, Neighbouring(row.neighbouring), [e for r in others for e in r]
+        )
+        conn.execute(
+            runs.update()
+            .where(runs.c.run_id == run_id)
+            .values(status=COMMITTED, events=events_to_json(actual), finished_at=now())
+        )
+    return str(record.dataset_id)
+
+
+def release(db: Database, run_id: str) -> str:
+    """Un-charge a reserved run. Only for a run that never read a row of its dataset."""
+    record = run_row(db, run_id)
+    with db.locked(record.dataset_id) as (conn, _row):
+        result = conn.execute(
+            runs.update()
+            .where(runs.c.run_id == run_id, runs.c.status == RESERVED)
+            .values(status=RELEASED, finished_at=now())
+        )
+        if result.rowcount != 1:
+            raise RegistryError(
+                "run_id", run_id, "only a reserved run can be released", "release a run before it commits"
+            )
+    return str(record.dataset_id)

@@ -1,0 +1,164 @@
+"""``veil train --init-from CHECKPOINT --fine-tune head|last-k|full`` on digits (vision models).
+
+The checkpoints are seeded random weights saved with ``torch.save(state_dict)``: public (they never
+saw a row), which is what ``--init-from`` declares.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from veil.cli.main import main
+from veil.models import build_model
+
+COMMON = ["--dataset", "digits", "--epochs", "1", "--no-baseline", "--reproducible", "--json"]
+
+
+class TwoPart(nn.Module):
+    """Not a plain Sequential: frozen layers are trained through (requires_grad=False), not precomputed."""
+
+    def __init__(self, classes: int) -> None:
+        super().__init__()
+        self.body = nn.Linear(64, 16)
+        self.out = nn.Linear(16, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.body(x.flatten(1))))
+
+
+def two_part(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    return TwoPart(num_classes)
+
+
+def _checkpoint(path: Path, model: str, classes: int = 10) -> dict[str, torch.Tensor]:
+    torch.manual_seed(123)
+    shape = (1, 8, 8)
+    net = two_part(shape, classes) if model == "two_part" else build_model(model, shape, classes, "image")
+    state = {k: v.clone() for k, v in net.state_dict().items()}
+    torch.save(state, path)
+    return state
+
+
+def _run(out: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    code = main(["train", *COMMON, "--out", str(out), *args])
+    return code, capsys.readouterr().err
+
+
+def _released(out: Path) -> tuple[dict[str, torch.Tensor], dict]:
+    state = torch.load(out / "model.pt", map_location="cpu", weights_only=True)
+    return state, json.loads((out / "report.json").read_text())
+
+
+def test_head_trains_only_the_classifier(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ckpt = _checkpoint(tmp_path / "mlp.pt", "mlp")
+    code, err = _run(tmp_path / "run", capsys, "--model", "mlp", "--init-from", str(tmp_path / "mlp.pt"))
+    assert code == 0, err
+    state, report = _released(tmp_path / "run")
+    # mlp = Flatten, Linear "1", Tanh, Linear "3": the front (frozen, buffers) then the head.
+    assert torch.equal(state["net.features.1.weight"], ckpt["1.weight"])  # bit-identical
+    assert torch.equal(state["net.features.1.bias"], ckpt["1.bias"])
+    assert not torch.equal(state["net.head.0.weight"], ckpt["3.weight"])  # the head moved
+    pre = report["pretrained"]
+    assert pre["trained_layers"] == ["3"] and pre["frozen_layers"] == ["1"]
+    assert pre["features_computed_once"] and pre["reinitialised"] == []
+    assert pre["declared_public_by"].startswith("--init-from")
+    assert report["parameters"] == 64 * 10 + 10
+    assert "public by the user's declaration" in report["covers"]
+    assert all(c["passed"] for c in report["checks"] if c["name"] != "secure_randomness")
+
+
+def test_new_class_count_reinitialises_the_classifier(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt = _checkpoint(tmp_path / "mlp5.pt", "mlp", classes=5)
+    code, err = _run(tmp_path / "run", capsys, "--model", "mlp", "--init-from", str(tmp_path / "mlp5.pt"))
+    assert code == 0, err
+    state, report = _released(tmp_path / "run")
+    assert report["pretrained"]["reinitialised"] == ["3.weight", "3.bias"]
+    assert state["net.head.0.weight"].shape == (10, 64)
+    assert torch.equal(state["net.features.1.weight"], ckpt["1.weight"])
+
+
+def test_last_k_on_the_cnn(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ckpt = _checkpoint(tmp_path / "cnn.pt", "cnn")
+    args = ["--model", "cnn", "--init-from", str(tmp_path / "cnn.pt"), "--fine-tune", "last-k"]
+    args += ["--last-k", "2"]
+    code, err = _run(tmp_path / "run", capsys, *args)
+    assert code == 0, err
+    state, report = _released(tmp_path / "run")
+    pre = report["pretrained"]
+    assert pre["trained_layers"] == ["0.5", "1"] and pre["frozen_layers"] == ["0.0", "0.1", "0.4"]
+    # Flattened layers: conv 0, GroupNorm 1, tanh, pool, conv 4 | GroupNorm, tanh, pool, flatten, linear.
+    for mine, theirs in (("0", "0.0"), ("1", "0.1"), ("4", "0.4")):
+        for kind in ("weight", "bias"):
+            assert torch.equal(state[f"net.features.{mine}.{kind}"], ckpt[f"{theirs}.{kind}"])
+    assert not torch.equal(state["net.head.4.weight"], ckpt["1.weight"])
+    assert report["parameters"] == 32 * 2 + 128 * 10 + 10
+
+
+def test_full_and_a_model_that_is_not_a_sequential(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt = _checkpoint(tmp_path / "two.pt", "two_part")
+    model = ["--model", "test_init_from:two_part", "--init-from", str(tmp_path / "two.pt")]
+    code, err = _run(tmp_path / "head", capsys, *model, "--fine-tune", "head")
+    assert code == 0, err
+    state, report = _released(tmp_path / "head")
+    assert not report["pretrained"]["features_computed_once"]  # frozen by requires_grad, run each step
+    assert torch.equal(state["net.body.weight"], ckpt["body.weight"])
+    assert not torch.equal(state["net.out.weight"], ckpt["out.weight"])
+    assert report["parameters"] == 16 * 10 + 10
+    code, err = _run(tmp_path / "full", capsys, *model, "--fine-tune", "full")
+    assert code == 0, err
+    state, report = _released(tmp_path / "full")
+    assert report["pretrained"]["frozen_layers"] == []
+    assert not torch.equal(state["net.body.weight"], ckpt["body.weight"])
+    assert report["parameters"] == 64 * 16 + 16 + 16 * 10 + 10
+
+
+def test_a_run_on_the_same_data_is_refused_another_is_not(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, err = _run(tmp_path / "first", capsys, "--model", "mlp")
+    assert code == 0, err
+    code, err = _run(tmp_path / "again", capsys, "--model", "mlp", "--init-from", str(tmp_path / "first"))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "same dataset" in err, err
+    assert not (tmp_path / "again").exists()
+    # The same weights used for other data (a digits subset saved as npz): accepted.
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    import numpy as np
+
+    np.savez(tmp_path / "d.npz", x=digits.images[:600, None].astype("float32") / 16, y=digits.target[:600])
+    args = ["train", "--dataset", f"npz:{tmp_path / 'd.npz'}", "--classes", ",".join(map(str, range(10)))]
+    args += ["--model", "mlp", "--init-from", str(tmp_path / "first" / "model.pt"), "--epochs", "1"]
+    args += ["--no-baseline", "--reproducible", "--delta", "1e-4", "--out", str(tmp_path / "other")]
+    assert main(args) == 0, capsys.readouterr().err
+    report = json.loads((tmp_path / "other" / "report.json").read_text())
+    assert report["pretrained"]["source_run_dataset"] == "digits"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "cnn", "--init-from", "{tmp}/module.pt"], "pickled module"),
+        (["--model", "mlp", "--init-from", "{tmp}/cnn.pt"], "do not fit"),
+        (["--model", "cnn", "--init-from", "{tmp}/nope.pt"], "no such weights file"),
+        (["--model", "cnn", "--fine-tune", "last-k"], "--init-from"),
+        (["--model", "cnn", "--init-from", "{tmp}/cnn.pt", "--fine-tune", "lora"], "Hugging Face"),
+    ],
+)
+def test_bad_checkpoints_exit_2_and_write_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    _checkpoint(tmp_path / "cnn.pt", "cnn")
+    torch.save(build_model("cnn", (1, 8, 8), 10, "image"), tmp_path / "module.pt")
+    code, err = _run(tmp_path / "run", capsys, *[a.format(tmp=tmp_path) for a in args])
+    assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+    assert not (tmp_path / "run").exists()
