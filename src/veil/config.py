@@ -157,6 +157,12 @@ class TrainConfig(BaseModel):
     et al. 2021); the noisy count is paid inside each step's event (see veil.clipping.adaptive)."""
     target_quantile: float = 0.5
     """The share of examples the adaptive clip norm aims to leave unclipped, in (0, 1)."""
+    augment: int = 1
+    """Augmentation multiplicity K (images, end-to-end models): each example's gradient is the average
+    over K random shifts (and flips, with ``augment_flip``) of it, clipped once (De et al. 2022); the
+    sensitivity, so the privacy cost, is unchanged, the compute is K times."""
+    augment_flip: bool = False
+    """Also mirror the augmented copies left-right (off by default: digits and letters are not symmetric)."""
     physical_batch_size: int | None = None
     """Memory-only: split each logical batch into chunks of at most this many examples."""
     device: str = "cpu"
@@ -260,6 +266,7 @@ class TrainConfig(BaseModel):
         "max_length",
         "last_k",
         "stream_rows",
+        "augment",
     )
     @classmethod
     def _positive_int(cls, v: int | None, info: Any) -> int | None:

@@ -75,6 +75,7 @@ def _prepare(cfg: TrainConfig, out: Path | None, check: bool = True) -> RunPlan:
         from veil.pipeline.streaming import refuse_fixed_front
 
         refuse_fixed_front(assemble(prepared.prep, data.input_shape, net))
+    refuse_unsupported_augment(cfg, data, net)
     steps = plan_steps(cfg, data.n_train, prepared.pre_events)
     allowed = allowed_steps(cfg, steps.sigma, steps.q, steps.steps_planned, prepared.pre_events)
     if cfg.clip == "adaptive":  # the count's noise must fit inside the step's σ: refused before writing
@@ -96,6 +97,16 @@ def _prepare(cfg: TrainConfig, out: Path | None, check: bool = True) -> RunPlan:
     # engine never sees) must compute each example's output from that example alone.
     refuse_example_mixing(assemble(prepared.prep, data.input_shape, net), data.x_train, data.y_train)
     return RunPlan(prepared, net, steps, allowed, out_dir)
+
+
+def refuse_unsupported_augment(cfg: TrainConfig, data: Any, net: nn.Module) -> None:
+    """``--augment K > 1`` only for images and end-to-end models (see veil.augment.multiplicity)."""
+    from veil.augment.multiplicity import refuse_unsupported
+    from veil.models import FixedFeaturesThenHead, resolve_name
+
+    fixed = isinstance(net, FixedFeaturesThenHead)
+    name = resolve_name(cfg.model, data.kind, data.input_shape)
+    refuse_unsupported(cfg.augment, data.kind, data.input_shape, name, fixed)
 
 
 def _header(plan: RunPlan) -> dict[str, Any]:
@@ -246,9 +257,26 @@ def _execute(
         stop_reason=stop_reason,
         duration=time.monotonic() - t0,
         audit=audit,
+        clipping=_clipping(cfg, s.optimizer),
     )
     _write_outputs(report, run_dir, s.full, curve, plan.data.encoder)
     return report
+
+
+def _clipping(cfg: TrainConfig, optimizer: Any) -> dict[str, Any]:
+    """The report's ``clipping`` section: the clip mode (an adaptive C's start and end) and K."""
+    out: dict[str, Any] = {"mode": cfg.clip, "max_grad_norm": cfg.max_grad_norm, "augment": cfg.augment}
+    hook = optimizer.adaptive
+    if hook is not None:
+        out.update(
+            target_quantile=hook.state.target_quantile,
+            final_clip=hook.state.clip,
+            count_noise_std=hook.state.count_std,
+            gradient_noise_multiplier=optimizer.noise_multiplier,
+        )
+    if cfg.augment > 1:
+        out["augment_flip"] = cfg.augment_flip
+    return out
 
 
 def _event_records(ledger: Ledger) -> list[dict[str, Any]]:
@@ -298,6 +326,7 @@ def _report(plan: RunPlan, run_dir: Path, ledger: Ledger, model: nn.Module, **re
         epochs=cfg.epochs,
         stopped_early=result["stop_reason"] is not None,
         stop_reason=result["stop_reason"],
+        clipping=result.get("clipping"),
         preprocessing={
             "method": plan.prep.method,
             "description": plan.prep.description,

@@ -140,6 +140,15 @@ def register(app: typer.Typer) -> None:
         target_quantile: float = typer.Option(
             None, "--target-quantile", help="Share of examples left unclipped by --clip adaptive."
         ),
+        augment: int = typer.Option(
+            None,
+            "--augment",
+            help="Augmentation multiplicity K (images, end-to-end models): K shifted copies per example, "
+            "their gradients averaged before clipping (same privacy, K times the compute).",
+        ),
+        augment_flip: bool = typer.Option(
+            None, "--augment-flip", help="Also mirror the --augment copies left-right."
+        ),
     ) -> None:
         """Train a model with differential privacy and write a report a data-protection officer can file."""
         flags: dict[str, Any] = {
@@ -180,6 +189,8 @@ def register(app: typer.Typer) -> None:
             "audit": audit,
             "clip": clip,
             "target_quantile": target_quantile,
+            "augment": augment,
+            "augment_flip": augment_flip,
         }
         report = run_train(
             config, flags, resume=resume, json_output=json_output, nproc_per_node=nproc_per_node

@@ -103,9 +103,33 @@ class AdaptiveClipping:
         self.norms = []
         noise = float(self.optimizer._noise.normal((1,), self.state.count_std, dtype=torch.float64)[0])
         b = self.state.update(norms, noise)
+        self._apply()
+        self.history.append({"released_share": b, "clip": self.state.clip})
+
+    def _apply(self) -> None:
         self.optimizer.clipper._bounds[0] = self.state.clip
         self.optimizer.max_grad_norm = self.state.clip
-        self.history.append({"released_share": b, "clip": self.state.clip})
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps: the current clip norm and the released history (both already
+        public: functions of the released noisy counts)."""
+        return {"clip": self.state.clip, "history": [dict(h) for h in self.history]}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from a checkpoint's :meth:`state_dict`: C resumes at its saved value, not the first."""
+        clip = float(state["clip"])
+        if not (clip > 0 and math.isfinite(clip)):
+            from veil.errors import CheckpointError
+
+            raise CheckpointError(
+                "adaptive_clip",
+                clip,
+                "a saved clip norm must be finite and > 0",
+                "restore an intact checkpoint",
+            )
+        self.state.clip = clip
+        self.history = [dict(h) for h in state.get("history", [])]
+        self._apply()
 
 
 def enable_adaptive_clipping(

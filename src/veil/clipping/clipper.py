@@ -6,7 +6,9 @@ loss term with respect to every trainable parameter and ``clip`` scales ``g_i`` 
 ``C`` (flat), or each group's part to at most ``C_k`` (per-layer). Adding or removing one
 example therefore changes the accumulated sum by a vector of L2 norm at most
 :attr:`PerSampleClipper.sensitivity` (``C``, or ``sqrt(Σ C_k²)``): the add/remove-one
-neighbouring relation used by the DP-SGD accountant.
+neighbouring relation used by the DP-SGD accountant. With augmentation multiplicity
+(:attr:`PerSampleClipper.group_size` ``K > 1``) an example is its ``K`` consecutive rows, ``g_i`` the
+gradient of the mean of their loss terms, and the same bound holds per example.
 
 Assumptions, each checked where it can be: examples lie along dimension 0 of the inputs of
 every hooked module (a batch-size mismatch between layers is refused); the model's forward does
@@ -161,6 +163,7 @@ class PerSampleClipper:
         self._toggled: dict[int, tuple[nn.Parameter, int, bool]] = {}  # id -> (param, depth, before)
         self._suspended = False
         self._sum: list[Tensor] | None = None
+        self._group = 1
         self._discover(module)
         self._bounds = self._check_bounds(max_grad_norm)
         self._attach()
@@ -261,6 +264,30 @@ class PerSampleClipper:
                 site.module.register_forward_hook(self._post_hook(site), with_kwargs=True, always_call=True)
             )
 
+    @property
+    def group_size(self) -> int:
+        """Rows per example (augmentation multiplicity K; 1 by default).
+
+        With ``K > 1`` every batch the model sees holds ``B·K`` rows, rows ``i·K .. i·K + K − 1``
+        being the ``K`` augmented copies of example ``i``, and the loss averages each example's
+        copies (the mean over all rows, or the sum divided by ``K``). Example ``i``'s gradient is then
+        ``(1/K) Σ_k ∇ℓ(a_k(x_i))`` and *that* is clipped: one vector of norm ≤ ``C`` per example, so
+        :attr:`sensitivity` is unchanged (De et al. 2022). :meth:`accumulate` returns ``B`` norms.
+        Set it between physical batches (a forward already captured keeps its own).
+        """
+        return self._group
+
+    @group_size.setter
+    def group_size(self, k: int) -> None:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise InvalidParameterError(
+                "group_size",
+                k,
+                "it counts the augmented copies of each example and must be an integer ≥ 1",
+                "pass K ≥ 1 (1: no augmentation multiplicity)",
+            )
+        self._group = k
+
     # ------------------------------------------------------------------ hooks
     def _pre_hook(self, site: _Site) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -279,6 +306,17 @@ class PerSampleClipper:
                         )
                     ]
                 ) from exc
+            if batch % self._group:
+                raise ModelNotSupportedError(
+                    [
+                        Problem(
+                            f"{_location(site.name)} ({type(module).__name__})",
+                            f"it saw {batch} rows, not a whole number of groups of {self._group} "
+                            "augmented copies, so rows cannot be assigned to their examples",
+                            "feed each example's K copies as K consecutive rows (veil.augment.multiplicity)",
+                        )
+                    ]
+                )
             if self._backward_seen:  # a forward after a backward starts a new generation
                 self._generation += 1
                 self._backward_seen = False
@@ -290,6 +328,7 @@ class PerSampleClipper:
                 kwargs=_detached(kwargs) if kwargs else {},
                 batch_size=batch,
                 autocast=_autocast_state(args, kwargs),
+                group=self._group,
             )
             call = _Call(site, record, self._generation)
             context = site.rule.forward_context(module, record)
@@ -374,12 +413,14 @@ class PerSampleClipper:
         site = call.site
         uses = self._uses.get(call.generation, {})
         call.forced = frozenset(
-            n for n, p in zip(site.names, site.params, strict=True) if uses.get(id(p), 0) > 1
+            n
+            for n, p in zip(site.names, site.params, strict=True)
+            if uses.get(id(p), 0) > 1 or _rows_unknown(call)
         )
         try:
             with torch.no_grad():
-                call.contributions = site.rule.contributions(
-                    site.module, call.record, site.names, call.forced
+                call.contributions = _per_example(
+                    call, site.rule.contributions(site.module, call.record, site.names, call.forced)
                 )
         except RuleError as exc:
             call.error = exc
@@ -477,13 +518,23 @@ class PerSampleClipper:
                 "keep the examples in dimension 0 of every layer's input (batch_first), "
                 "without reshaping them into other dimensions",
             )
+        groups = {c.record.group for c in calls}
+        if len(groups) > 1:
+            raise self._refuse(
+                "model",
+                f"layers of one backward pass were captured with different group sizes {sorted(groups)}",
+                "change group_size only between physical batches (after accumulate)",
+            )
+        group = groups.pop() if groups else 1
         ref = self.parameters[0] if self.parameters else None
-        batch = sizes.pop() if sizes else 0
+        batch = (sizes.pop() if sizes else 0) // group  # examples (rows come in groups of K)
         norm_dtype = torch.promote_types(ref.dtype, torch.float32) if ref is not None else torch.float32
         device = ref.device if ref is not None else torch.device("cpu")
         if batch == 0 or ref is None:
             return torch.zeros(batch, dtype=norm_dtype, device=device)
-        scale = float(batch) if self.loss_reduction == "mean" else 1.0
+        # Autograd's gradient of an example's rows, times scale, is the gradient of the example's
+        # own loss term (the mean of its K copies' losses).
+        scale = float(batch) if self.loss_reduction == "mean" else 1.0 / group
 
         uses: dict[int, int] = {}
         for call in calls:
@@ -556,9 +607,15 @@ class PerSampleClipper:
     def _contributions_of(self, call: _Call, shared: set[int]) -> tuple[dict[str, Contribution], Set[str]]:
         site = call.site
         if call.contributions is None and call.error is None:
-            forced = {n for n, p in zip(site.names, site.params, strict=True) if id(p) in shared}
+            forced = {
+                n
+                for n, p in zip(site.names, site.params, strict=True)
+                if id(p) in shared or _rows_unknown(call)
+            }
             try:
-                call.contributions = site.rule.contributions(site.module, call.record, site.names, forced)
+                call.contributions = _per_example(
+                    call, site.rule.contributions(site.module, call.record, site.names, forced)
+                )
             except RuleError as exc:
                 call.error = exc
             call.forced = frozenset(forced)
@@ -629,6 +686,27 @@ class PerSampleClipper:
             if _ATTACHED.get(site.module) is self:
                 del _ATTACHED[site.module]
         self._calls = []
+
+
+def _rows_unknown(call: _Call) -> bool:
+    """Whether the call's rule must materialise per row so that the clipper can sum each group."""
+    return call.record.group > 1 and not call.site.rule.groups_rows
+
+
+def _per_example(call: _Call, contributions: dict[str, Contribution]) -> dict[str, Contribution]:
+    """A rule's contributions per example: for a rule that does not group rows itself (it was asked
+    to materialise), each example's ``K`` row gradients summed (exact: the example's loss is the
+    average of its copies' and autograd's row gradients already carry the 1/K)."""
+    if not _rows_unknown(call):
+        return contributions
+    k = call.record.group
+    out: dict[str, Contribution] = {}
+    for name, c in contributions.items():
+        if not isinstance(c, Materialised):
+            raise RuntimeError(f"veil: rule for {_location(call.site.name)} ignored materialise={name}")
+        grads = c.grads
+        out[name] = Materialised(grads.reshape(grads.shape[0] // k, k, *grads.shape[1:]).sum(dim=1))
+    return out
 
 
 def _autocast_state(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, torch.dtype] | None:

@@ -81,6 +81,10 @@ class CallRecord:
     reached it); ``outputs`` holds those leaves (detached) only for rules that ask for them;
     ``autocast`` is ``(device_type, dtype)`` when the forward ran under ``torch.autocast``;
     ``extra`` is rule-private state (e.g. captured sub-computations).
+
+    ``group`` (augmentation multiplicity, :mod:`veil.augment`): rows ``i·K .. i·K + K − 1`` of the
+    call are the ``K`` augmented copies of example ``i``, and the example's gradient is the sum of
+    its rows' (the loss averages each example's copies). ``batch_size`` still counts rows.
     """
 
     args: tuple[Any, ...]
@@ -90,6 +94,12 @@ class CallRecord:
     outputs: list[Tensor] = field(default_factory=list)
     autocast: tuple[str, torch.dtype] | None = None
     extra: Any = None
+    group: int = 1
+
+    @property
+    def examples(self) -> int:
+        """Examples in the call: ``batch_size`` rows in groups of ``group``."""
+        return self.batch_size // self.group
 
     def has_gradient(self) -> bool:
         return any(g is not None for g in self.grads)
@@ -108,7 +118,10 @@ class LayerRule:
     * ``needs_output_grads``: capture the gradient of the module's outputs;
     * ``keep_outputs``: keep the (detached) outputs in the record;
     * ``eager``: the module has one output and the rule may run as soon as its gradient arrives
-      (inside the backward pass), after which the captured tensors are released.
+      (inside the backward pass), after which the captured tensors are released;
+    * ``groups_rows``: the rule honours ``record.group`` and returns contributions per example
+      (``[B/K, ...]``); any other rule is asked to materialise everything when ``group > 1``, and
+      the clipper sums each example's rows itself (exact for every rule, more memory).
     """
 
     subtree: ClassVar[bool] = False
@@ -116,6 +129,7 @@ class LayerRule:
     needs_output_grads: ClassVar[bool] = True
     keep_outputs: ClassVar[bool] = False
     eager: ClassVar[bool] = False
+    groups_rows: ClassVar[bool] = False
     #: Parameter names (relative to the module) the rule knows; ``None`` means any.
     param_names: ClassVar[tuple[str, ...] | None] = None
 

@@ -130,6 +130,8 @@ class Session:
     history: list[dict[str, float]]
     applied: int
     resumed: bool
+    augment: Any = None
+    """``(x, y) -> (rows, labels)``: each example's K augmented copies (``--augment K``), or None."""
     drawn: int = 0
     """Examples the sampler drew in this process (for the sampling check; not stored)."""
     taken: int = 0
@@ -180,6 +182,10 @@ def start(plan: RunPlan, run_dir: Path, ledger: Ledger) -> Session:
     ensure_preprocessing(plan, run_dir, ledger)
     net = build_net(cfg, data, cfg.seed)
     view, x_train, x_test = trainable_view(plan, net, device)
+    if cfg.augment > 1:  # a last guard for every job (veil train refuses it before writing anything)
+        from veil.augment.multiplicity import refuse_unsupported
+
+        refuse_unsupported(cfg.augment, data.kind, data.input_shape, cfg.model, view.front is not None)
     criterion = nn.CrossEntropyLoss()
     clip_check = clipping_check(view.full, data, cfg.seed, criterion)
     engine = make_engine(cfg, cfg.seed)
@@ -214,6 +220,8 @@ def start(plan: RunPlan, run_dir: Path, ledger: Ledger) -> Session:
         from veil.clipping.adaptive import record_adaptive_clipping
 
         record_adaptive_clipping(dp_optimizer, cfg.target_quantile, ledger)
+    if cfg.augment > 1:  # each example's K copies: one averaged gradient, clipped once
+        dp_optimizer.clipper.group_size = cfg.augment
     if (
         engine.plan.event != plan.steps.step_event
         or engine.plan.steps_per_epoch != plan.steps.steps_per_epoch
@@ -234,6 +242,8 @@ def start(plan: RunPlan, run_dir: Path, ledger: Ledger) -> Session:
         model.load_state_dict(state["model"])
         dp_optimizer.load_state_dict(state["optimizer"])
         engine.load_state_dict(state["engine"])
+        if cfg.clip == "adaptive" and "adaptive_clip" in state:  # C continues from where it was
+            dp_optimizer.adaptive.restore(state["adaptive_clip"])
     # The released weights: an exponential moving average of the DP iterates (post-processing, so
     # free of privacy cost), evaluated on a hook-free copy of the model.
     ema = {
@@ -256,7 +266,25 @@ def start(plan: RunPlan, run_dir: Path, ledger: Ledger) -> Session:
         history=list(state["history"]) if state is not None else [],
         applied=int(state["applied"]) if state is not None else 0,
         resumed=state is not None,
+        augment=_augmenter(cfg, data.input_shape) if cfg.augment > 1 else None,
     )
+
+
+def _augmenter(cfg: Any, input_shape: tuple[int, ...]) -> Any:
+    """``--augment K``: each example's K copies as consecutive rows, from a generator seeded for
+    :attr:`Purpose.AUGMENT` (augmentation randomness is data-independent, so it may be seeded)."""
+    import torch
+
+    from veil.augment.multiplicity import default_pad, expand
+    from veil.pipeline.seeds import Purpose, derive_seed
+
+    gen = torch.Generator().manual_seed(derive_seed(cfg.seed, Purpose.AUGMENT))
+    pad = default_pad(input_shape)
+
+    def rows(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return expand(x, y, cfg.augment, gen, flip=cfg.augment_flip, pad=pad)
+
+    return rows
 
 
 def update_ema(s: Session, decay: float | None) -> None:
@@ -294,6 +322,7 @@ def checkpoint(s: Session, run_dir: Path, ledger: Ledger) -> None:
             "engine": s.engine.state_dict(),
             "history": s.history,
             "front_fingerprint": s.fingerprint,
+            **({"adaptive_clip": s.optimizer.adaptive.state_dict()} if s.optimizer.adaptive else {}),
         },
     )
 
@@ -326,8 +355,9 @@ def train_steps(
                     break
                 # Charged and on disk before this step's noisy update is computed.
                 ledger.append("step", step=ledger.steps + 1, event=step_dict)
+            xr, yr = (xb, yb) if s.augment is None else s.augment(xb, yb)
             with autocast(device, cfg.precision):  # bf16: the forward only; clipping and noise float32
-                loss = s.criterion(s.model(xb.to(device)), yb.to(device))
+                loss = s.criterion(s.model(xr.to(device)), yr.to(device))
             loss.backward()
             s.optimizer.step()
             s.optimizer.zero_grad()

@@ -31,6 +31,8 @@ class Purpose(enum.IntEnum):
     """The synthetic inputs of the report's per-sample clipping check."""
     AUDIT = 11
     """Canary design and LiRA's shadow splits."""
+    AUGMENT = 12
+    """``--augment K``: the random shifts and flips of each example's copies."""
     PATE_HOLDOUT = 20
     PATE_QUERIES = 21
     PATE_STUDENT = 22

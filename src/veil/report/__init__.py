@@ -98,6 +98,10 @@ class Report(BaseModel):
     stopped_early: bool = False
     stop_reason: str | None = None
     preprocessing: dict[str, Any]
+    clipping: dict[str, Any] | None = None
+    """How examples' gradients were clipped: ``mode`` (``fixed`` or ``adaptive``: the target quantile,
+    initial and final C, the count's noise; C's path is released, a function of the noisy counts) and
+    ``augment`` (K augmented copies averaged per example before clipping; the sensitivity stays C)."""
     # What was trained.
     dataset: DatasetInfo
     model: str

@@ -120,8 +120,14 @@ def run_trial(
             model = assemble(plan.prep, plan.data.input_shape, build_net(cfg, plan.data, cfg.seed))
             model.load_state_dict(torch.load(out / "model.pt", weights_only=True))
             model.eval()
-            with torch.no_grad():
-                pred = model(torch.from_numpy(x_val)).argmax(dim=1).numpy()
+            with torch.no_grad():  # in chunks: a fixed front on 12,000 images at once needs > 10 GB
+                pred = np.concatenate(
+                    [
+                        model(torch.from_numpy(x_val[i : i + 1024])).argmax(dim=1).numpy()
+                        for i in range(0, len(x_val), 1024)
+                    ]
+                    or [np.zeros(0, dtype=np.int64)]
+                )
             correct = float(np.sum(pred == y_val))
             event = score_event(score_noise)
             ledger.append("event", label="validation_score", event=event.to_dict())

@@ -102,6 +102,7 @@ def unfold_patches(module: nn.modules.conv._ConvNd, x: Tensor) -> Tensor:
 
 class _ConvRule(LayerRule):
     eager = True
+    groups_rows = True  # an example's K copies: K·L positions of the same patch map
     param_names = ("weight", "bias")
     spatial_dims: ClassVar[int] = 2
 
@@ -122,26 +123,33 @@ class _ConvRule(LayerRule):
         g = output_grad(record)
         if g is None:
             return {}
-        batch = record.batch_size
+        batch, k = record.examples, record.group
         c_out = module.out_channels
         out: dict[str, Contribution] = {}
         if "weight" in names:
             x = batched_input(record.args, record.kwargs, self.spatial_dims + 2, "convolution")
             groups = module.groups
-            positions = math.prod(g.shape[2:])
+            positions = math.prod(g.shape[2:])  # per row; an example has k·positions
             d = (module.in_channels // groups) * math.prod(module.kernel_size)
             forced = "weight" in materialise
-            if groups == 1 and (forced or not ghost_is_cheaper(positions, d, c_out)):
-                out["weight"] = Materialised(per_sample_weight(module, x, g))
+            if groups == 1 and (forced or not ghost_is_cheaper(k * positions, d, c_out)):
+                rows = per_sample_weight(module, x, g)
+                out["weight"] = Materialised(rows if k == 1 else rows.view(batch, k, *rows.shape[1:]).sum(1))
                 if "bias" in names:
-                    out["bias"] = Materialised(g.reshape(batch, c_out, -1).sum(dim=2))
+                    out["bias"] = Materialised(g.reshape(batch, k, c_out, -1).sum(dim=(1, 3)))
                 return out
             patches = unfold_patches(module, x)
-            a = patches.view(batch, groups, d, positions).transpose(2, 3)
-            gg = g.reshape(batch, groups, c_out // groups, positions).transpose(2, 3)
+            if k == 1:
+                a = patches.view(batch, groups, d, positions).transpose(2, 3)
+                gg = g.reshape(batch, groups, c_out // groups, positions).transpose(2, 3)
+            else:  # (B·K, G, d, L) -> (B, G, K·L, d): an example's copies become more positions
+                a = patches.reshape(batch, k, groups, d, positions).permute(0, 2, 1, 4, 3)
+                gg = g.reshape(batch, k, groups, c_out // groups, positions).permute(0, 2, 1, 4, 3)
+                a = a.reshape(batch, groups, k * positions, d)
+                gg = gg.reshape(batch, groups, k * positions, c_out // groups)
             out["weight"] = grouped_linear(a, gg, module.weight.shape, materialise="weight" in materialise)
         if "bias" in names:
-            out["bias"] = Materialised(g.reshape(batch, c_out, -1).sum(dim=2))
+            out["bias"] = Materialised(g.reshape(batch, k, c_out, -1).sum(dim=(1, 3)))
         return out
 
 

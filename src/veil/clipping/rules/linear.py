@@ -18,6 +18,7 @@ class LinearRule(LayerRule):
     """``y_t = W x_t + b`` at every position ``t`` of an example; ghost or materialised weight."""
 
     eager = True
+    groups_rows = True  # an example's K copies are K more positions of the same map
 
     param_names = ("weight", "bias")
 
@@ -31,8 +32,9 @@ class LinearRule(LayerRule):
         g = output_grad(record)
         if g is None:
             return {}
-        batch = record.batch_size
-        if g.dim() == 2 and "weight" not in materialise:
+        # Rows of one example's group are contiguous: (B·K, *, d) viewed as (B, K·T, d).
+        batch = record.examples
+        if g.dim() == 2 and record.group == 1 and "weight" not in materialise:
             return _flat_ghost(module, record, g, names)
         out: dict[str, Contribution] = {}
         if "weight" in names:
