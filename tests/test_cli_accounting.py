@@ -182,3 +182,22 @@ def test_import_veil_is_light() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == ""
+
+
+def test_ctrl_c_exits_130_with_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Typer turns a KeyboardInterrupt into ``Exit(130)``, which click returns (not raises) outside
+    standalone mode: the status must still reach the shell."""
+    import veil.accounting.calibrate as calibrate
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(calibrate, "dpsgd_epsilon", interrupted)
+    code, _out, err = run(
+        capsys, "epsilon", "--sampling-rate", "0.01", "--noise-multiplier", "1.0", "--steps", "10",
+        "--delta", "1e-5",
+    )  # fmt: skip
+    assert code == 130
+    assert err.strip().splitlines()[-1] == "veil: error: interrupted"

@@ -67,7 +67,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns (and, as a script, exits with) the exit status."""
     command = typer.main.get_command(build_app())
     try:
-        command.main(args=list(argv) if argv is not None else None, prog_name="veil", standalone_mode=False)
+        status = command.main(
+            args=list(argv) if argv is not None else None, prog_name="veil", standalone_mode=False
+        )
     except VeilError as exc:
         fail(str(exc))
         return EXIT_BAD_INPUT
@@ -87,6 +89,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         fail("interrupted")
         return 130
+    # Outside standalone mode click *returns* the code of an ``Exit`` (typer turns Ctrl-C into
+    # ``Exit(130)``); the commands themselves return None.
+    if isinstance(status, int) and not isinstance(status, bool):
+        if status == 130:
+            fail("interrupted")
+        return status
     return 0
 
 
