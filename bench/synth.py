@@ -245,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             target = names.index(target_name)
             base = {"seed": seed, "rows": len(real)}
             results.append({**base, "who": "real (train-on-real)", "tstr": tstr(real, test, sizes, target)})
+            print(json.dumps(results[-1]), file=sys.stderr, flush=True)
             for eps in (float(e) for e in args.epsilons.split(",")):
                 for mech in args.mechanisms.split(","):
                     if not args.no_veil:
