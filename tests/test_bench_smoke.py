@@ -57,3 +57,6 @@ def test_synth_bench_runs_veil_alone(
     assert bench.main(args) == 0
     out = capsys.readouterr().out
     assert "| veil mst | 3 |" in out and "| train on real |" in out
+    assert bench.main([*args, "--domain", "data"]) == 0  # the mechanism on the codes present in the rows
+    out = capsys.readouterr().out
+    assert "| veil mst | 3 |" in out and "data domain" in out

@@ -105,3 +105,57 @@ def test_a_whole_mst_run_composes_to_the_hand_composed_reference() -> None:
     assert spent <= eps * (1 + 1e-12)
     assert spent == pytest.approx(_reference_epsilon(hand, delta), rel=2e-2)
     assert spent == pytest.approx(eps, rel=1e-6)
+
+
+def test_a_whole_aim_run_follows_its_schedule_and_composes_to_the_hand_composed_reference() -> None:
+    from veil.synth.mechanisms import aim, workload_cliques
+
+    rng0 = np.random.default_rng(3)
+    d, sizes = 4, (3, 2, 4, 2)
+    codes = np.stack([rng0.integers(0, s, 500) for s in sizes], axis=1)
+    codes[:, 1] = (codes[:, 0] + codes[:, 2]) % 2  # a dependence worth selecting
+    eps, delta = 3.0, 1e-6
+    rho = rho_for_epsilon(eps, delta)
+    work = workload_cliques(d, 2)
+    fit = aim(codes, sizes, rho, SeededSource(2), list("abcd"), rows=50,
+              workload=work, max_cells=10_000, iterations=20, round_iterations=10)  # fmt: skip
+    events = [e for _, e in fit.spend.events]
+    # By hand (McKenna et al. 2022, T = 16d rounds, α = 0.9): σ₀ = √(T/(2αρ)), ε₀ = √(8(1−α)ρ/T); the
+    # d 1-way marginals at σ₀; each round one selection then one measurement, σ halved and ε doubled
+    # together (σ·ε constant) until the last round, which takes what is left: σ = √(1/(2α·rest)),
+    # ε = √(8(1−α)·rest).
+    sigma0, eps0 = math.sqrt(16 * d / (2 * 0.9 * rho)), math.sqrt(8 * 0.1 * rho / (16 * d))
+    assert all(isinstance(e, Gaussian) and e.noise_multiplier == pytest.approx(sigma0) for e in events[:d])
+    rounds = list(zip(events[d::2], events[d + 1 :: 2], strict=True))
+    assert len(events) == d + 2 * len(rounds) and len(rounds) >= 2
+    used = d / (2 * sigma0**2)
+    for k, (sel, mea) in enumerate(rounds):
+        assert isinstance(sel, ExponentialMechanism) and isinstance(mea, Gaussian)
+        if k < len(rounds) - 1:
+            halvings = math.log2(sigma0 / mea.noise_multiplier)
+            assert halvings == pytest.approx(round(halvings), abs=1e-9)
+            assert sel.epsilon == pytest.approx(eps0 * 2 ** round(halvings), rel=1e-12)
+        else:
+            rest = rho - used
+            assert mea.noise_multiplier == pytest.approx(math.sqrt(1 / (2 * 0.9 * rest)), rel=1e-8)
+            assert sel.epsilon == pytest.approx(math.sqrt(8 * 0.1 * rest), rel=1e-8)
+        used += sel.epsilon**2 / 8 + 1 / (2 * mea.noise_multiplier**2)
+    assert used == pytest.approx(rho, rel=1e-7) and used <= rho
+    assert fit.spend.rho == pytest.approx(used, rel=1e-12)
+    acc = RDPAccountant()
+    for e in events:
+        acc.compose(e)
+    spent = acc.epsilon(delta)
+    assert spent <= eps * (1 + 1e-12)
+    assert spent == pytest.approx(_reference_epsilon(used, delta), rel=2e-2)
+
+
+def test_the_row_count_is_the_inverse_variance_average_of_every_measurement() -> None:
+    from veil.synth.mechanisms import _total
+    from veil.synth.pgm import Measurement
+
+    one = Measurement((0,), np.array([40.0, 70.0]), np.full(2, 1 / 25.0), 5.0)  # sum 110, var 2·25
+    two = Measurement((0, 1), np.full((2, 3), 16.0), np.full((2, 3), 1 / 4.0), 2.0)  # sum 96, var 6·4
+    hand = (110 / 50 + 96 / 24) / (1 / 50 + 1 / 24)
+    assert _total([one, two]) == pytest.approx(hand, rel=1e-12)
+    assert _total([Measurement((0,), np.array([-9.0, 2.0]), np.ones(2), 1.0)]) == 1.0  # at least one row

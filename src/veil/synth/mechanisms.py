@@ -12,7 +12,8 @@ source, and return a :class:`SynthFit`: synthetic codes and every privacy event,
   select a marginal of the workload's downward closure with the exponential mechanism (score
   ``w_r·(‖M_r(D) − M_r(p̂)‖₁ − √(2/π)·σ·n_r)``, sensitivity ``max w_r``), measure it, refit, and
   halve σ (double ε) when a measurement barely moved the model, until ρ is spent. Candidates whose
-  model would exceed ``max_cells·ρ_used/ρ`` cells are not offered (a public rule).
+  model would exceed ``max_cells·ρ_used/ρ`` cells (ρ_used: this round's share included) are not
+  offered (a public rule). The model's row count N̂ is re-estimated from all measurements so far.
 
 The scores read the data only through marginals with sensitivity stated above, computed in float64
 and summed with ``math.fsum`` (the float margin of :mod:`veil.mechanisms.exponential`).
@@ -52,9 +53,13 @@ class SynthFit:
     total: float = 0.0
 
 
-def _total(one_way: Sequence[Measurement]) -> float:
-    """N̂: the inverse-variance average of the noisy 1-way sums (at least 1)."""
-    est = [(float(m.y.sum()), float(np.sum(1.0 / m.weight))) for m in one_way]
+def _total(measurements: Sequence[Measurement]) -> float:
+    """N̂: the inverse-variance average of the measurements' noisy sums (at least 1).
+
+    Each measurement's cells sum to N plus noise of variance Σ 1/w; the minimum-variance unbiased
+    combination weighs each sum by its inverse variance. AIM recomputes it after every measurement, so
+    later, less noisy marginals sharpen the total the model is fitted to (post-processing)."""
+    est = [(float(m.y.sum()), float(np.sum(1.0 / m.weight))) for m in measurements]
     w = [1.0 / v for _, v in est]
     return max(1.0, sum(s * wi for (s, _), wi in zip(est, w, strict=True)) / sum(w))
 
@@ -120,6 +125,7 @@ def mst(
             measured.append((p, m.sigma, m.y.size))
         if progress:
             progress("fitting the model")
+    total = _total(measurements)
     model = estimate(csizes, measurements, total, iterations=iterations)
     synthetic = comp.restore(model.sample(rows, rng), rng)
     return SynthFit(synthetic, spend, measured, model, total)
@@ -181,7 +187,8 @@ def aim(
             sigma = math.sqrt(1 / (2 * alpha * remaining)) * (1 + 1e-9)
             eps = math.sqrt(8 * (1 - alpha) * remaining) * (1 - 1e-9)
             terminate = True
-        limit = max_cells * (rho - spend.remaining) / rho
+        # The size limit grows with the budget used, this round's included (the paper's ρ_used).
+        limit = max_cells * min(1.0, (rho - remaining + 1 / (2 * sigma**2) + eps**2 / 8) / rho)
         cliques = [m.attrs for m in measurements]
         offered = [r for r in candidates if model_cells(d, [*cliques, r], sizes) <= limit]
         if not offered:
@@ -198,6 +205,7 @@ def aim(
         measurements.append(m)
         measured.append((r, m.sigma, m.y.size))
         before = model.marginal(r)
+        total = _total(measurements)
         model = estimate(sizes, measurements, total, iterations=round_iterations, warm=model)
         if progress:
             progress(f"round {t}: measured {' × '.join(names[a] for a in r)}")
