@@ -20,9 +20,10 @@ from dp_accounting import dp_event as dpe
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import RdpAccountant
 
+from _budget_cli import cli as _cli
+from _budget_cli import show as _show
 from _fake_grid import InProcessGrid
 from veil.accounting.rdp import DEFAULT_ORDERS
-from veil.cli.main import main
 from veil.federated.partition import parse_partition, row_positions, split_rows
 
 
@@ -37,18 +38,6 @@ def in_process(monkeypatch: pytest.MonkeyPatch) -> None:
         serve(InProcessGrid(make_client_app(s), s.clients), s)
 
     monkeypatch.setattr(run, "run_simulation_engine", engine)
-
-
-def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def _show(capsys: pytest.CaptureFixture[str], spec: str) -> dict:
-    code, out, _ = _cli(capsys, "budget", "show", "--dataset", spec, "--json")
-    assert code == 0
-    return json.loads(out)["datasets"][0]
 
 
 CLIENT = ("federated", "--dataset", "digits", "--model", "logreg", "--clients", "3", "--rounds", "2",

@@ -21,6 +21,8 @@ from dp_accounting import dp_event as dpe
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import RdpAccountant
 
+from _budget_cli import cli as _cli
+from _budget_cli import show as _show
 from veil.accounting.events import (
     Composed,
     DeltaOnly,
@@ -37,7 +39,6 @@ from veil.accounting.events import (
 )
 from veil.accounting.pld import PLDAccountant
 from veil.accounting.rdp import DEFAULT_ORDERS, RDPAccountant
-from veil.cli.main import main
 from veil.errors import BudgetExhaustedError, UnsupportedEventError
 from veil.registry.compose import accountants_for, spent_epsilon
 from veil.registry.store import BudgetRegistry
@@ -188,18 +189,6 @@ def test_a_dataset_refuses_a_run_no_accountant_can_compose_with_its_others(tmp_p
 
 
 # -- the jobs ---------------------------------------------------------------------------------------
-
-
-def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def _show(capsys: pytest.CaptureFixture[str], spec: str) -> dict:
-    code, out, _ = _cli(capsys, "budget", "show", "--dataset", spec, "--json")
-    assert code == 0
-    return json.loads(out)["datasets"][0]
 
 
 def test_schema_release_and_training_are_composed_in_budget_show(
