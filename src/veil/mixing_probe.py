@@ -1,0 +1,144 @@
+"""The forward-mixing probe: does one example move another example's output in a model's forward?
+
+Per-sample clipping bounds one example's influence only if every example's output is computed from
+that example alone. Batch statistics (BatchNorm in training mode, ``x.mean(0)``, attention across the
+batch dimension) break this silently, so the engine runs this probe on a few real batch items before
+training, and jobs run it on a whole model (fixed front included) before any part is used alone.
+A passing probe is evidence, not a proof: static validation (:func:`veil.validate`) runs first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from veil.errors import ModelNotSupportedError, Problem
+
+__all__ = ["probe_forward", "refuse_example_mixing"]
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors(v)
+
+
+def _model_input(batch: Any, device: torch.device, dtype: torch.dtype | None) -> torch.Tensor | None:
+    """The input part of a collated batch: the batch itself, or the first field of a tuple/list."""
+    x = batch[0] if isinstance(batch, (list, tuple)) and batch else batch
+    if not isinstance(x, torch.Tensor):
+        return None
+    if dtype is not None and x.is_floating_point():
+        return x.to(device=device, dtype=dtype)
+    return x.to(device=device)
+
+
+def refuse_example_mixing(module: nn.Module, x: np.ndarray, y: np.ndarray) -> None:
+    """Raise :class:`~veil.errors.ModelNotSupportedError` if ``module``'s forward lets one example
+    move another's output, or updates float buffers, probed on the first few ``(x, y)``.
+
+    For a whole model before any of its parts is used on its own (e.g. a fixed front whose features
+    are precomputed, which ``make_private`` on the head alone would never see)."""
+    from torch.utils.data import TensorDataset
+
+    sample = TensorDataset(torch.from_numpy(np.asarray(x[:4])), torch.from_numpy(np.asarray(y[:4])))
+    probe = probe_forward(module, DataLoader(sample))
+    if isinstance(probe, Problem):
+        raise ModelNotSupportedError([probe])
+
+
+def probe_forward(module: nn.Module, loader: DataLoader) -> Problem | str:
+    """Does one example influence the other examples' outputs? Does a forward update float buffers?
+
+    Runs the model (in its current mode, under ``no_grad``, from the same RNG state each time so dropout
+    masks agree, buffers restored afterwards) on a batch of ≤ 3 dataset items, then on the same batch
+    with the first and with the last item replaced, and compares the outputs of the unchanged
+    examples. Returns a :class:`Problem` if they move (or a floating-point buffer changed), else a
+    string saying it passed or why it was skipped (fewer than 2 examples, no tensor input first in the
+    batch, a forward that needs more than the first batch field).
+    """
+    dataset = loader.dataset
+    n = len(dataset)  # type: ignore[arg-type]
+    if n < 2:
+        return "skipped: fewer than 2 examples"
+    k = min(3, n)
+    items = [dataset[i] for i in range(k)]
+    spare = dataset[k] if n > k else None
+    variants = [
+        (0, spare if spare is not None else items[-1]),
+        (k - 1, spare if spare is not None else items[0]),
+    ]
+    param = next(iter(module.parameters()), None)
+    device = param.device if param is not None else torch.device("cpu")
+    dtype = param.dtype if param is not None and param.is_floating_point() else None
+    try:
+        base = _model_input(loader.collate_fn(items), device, dtype)
+        changed_inputs = []
+        for j, item in variants:
+            batch = list(items)
+            batch[j] = item
+            changed_inputs.append((j, _model_input(loader.collate_fn(batch), device, dtype)))
+    except Exception as exc:  # best effort: static validation already ran
+        return f"skipped: could not collate a probe batch ({type(exc).__name__})"
+    if base is None or base.shape[:1] != (k,) or any(x is None for _, x in changed_inputs):
+        return "skipped: the batch has no tensor input with the batch dimension first"
+    saved = {name: b.detach().clone() for name, b in module.named_buffers()}
+    devices = [device] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            cpu_state = torch.get_rng_state()
+            cuda_state = torch.cuda.get_rng_state(device) if devices else None
+
+            def outputs(x: torch.Tensor) -> list[torch.Tensor]:
+                torch.set_rng_state(cpu_state)
+                if cuda_state is not None:
+                    torch.cuda.set_rng_state(cuda_state, device)
+                return [t.double() for t in _tensors(module(x)) if t.shape[:1] == (k,)]
+
+            reference = outputs(base)
+            moved = [
+                name
+                for name, b in module.named_buffers()
+                if b.is_floating_point() and name in saved and not torch.equal(b, saved[name])
+            ]
+            others = [(j, outputs(x)) for j, x in changed_inputs if x is not None]
+    except Exception as exc:
+        return f"skipped: the forward needs more than the first batch field ({type(exc).__name__})"
+    finally:
+        with torch.no_grad():
+            for name, b in module.named_buffers():
+                if name in saved:
+                    b.copy_(saved[name])
+    if moved:
+        return Problem(
+            ", ".join(moved),
+            "a training-mode forward updates these buffers from private data without noise",
+            "stop updating buffers from data in forward (or register them as constants)",
+        )
+    if not reference:
+        return "skipped: no output with the batch dimension first"
+    for j, outs in others:
+        keep = [i for i in range(k) if i != j]
+        for a, b in zip(reference, outs, strict=False):
+            a, b = a[keep], b[keep]
+            scale = max(1.0, float(a.abs().max())) if a.numel() else 1.0
+            if not torch.allclose(a, b, rtol=1e-4, atol=1e-6 * scale, equal_nan=True):
+                return Problem(
+                    "forward",
+                    "changing one example changed the outputs of other examples in the batch: the forward "
+                    "mixes examples (batch statistics, x.mean(0), attention across the batch dimension), "
+                    "so one example's influence is not bounded by clipping its own gradient",
+                    "compute every example's output from that example alone (e.g. GroupNorm instead of "
+                    "BatchNorm, no reductions over the batch dimension)",
+                )
+    return "passed"
