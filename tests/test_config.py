@@ -7,17 +7,15 @@ from pathlib import Path
 import pytest
 
 from veil.config import (
-    PRESETS,
     TrainConfig,
-    apply_presets,
     config_to_toml,
     load_config_file,
     make_config,
-    preset_for,
     resolve_config,
     write_config,
 )
 from veil.errors import ConfigError, InvalidParameterError
+from veil.presets import PRESETS, apply_presets, preset_for
 
 
 def test_defaults_are_the_documented_ones() -> None:

@@ -7,7 +7,7 @@ with the key, the value and the expected type. Keys may be written ``max_grad_no
 ``max-grad-norm``.
 
 Hyperparameters left unset (``None``: ``epochs``, ``batch_size``, ``lr``, ``optimizer``,
-``momentum``, ``max_grad_norm``) take the tuned preset of the data kind (:data:`PRESETS`); the
+``momentum``, ``max_grad_norm``) take the tuned preset of the data kind (:data:`veil.presets.PRESETS`); the
 presets were chosen on veil's own benchmarks (``bench/utility.py``), never on the user's data, so
 choosing them spends no privacy. The resolved config (presets filled in) is saved with every run as
 ``config.toml``.
@@ -20,26 +20,20 @@ import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from veil.errors import ConfigError, InvalidParameterError, VeilError
 
-if TYPE_CHECKING:
-    from veil.data import Dataset
-
 __all__ = [
     "MAX_EPSILON",
     "MIN_EPSILON",
-    "PRESETS",
     "PRIVACY_KEYS",
     "TrainConfig",
-    "apply_presets",
     "config_to_toml",
     "load_config_file",
     "make_config",
-    "preset_for",
     "resolve_config",
     "snake_keys",
     "write_config",
@@ -361,83 +355,6 @@ PRIVACY_KEYS = frozenset(
     }
 )
 
-# Tuned on veil's benchmarks (bench/utility.py; docs/train.md), per data kind; batch_size None
-# below means "a share of N" (see apply_presets).
-PRESETS: dict[str, dict[str, Any]] = {
-    # Small images (8×8 digits at ε = 3) with logistic regression or another end-to-end model.
-    "image-small": {
-        "epochs": 8,
-        "batch_size": 256,
-        "max_grad_norm": 1.0,
-        "optimizer": "sgd",
-        "lr": {"sgd": 1.5, "adam": 0.1},
-        "momentum": 0.9,
-        "ema_decay": 0.0,
-    },
-    # Small images with the random-feature model (`rff`, the `auto` choice): digits at ε = 3.
-    "image-rff": {
-        "epochs": 10,
-        "batch_size": 256,
-        "max_grad_norm": 1.0,
-        "optimizer": "sgd",
-        "lr": {"sgd": 0.8, "adam": 0.05},
-        "momentum": 0.9,
-        "ema_decay": 0.0,
-    },
-    # 28×28 images (Fashion-MNIST, MNIST): the Tramèr & Boneh (2021) end-to-end CNN settings.
-    "image": {
-        "epochs": 40,
-        "batch_size": 2048,
-        "max_grad_norm": 0.1,
-        "optimizer": "sgd",
-        "lr": {"sgd": 4.0, "adam": 1e-3},
-        "momentum": 0.9,
-        "ema_decay": 0.0,
-    },
-    # 28×28 images with the scattering front end (Tramèr & Boneh 2021, ScatterNet + linear):
-    # large batches, C = 0.1; only the GroupNorm + linear head is trained.
-    "image-scatternet": {
-        "epochs": 40,
-        "batch_size": 8192,
-        "max_grad_norm": 0.1,
-        "optimizer": "sgd",
-        "lr": {"sgd": 8.0, "adam": 1e-3},
-        "momentum": 0.9,
-        "ema_decay": 0.0,
-    },
-    # Text through a frozen pretrained encoder (--fine-tune head): a linear head on unit-norm
-    # features; MiniLM on the tweets (bench/finetune.py).
-    "text": {
-        "epochs": 20,
-        "batch_size": 1024,
-        "max_grad_norm": 1.0,
-        "optimizer": "sgd",
-        "lr": {"sgd": 2.0, "adam": 0.05},
-        "momentum": 0.9,
-        "ema_decay": 0.0,
-    },
-    # Text, LoRA or full fine-tuning of a pretrained model (bench/finetune.py's recipe).
-    "text-finetune": {
-        "epochs": 2,
-        "batch_size": 64,
-        "max_grad_norm": 1.0,
-        "optimizer": "adam",
-        "lr": {"sgd": 0.05, "adam": 2e-3},
-        "momentum": 0.9,
-        "ema_decay": 0.0,
-    },
-    # Tables (breast-cancer at ε = 1): two Poisson batches per epoch (batch_size None: ⌈N/2⌉), Adam.
-    "table": {
-        "epochs": 50,
-        "batch_size": None,
-        "max_grad_norm": 1.0,
-        "optimizer": "adam",
-        "lr": {"sgd": 1.0, "adam": 0.05},
-        "momentum": 0.9,
-        "ema_decay": 0.0,
-    },
-}
-
 _TYPE_NAMES = {
     "float_type": "a number",
     "float_parsing": "a number",
@@ -576,31 +493,6 @@ def resolve_config(
     if overrides:
         merged.update(_normalise_keys({k: v for k, v in overrides.items() if v is not None}, "flag"))
     return make_config(merged)
-
-
-def preset_for(model: str, data: Dataset) -> str:
-    """The preset of the data's kind, refined by the model (``auto`` resolved) where that changes
-    the optimum; decided from the configuration and the data's kind and shape only."""
-    from veil.models import resolve_name
-
-    name = resolve_name(model, data.kind, data.input_shape)
-    if data.preset == "image" and name == "scatternet":
-        return "image-scatternet"
-    if data.preset == "image-small" and name == "rff":
-        return "image-rff"
-    return data.preset
-
-
-def apply_presets(config: TrainConfig, preset: str, n_train: int) -> TrainConfig:
-    """Fill every unset hyperparameter from :data:`PRESETS` (chosen without the user's data)."""
-    values = dict(PRESETS[preset])
-    if values["batch_size"] is None:
-        values["batch_size"] = max(1, math.ceil(n_train / 2))  # two steps per epoch
-    values["batch_size"] = min(int(values["batch_size"]), n_train)
-    values["optimizer"] = config.optimizer or values["optimizer"]
-    values["lr"] = values["lr"][values["optimizer"]]
-    update = {k: v for k, v in values.items() if getattr(config, k) is None}
-    return config.model_copy(update=update)
 
 
 # -- writing TOML -------------------------------------------------------------------------------

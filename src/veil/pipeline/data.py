@@ -11,10 +11,11 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from veil.config import TrainConfig, apply_presets, preset_for
+from veil.config import TrainConfig
 from veil.errors import ConfigError, InvalidParameterError, SamplingError
 from veil.pipeline.randomness import private_source
 from veil.pipeline.seeds import Purpose
+from veil.presets import apply_presets, preset_for
 
 if TYPE_CHECKING:
     from veil.accounting.events import PrivacyEvent

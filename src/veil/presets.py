@@ -1,0 +1,119 @@
+"""Hyperparameter presets per kind of data, and filling a configuration's unset fields from them.
+
+The presets were tuned on veil's benchmarks (public data, never the user's); which one applies is
+decided from the configuration and the data's kind and shape only, so choosing it reads nothing
+private. Only fields the user left unset are filled.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from veil.config import TrainConfig
+    from veil.data import Dataset
+
+__all__ = ["PRESETS", "apply_presets", "preset_for"]
+
+# Tuned on veil's benchmarks (bench/utility.py; docs/train.md), per data kind; batch_size None
+# below means "a share of N" (see apply_presets).
+PRESETS: dict[str, dict[str, Any]] = {
+    # Small images (8×8 digits at ε = 3) with logistic regression or another end-to-end model.
+    "image-small": {
+        "epochs": 8,
+        "batch_size": 256,
+        "max_grad_norm": 1.0,
+        "optimizer": "sgd",
+        "lr": {"sgd": 1.5, "adam": 0.1},
+        "momentum": 0.9,
+        "ema_decay": 0.0,
+    },
+    # Small images with the random-feature model (`rff`, the `auto` choice): digits at ε = 3.
+    "image-rff": {
+        "epochs": 10,
+        "batch_size": 256,
+        "max_grad_norm": 1.0,
+        "optimizer": "sgd",
+        "lr": {"sgd": 0.8, "adam": 0.05},
+        "momentum": 0.9,
+        "ema_decay": 0.0,
+    },
+    # 28×28 images (Fashion-MNIST, MNIST): the Tramèr & Boneh (2021) end-to-end CNN settings.
+    "image": {
+        "epochs": 40,
+        "batch_size": 2048,
+        "max_grad_norm": 0.1,
+        "optimizer": "sgd",
+        "lr": {"sgd": 4.0, "adam": 1e-3},
+        "momentum": 0.9,
+        "ema_decay": 0.0,
+    },
+    # 28×28 images with the scattering front end (Tramèr & Boneh 2021, ScatterNet + linear):
+    # large batches, C = 0.1; only the GroupNorm + linear head is trained.
+    "image-scatternet": {
+        "epochs": 40,
+        "batch_size": 8192,
+        "max_grad_norm": 0.1,
+        "optimizer": "sgd",
+        "lr": {"sgd": 8.0, "adam": 1e-3},
+        "momentum": 0.9,
+        "ema_decay": 0.0,
+    },
+    # Text through a frozen pretrained encoder (--fine-tune head): a linear head on unit-norm
+    # features; MiniLM on the tweets (bench/finetune.py).
+    "text": {
+        "epochs": 20,
+        "batch_size": 1024,
+        "max_grad_norm": 1.0,
+        "optimizer": "sgd",
+        "lr": {"sgd": 2.0, "adam": 0.05},
+        "momentum": 0.9,
+        "ema_decay": 0.0,
+    },
+    # Text, LoRA or full fine-tuning of a pretrained model (bench/finetune.py's recipe).
+    "text-finetune": {
+        "epochs": 2,
+        "batch_size": 64,
+        "max_grad_norm": 1.0,
+        "optimizer": "adam",
+        "lr": {"sgd": 0.05, "adam": 2e-3},
+        "momentum": 0.9,
+        "ema_decay": 0.0,
+    },
+    # Tables (breast-cancer at ε = 1): two Poisson batches per epoch (batch_size None: ⌈N/2⌉), Adam.
+    "table": {
+        "epochs": 50,
+        "batch_size": None,
+        "max_grad_norm": 1.0,
+        "optimizer": "adam",
+        "lr": {"sgd": 1.0, "adam": 0.05},
+        "momentum": 0.9,
+        "ema_decay": 0.0,
+    },
+}
+
+
+def preset_for(model: str, data: Dataset) -> str:
+    """The preset of the data's kind, refined by the model (``auto`` resolved) where that changes
+    the optimum; decided from the configuration and the data's kind and shape only."""
+    from veil.models import resolve_name
+
+    name = resolve_name(model, data.kind, data.input_shape)
+    if data.preset == "image" and name == "scatternet":
+        return "image-scatternet"
+    if data.preset == "image-small" and name == "rff":
+        return "image-rff"
+    return data.preset
+
+
+def apply_presets(config: TrainConfig, preset: str, n_train: int) -> TrainConfig:
+    """Fill every unset hyperparameter from :data:`PRESETS` (chosen without the user's data)."""
+    values = dict(PRESETS[preset])
+    if values["batch_size"] is None:
+        values["batch_size"] = max(1, math.ceil(n_train / 2))  # two steps per epoch
+    values["batch_size"] = min(int(values["batch_size"]), n_train)
+    values["optimizer"] = config.optimizer or values["optimizer"]
+    values["lr"] = values["lr"][values["optimizer"]]
+    update = {k: v for k, v in values.items() if getattr(config, k) is None}
+    return config.model_copy(update=update)
