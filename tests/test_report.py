@@ -113,7 +113,7 @@ def test_html_is_self_contained_and_states_the_guarantee() -> None:
     assert "not private against anyone who knows the seed" in guarantee_text(report)
     assert "--reproducible" in page and "NO" in page
     secure = render_html(_report(randomness="secure", release_ready=True), {})
-    assert "--reproducible" not in secure and "OS CSPRNG" in secure
+    assert "--reproducible" not in secure and "CSPRNG keystream keyed from the OS (secure)" in secure
     assert "knows the seed" not in guarantee_text(_report(randomness="secure"))
     # The non-private figures are a visibly separate, internal section.
     assert '<section class="internal">' in page and "Internal: non-private" in page

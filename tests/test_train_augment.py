@@ -51,6 +51,7 @@ def test_train_augment_runs_the_grouped_step_with_the_same_accounting(
     assert report["steps"] == plain.steps.steps_planned and report["epsilon_spent"] <= 3.0
     assert (out / "model.pt").is_file()
     assert report["clipping"] == {"mode": "fixed", "max_grad_norm": 1.0, "augment": 3, "augment_flip": False}
+    assert "K = 3 augmented views per example" in (out / "report.html").read_text()
     assert "augment = 3" in (out / "config.toml").read_text()
 
 
@@ -132,3 +133,5 @@ def test_adaptive_clip_norm_resumes_from_its_checkpoint(
     clipping = report["clipping"]
     assert clipping["mode"] == "adaptive" and clipping["target_quantile"] == 0.5
     assert clipping["max_grad_norm"] == 20 and 0 < clipping["final_clip"] < 20
+    page = (out / "report.html").read_text()
+    assert "adaptive, following the 0.5 quantile" in page and f"final C {clipping['final_clip']:.4g}" in page
