@@ -369,6 +369,23 @@ def stream_read(folder: Path, sizes: list[int], batch: int, budget: int, row_gro
     print(markdown_table(header, results))
 
 
+def _timed_run(args: argparse.Namespace, folder: Path, run: Any) -> int:
+    """``run()``, then the generated files removed (unless ``--keep``), the load before and after and
+    the machine printed."""
+    load_before = os.getloadavg()
+    try:
+        run()
+    finally:
+        if not args.keep:
+            shutil.rmtree(folder, ignore_errors=True)
+    print(
+        f"\nload average before {tuple(round(v, 1) for v in load_before)}, after "
+        f"{tuple(round(v, 1) for v in os.getloadavg())}"
+    )
+    print(describe_machine())
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -402,23 +419,15 @@ def main(argv: list[str] | None = None) -> int:
     schema = folder / "schema.toml"
     schema.write_text(schema_text())
     if args.stream_read:
-        load_before = os.getloadavg()
-        try:
-            sizes = [int(float(r)) for r in args.stream_read.split(",")]
-            stream_read(folder, sizes, args.batch, args.stream_rows, args.row_group, 30)
-        finally:
-            if not args.keep:
-                shutil.rmtree(folder, ignore_errors=True)
-        print(
-            f"\nload average before {tuple(round(v, 1) for v in load_before)}, after "
-            f"{tuple(round(v, 1) for v in os.getloadavg())}"
+        sizes = [int(float(r)) for r in args.stream_read.split(",")]
+        return _timed_run(
+            args, folder, lambda: stream_read(folder, sizes, args.batch, args.stream_rows, args.row_group, 30)
         )
-        print(describe_machine())
-        return 0
     if args.stream:
-        load_before = os.getloadavg()
-        try:
-            stream_speed(
+        return _timed_run(
+            args,
+            folder,
+            lambda: stream_speed(
                 folder,
                 args.stream,
                 args.memory_rows,
@@ -427,29 +436,10 @@ def main(argv: list[str] | None = None) -> int:
                 args.stream_rows,
                 args.row_group,
                 args.physical_batch_size,
-            )
-        finally:
-            if not args.keep:
-                shutil.rmtree(folder, ignore_errors=True)
-        print(
-            f"\nload average before {tuple(round(v, 1) for v in load_before)}, after "
-            f"{tuple(round(v, 1) for v in os.getloadavg())}"
+            ),
         )
-        print(describe_machine())
-        return 0
     if args.train:
-        load_before = os.getloadavg()
-        try:
-            train_speed(folder, args.train, args.epsilon, args.epochs)
-        finally:
-            if not args.keep:
-                shutil.rmtree(folder, ignore_errors=True)
-        print(
-            f"\nload average before {tuple(round(v, 1) for v in load_before)}, after "
-            f"{tuple(round(v, 1) for v in os.getloadavg())}"
-        )
-        print(describe_machine())
-        return 0
+        return _timed_run(args, folder, lambda: train_speed(folder, args.train, args.epsilon, args.epochs))
     rows_out = []
     load_before = os.getloadavg()
     try:
