@@ -78,9 +78,9 @@ def load_text_dataset(
     """Tokenized texts ``[N, 2, max_length]`` (int64) and labels from ``csv:PATH``, ``parquet:PATH``
     or ``sql:URL`` (with ``table`` or ``query``). With ``fine_tune``, a model too large to fine-tune
     that way on ``device`` is refused before the data is read."""
+    from veil.accounting.ledger import file_sha256
     from veil.data.tabular import (
         data_file,
-        file_sha256,
         read_csv_columns,
         read_parquet_columns,
         require_target,
