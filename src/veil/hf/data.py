@@ -37,18 +37,9 @@ def _sql_columns(dataset: str, table: str | None, query: str | None) -> tuple[st
     name, its fingerprint (the address and table/query, as for other SQL data) and its columns
     (numeric columns as numpy arrays, so a numeric text column is named as such)."""
     from veil.tables.dataset import source_fingerprint
-    from veil.tables.sources import hide_password, parse_source, read_source, url_has_password
+    from veil.tables.sources import parse_source, read_source, refuse_password_in_url
 
-    url = dataset[4:]
-    if url_has_password(url):
-        raise ConfigError(
-            "dataset",
-            "sql:" + hide_password(url),
-            "the run folder records the dataset (config.toml, report), and a password in the URL would "
-            "be written there beside the released model",
-            "leave the password out of the URL and give it to the driver another way (PostgreSQL: the "
-            "PGPASSWORD environment variable or ~/.pgpass)",
-        )
+    refuse_password_in_url(dataset[4:])
     source = parse_source(dataset, table=table, query=query)
     raw = read_source(source, None).table
     columns: dict[str, Any] = {}
