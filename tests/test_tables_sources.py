@@ -203,3 +203,12 @@ def test_schema_infer_with_epsilon_writes_a_dp_schema(sources, capsys, tmp_path:
     assert schema.reviewed == "dp" and schema.dp["epsilon"] <= 50 and schema.dp["delta"] == 1e-7
     schema.require_reviewed()
     assert schema.column("time").type == "ignored"
+
+
+def test_a_text_dataset_with_a_password_in_its_url_is_refused_before_it_is_read() -> None:
+    from veil.errors import ConfigError
+    from veil.hf.data import _sql_columns
+
+    with pytest.raises(ConfigError, match="password") as err:
+        _sql_columns("sql:postgresql://u:s3cret@127.0.0.1:1/db", "t", None)  # nothing listens there
+    assert "s3cret" not in str(err.value)

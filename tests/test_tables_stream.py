@@ -147,6 +147,18 @@ def test_the_streamed_split_is_the_in_memory_split(tmp_path: Path) -> None:
     assert scan.n_test == data.n_test and np.array_equal(scan.x_test, data.x_test)
 
 
+def test_a_direct_read_returns_unsorted_and_repeated_rows_in_the_order_asked(tmp_path: Path) -> None:
+    path, encoder = _id_table(tmp_path, 400, 50)
+    scan = scan_parquet(path, encoder, 0.2, seed=0)
+    rows = ParquetRows(path, encoder, scan.positions)
+    indices = [7, 3, 250, 3, len(rows) - 1, 0, 7]
+    x, y = rows.fetch(indices)  # nothing loaded: read directly from the file
+    ids = _ids(x, 400)
+    np.testing.assert_array_equal(ids, scan.positions[indices])
+    np.testing.assert_array_equal(y, np.where(ids % 3 == 0, 0, 1))
+    assert rows.stats.direct_reads == 1
+
+
 # -- the pipeline -------------------------------------------------------------------------------
 
 

@@ -285,7 +285,7 @@ def _load_with_schema(
     seed: int,
 ) -> Dataset:
     """A table read and encoded through its reviewed schema (see :mod:`veil.tables.dataset`)."""
-    from veil.tables.sources import hide_password, url_has_password
+    from veil.tables.sources import hide_password, refuse_password_in_url
 
     shown = "sql:" + hide_password(name[4:]) if name.startswith("sql:") else name
     if schema is None:
@@ -295,15 +295,8 @@ def _load_with_schema(
             "a SQL table's columns, levels, bounds and classes must be declared before it is read",
             "pass --schema SCHEMA.toml (draft one with `veil schema infer`, then review it)",
         )
-    if name.startswith("sql:") and url_has_password(name[4:]):
-        raise ConfigError(
-            "dataset",
-            shown,
-            "the run folder records the dataset (config.toml, report), and a password in the URL would "
-            "be written there beside the released model",
-            "leave the password out of the URL and give it to the driver another way (PostgreSQL: the "
-            "PGPASSWORD environment variable or ~/.pgpass)",
-        )
+    if name.startswith("sql:"):
+        refuse_password_in_url(name[4:])
     if name.partition(":")[0] not in ("csv", "parquet", "sql"):
         raise ConfigError(
             "dataset",

@@ -11,19 +11,18 @@ from __future__ import annotations
 
 import csv
 import difflib
-import hashlib
 import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from veil.accounting.ledger import file_sha256
 from veil.data import Dataset, check_labels, encode_labels, split
 from veil.errors import DataError
 
 __all__ = [
     "data_file",
-    "file_sha256",
     "load_user",
     "read_csv_columns",
     "read_parquet_columns",
@@ -39,15 +38,6 @@ def data_file(path: str) -> Path:
             "dataset file", str(p), "the file does not exist", "check the path after csv:, parquet: or npz:"
         )
     return p
-
-
-def file_sha256(p: Path) -> str:
-    """The hex SHA-256 of a file's bytes (the dataset fingerprint), read in 1 MiB chunks."""
-    h = hashlib.sha256()
-    with p.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def require_target(target: str | None, scheme: str, columns: list[str]) -> str:

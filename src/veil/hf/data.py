@@ -37,18 +37,9 @@ def _sql_columns(dataset: str, table: str | None, query: str | None) -> tuple[st
     name, its fingerprint (the address and table/query, as for other SQL data) and its columns
     (numeric columns as numpy arrays, so a numeric text column is named as such)."""
     from veil.tables.dataset import source_fingerprint
-    from veil.tables.sources import hide_password, parse_source, read_source, url_has_password
+    from veil.tables.sources import parse_source, read_source, refuse_password_in_url
 
-    url = dataset[4:]
-    if url_has_password(url):
-        raise ConfigError(
-            "dataset",
-            "sql:" + hide_password(url),
-            "the run folder records the dataset (config.toml, report), and a password in the URL would "
-            "be written there beside the released model",
-            "leave the password out of the URL and give it to the driver another way (PostgreSQL: the "
-            "PGPASSWORD environment variable or ~/.pgpass)",
-        )
+    refuse_password_in_url(dataset[4:])
     source = parse_source(dataset, table=table, query=query)
     raw = read_source(source, None).table
     columns: dict[str, Any] = {}
@@ -78,9 +69,9 @@ def load_text_dataset(
     """Tokenized texts ``[N, 2, max_length]`` (int64) and labels from ``csv:PATH``, ``parquet:PATH``
     or ``sql:URL`` (with ``table`` or ``query``). With ``fine_tune``, a model too large to fine-tune
     that way on ``device`` is refused before the data is read."""
+    from veil.accounting.ledger import file_sha256
     from veil.data.tabular import (
         data_file,
-        file_sha256,
         read_csv_columns,
         read_parquet_columns,
         require_target,

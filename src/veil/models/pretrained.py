@@ -33,7 +33,6 @@ the run's seed, and the report says so; any other mismatch is refused.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import pickle
 from dataclasses import dataclass, field
@@ -43,6 +42,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from veil.accounting.ledger import file_sha256
 from veil.errors import ConfigError
 
 __all__ = [
@@ -90,14 +90,6 @@ def _fix(path: str) -> str:
         f"pass --init-from with a weights file saved by torch.save(model.state_dict(), {path!r}), a veil "
         "run's model.pt or its run folder"
     )
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _run_headers(run_dir: Path) -> list[dict[str, Any]]:
@@ -161,7 +153,7 @@ def read_checkpoint(spec: str) -> Checkpoint:
     return Checkpoint(
         path=path,
         state=state,
-        sha256=_sha256(path),
+        sha256=file_sha256(path),
         run_dataset_sha256s=frozenset(str(h["dataset_sha256"]) for h in headers if h.get("dataset_sha256")),
         run_dataset_ids=frozenset(str(h["budget_dataset_id"]) for h in headers if h.get("budget_dataset_id")),
         run_dataset_name=_run_dataset_name(path.parent),

@@ -342,6 +342,7 @@ def train_steps(
 
     cfg, device, spe = plan.cfg, plan.cfg.device, plan.steps.steps_per_epoch
     step_dict = plan.steps.step_event.to_dict()
+    forward = autocast(device, cfg.precision)  # bf16: the forward only; clipping and noise float32
     last_saved = ledger.steps if s.resumed else -1
     running: list[float] = []
     bar.update(
@@ -356,7 +357,7 @@ def train_steps(
                 # Charged and on disk before this step's noisy update is computed.
                 ledger.append("step", step=ledger.steps + 1, event=step_dict)
             xr, yr = (xb, yb) if s.augment is None else s.augment(xb, yb)
-            with autocast(device, cfg.precision):  # bf16: the forward only; clipping and noise float32
+            with forward:  # one context, re-entered each step (torch.autocast and nullcontext allow it)
                 loss = s.criterion(s.model(xr.to(device)), yr.to(device))
             loss.backward()
             s.optimizer.step()

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
-from veil.errors import DataError
+from veil.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -38,6 +38,7 @@ __all__ = [
     "iter_source",
     "parse_source",
     "read_source",
+    "refuse_password_in_url",
     "source_columns",
     "url_has_password",
 ]
@@ -84,6 +85,19 @@ def url_has_password(url: str) -> bool:
         return make_url(url).password is not None
     except Exception:
         return re.search(r"://[^:/@]+:[^@]*@", url) is not None
+
+
+def refuse_password_in_url(url: str) -> None:
+    """Refuse a database URL that carries a password: the run folder records the dataset's address."""
+    if url_has_password(url):
+        raise ConfigError(
+            "dataset",
+            "sql:" + hide_password(url),
+            "the run folder records the dataset (config.toml, report), and a password in the URL would "
+            "be written there beside the released model",
+            "leave the password out of the URL and give it to the driver another way (PostgreSQL: the "
+            "PGPASSWORD environment variable or ~/.pgpass)",
+        )
 
 
 def hide_password(url: str) -> str:

@@ -28,9 +28,10 @@ everywhere in veil).
 
 Limits. Parquet decodes whole pages, so a window that touches every row group reads the whole file:
 with the usual DP batch sizes (q·rows-per-group ≫ 1) each window is one full pass. The sampler draws a
-Bernoulli mask of ``N_train`` per step (CPU, not I/O). The scan hashes every row once in Python (as the
-in-memory split does). Distributed runs, the one-run audit and models with a fixed feature front are
-refused when streaming; the non-private baseline is not run (it would need the table in memory).
+Bernoulli mask of ``N_train`` per step, in chunks (:mod:`veil.tables.sampler`; CPU, not I/O). The scan
+hashes every row once in Python (as the in-memory split does). Distributed runs, the one-run audit and
+models with a fixed feature front are refused when streaming; the non-private baseline is not run
+(it would need the table in memory).
 """
 
 from __future__ import annotations
@@ -89,11 +90,6 @@ def _open(path: str | Path, encoder: TableEncoder) -> tuple[Any, list[str], np.n
     return pf, columns, np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
 
 
-def encoded_size(path: str | Path, encoder: TableEncoder) -> int:
-    """Bytes of the encoded table (float32 features and int64 labels), from the metadata only."""
-    return parquet_rows(path) * (4 * encoder.width + 8)
-
-
 def _available_memory() -> int | None:
     """MemAvailable from /proc/meminfo (bytes), or None where there is no such file."""
     try:
@@ -111,14 +107,15 @@ def check_fits_in_memory(path: str | Path, encoder: TableEncoder, where: str) ->
 
     The estimate is the encoded size from the row count in the metadata (the loader needs about that
     plus one batch); the fix is ``--stream``. ``VEIL_MEMORY_BYTES`` overrides the available memory."""
-    need = encoded_size(path, encoder)
+    n_rows = parquet_rows(path)
+    need = n_rows * (4 * encoder.width + 8)  # float32 features and int64 labels
     override = os.environ.get("VEIL_MEMORY_BYTES")
     have = int(override) if override else _available_memory()
     if have is not None and need > have:
         raise DataError(
             "dataset",
             where,
-            f"the encoded table needs about {need / 2**30:.1f} GiB ({parquet_rows(path)} rows × "
+            f"the encoded table needs about {need / 2**30:.1f} GiB ({n_rows} rows × "
             f"{encoder.width} features) and {have / 2**30:.1f} GiB of memory is available",
             "pass --stream to train on Poisson-sampled rows read from the file (docs/tables.md)",
         )
@@ -273,13 +270,10 @@ class ParquetRows:
         k = np.minimum(k, max(len(self._cache_pos) - 1, 0))
         if len(self._cache_pos) and np.array_equal(self._cache_pos[k], rows):
             return self._cache_x[k], self._cache_y[k]
-        order = np.argsort(rows, kind="stable")
-        unique, inverse = np.unique(rows[order], return_inverse=True)
+        unique, inverse = np.unique(rows, return_inverse=True)
         self.stats.direct_reads += 1
         x, y = self._read(unique)
-        out = np.empty(len(rows), np.int64)
-        out[order] = inverse
-        return x[out], y[out]
+        return x[inverse], y[inverse]
 
 
 class WindowedSampler:
