@@ -34,6 +34,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from veil.accounting.ledger import file_sha256
 from veil.errors import DataError, InvalidParameterError
 
 __all__ = ["DatasetIdentity", "dataset_identity", "sql_location"]
@@ -56,14 +57,6 @@ class DatasetIdentity:
     label: str
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _sha256_dir(root: Path) -> str:
     h = hashlib.sha256()
     files = sorted(p for p in root.rglob("*") if p.is_file())
@@ -76,7 +69,7 @@ def _sha256_dir(root: Path) -> str:
         )
     for p in files:
         rel = p.relative_to(root).as_posix()
-        h.update(rel.encode("utf-8") + b"\0" + _sha256_file(p).encode() + b"\n")
+        h.update(rel.encode("utf-8") + b"\0" + file_sha256(p).encode() + b"\n")
     return h.hexdigest()
 
 
@@ -151,7 +144,7 @@ def dataset_identity(
         return DatasetIdentity(f"dir-sha256:{_sha256_dir(folder)}", f"{spec}:{folder}")
     path = Path(rest if sep and scheme in _FILE_SCHEMES else spec)
     if path.is_file():
-        return DatasetIdentity(f"sha256:{_sha256_file(path)}", spec)
+        return DatasetIdentity(f"sha256:{file_sha256(path)}", spec)
     if path.is_dir():
         return DatasetIdentity(f"dir-sha256:{_sha256_dir(path)}", spec)
     raise DataError(
