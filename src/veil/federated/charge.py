@@ -247,10 +247,13 @@ class FederatedCharge:
 
     def resume(self, s: FederatedSettings, run_dir: Path, remaining: int) -> None:
         """Re-admit a stopped run: what its ledger charged plus its ``remaining`` rounds."""
+        from veil.federated.files import SILOS
+
         run_id = s.budget_run_id or uuid.uuid4().hex
-        events = settled_events(s, run_dir, extra_rounds=remaining)
-        if s.mode == "record-level" and not (run_dir / "silos.json").exists():
+        if s.mode == "record-level" and not (run_dir / SILOS).exists():  # no silo ran: the whole plan
             events = planned_events(s, _silo_sizes(s))
+        else:
+            events = settled_events(s, run_dir, extra_rounds=remaining)
         self.charge.resume(run_id, events, s.delta)
 
     def release(self) -> None:
@@ -259,7 +262,9 @@ class FederatedCharge:
 
     def settle(self, s: FederatedSettings, run_dir: Path) -> None:
         """Charge what the run folder's ledger holds in place of the plan (nothing there: un-charge)."""
-        if not (run_dir / "ledger.jsonl").exists():
+        from veil.federated.files import LEDGER
+
+        if not (run_dir / LEDGER).exists():
             self.charge.release()
         else:
             self.charge.settle(settled_events(s, run_dir))

@@ -8,7 +8,7 @@ A job that spends privacy on a dataset (``veil train``, a DP schema release, ...
    job is refused before it reads a row. (Composition never lowers ε, so no run can fit then.)
 2. :meth:`DatasetCharge.reserve` — the job's planned events, once it knows them (a DP-SGD plan needs N
    for its sampling rate), *before* anything computed from the data is released or written: the
-   atomic admission of :meth:`veil.registry.store.BudgetRegistry.reserve`.
+   atomic admission of :func:`veil.registry.transactions.reserve`.
 3. :meth:`DatasetCharge.settle` — the events the job's ledger holds, when it ends (normally or by an
    error after the first release); :meth:`DatasetCharge.release` instead when it ended before releasing
    anything. A job killed in between stays charged with its plan.
@@ -98,8 +98,16 @@ class DatasetCharge:
         neighbouring: Neighbouring | str = Neighbouring.ADD_OR_REMOVE_ONE,
     ) -> None:
         """Admit the planned events or raise :class:`~veil.errors.BudgetExhaustedError` (nothing recorded)."""
-        self.registry.reserve(
-            self.identity, events, run_id, job=self.job, delta=delta, neighbouring=neighbouring
+        from veil.registry import transactions  # not the registry's method: no status composed to discard
+
+        transactions.reserve(
+            self.registry.db,
+            self.identity,
+            events,
+            run_id,
+            job=self.job,
+            delta=delta,
+            neighbouring=neighbouring,
         )
         self.run_id = run_id
 
@@ -108,19 +116,25 @@ class DatasetCharge:
         if self.registry.run(run_id) is None:
             self.reserve(events, run_id, delta)
             return
-        self.registry.reopen(run_id, events)
+        from veil.registry import transactions
+
+        transactions.reopen(self.registry.db, run_id, events)
         self.run_id = run_id
 
     def settle(self, events: Sequence[PrivacyEvent]) -> None:
         """Charge what the job actually released (its ledger's events) in place of the plan."""
         if self.run_id is not None:
-            self.registry.commit(self.run_id, events)
+            from veil.registry import transactions
+
+            transactions.commit(self.registry.db, self.run_id, events)
             self.run_id = None
 
     def release(self) -> None:
         """Un-charge the reservation: only when nothing computed from the data was released."""
         if self.run_id is not None:
-            self.registry.release(self.run_id)
+            from veil.registry import transactions
+
+            transactions.release(self.registry.db, self.run_id)
             self.run_id = None
 
     def close(self) -> None:

@@ -64,6 +64,7 @@ __all__ = [
     "REGISTRY_ACCOUNTANTS",
     "RegistryAccountant",
     "accountants_for",
+    "check_accountant",
     "check_events",
     "compact",
     "events_from_json",
@@ -146,6 +147,17 @@ def _supports(name: str, events: Sequence[PrivacyEvent], relation: Neighbouring)
     return True
 
 
+def check_accountant(accountant: str) -> None:
+    """Refuse a registry accountant name that is not one of :data:`REGISTRY_ACCOUNTANTS`."""
+    if accountant not in REGISTRY_ACCOUNTANTS:
+        raise InvalidParameterError(
+            "accountant",
+            accountant,
+            "only known accountants give a checked bound",
+            f"use one of {list(REGISTRY_ACCOUNTANTS)}",
+        )
+
+
 def accountants_for(
     events: Sequence[PrivacyEvent],
     accountant: RegistryAccountant | str = "auto",
@@ -156,13 +168,7 @@ def accountants_for(
     Raises :class:`~veil.errors.UnsupportedEventError` (from the accountant asked, or for ``"auto"``
     from RDP, the one that bounds the most kinds) when none can bound all of them.
     """
-    if accountant not in REGISTRY_ACCOUNTANTS:
-        raise InvalidParameterError(
-            "accountant",
-            accountant,
-            "only known accountants give a checked bound",
-            f"use one of {list(REGISTRY_ACCOUNTANTS)}",
-        )
+    check_accountant(accountant)
     relation = Neighbouring(neighbouring)
     rest, _ = _split(events)
     names = ["pld", "rdp"] if accountant == "auto" else [str(accountant)]

@@ -24,7 +24,7 @@ from sqlalchemy import Connection, select
 from veil.accounting.base import check_delta, check_epsilon
 from veil.accounting.events import Neighbouring, PrivacyEvent
 from veil.errors import BudgetExhaustedError, InvalidParameterError, RegistryError
-from veil.registry.compose import REGISTRY_ACCOUNTANTS, check_events, events_to_json, spent_epsilon
+from veil.registry.compose import check_accountant, check_events, events_to_json, spent_epsilon
 from veil.registry.database import Database, now
 from veil.registry.identity import DatasetIdentity
 from veil.registry.reporting import CHARGED, COMMITTED, RELEASED, RESERVED, stored_events
@@ -89,13 +89,8 @@ def set_budget(
     dataset_id, label = dataset_key(dataset)
     epsilon = check_epsilon(epsilon)
     delta = check_delta(delta)
-    if accountant is not None and accountant not in REGISTRY_ACCOUNTANTS:
-        raise InvalidParameterError(
-            "accountant",
-            accountant,
-            "only known accountants give a checked bound",
-            f"use one of {list(REGISTRY_ACCOUNTANTS)}",
-        )
+    if accountant is not None:
+        check_accountant(accountant)
     relation = Neighbouring(neighbouring) if neighbouring is not None else None
     with db.locked(dataset_id, label) as (conn, row):
         acc_name = accountant or row.accountant
