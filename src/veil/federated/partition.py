@@ -25,6 +25,7 @@ from typing import Literal
 
 import numpy as np
 
+from veil.data import row_hashes
 from veil.errors import ConfigError, DataError
 
 __all__ = ["Partition", "parse_partition", "row_positions", "split_rows"]
@@ -77,8 +78,6 @@ def _check_clients(clients: int, n: int) -> None:
 def row_positions(x: np.ndarray, y: np.ndarray, seed: int) -> np.ndarray:
     """Each row's position in [0, 1): a keyed BLAKE2b hash of its own features and label (key from
     ``seed``). Depends on the row alone, never on its index or on the other rows; equal rows share it."""
-    from veil.data import row_hashes
-
     labels = [str(int(v)) for v in np.asarray(y).astype(np.int64)]
     hashes = row_hashes(x, labels, "veil.partition", seed)
     return np.array([(h >> 11) * 2.0**-53 for h in hashes], dtype=np.float64)
