@@ -113,3 +113,23 @@ def test_no_draw_ahead_when_it_must_not_happen(group: None, case: str) -> None:
     assert optimizer._ahead == {}
     assert optimizer.noise_draws == (0 if case == "sigma 0" else 4)
     assert optimizer.reductions == 4
+
+
+def test_the_buffered_draw_is_not_in_a_checkpoint(group: None) -> None:
+    """Nothing of the buffer is checkpointed: whoever reads the checkpoint (the optimizer's state, as
+    the training loop saves it) could otherwise subtract the next step's noise from its release."""
+    import io
+
+    model, optimizer, loader = _private(secure=True)
+    for _ in range(2):
+        _noise_step(model, optimizer, loader)
+    ((_, buffered),) = optimizer._ahead.values()
+    needle = buffered[:16].contiguous().numpy().tobytes()  # 16 float64 noise values, 128 bytes
+
+    def saved(obj: Any) -> bytes:
+        buf = io.BytesIO()
+        torch.save(obj, buf)
+        return buf.getvalue()
+
+    assert needle in saved({"noise": buffered})  # the search finds a tensor saved by torch.save
+    assert needle not in saved({"optimizer": optimizer.state_dict()})

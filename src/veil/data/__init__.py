@@ -168,14 +168,22 @@ def held_out(
     Guarantee. A row's side depends on that row alone, never on its position or on the other rows:
     adding or removing one row leaves every other row on its side, so neighbouring datasets keep
     neighbouring training splits (add/remove-one). Equal rows land on the same side."""
-    key = hashlib.blake2b(f"veil.split/{int(seed)}".encode(), digest_size=32).digest()
-    rows = np.ascontiguousarray(np.asarray(x, dtype=np.float64).reshape(len(x), -1) + 0.0)
     labels = [str(classes[int(v)]) if classes is not None else str(int(v)) for v in np.asarray(y)]
-    out = np.empty(len(rows), dtype=bool)
+    cut = test_fraction * 2.0**64
+    return np.array([h < cut for h in row_hashes(x, labels, "veil.split", seed)], dtype=bool)
+
+
+def row_hashes(x: np.ndarray, labels: list[str], domain: str, seed: int) -> list[int]:
+    """A 64-bit keyed BLAKE2b hash of each row's own features and label (key from ``domain`` and
+    ``seed``): a function of the row alone, never of its index or of the other rows (``-0.0`` and
+    ``0.0`` hash alike; equal rows share it). Python ints, so comparisons with a float are exact."""
+    key = hashlib.blake2b(f"{domain}/{int(seed)}".encode(), digest_size=32).digest()
+    rows = np.ascontiguousarray(np.asarray(x, dtype=np.float64).reshape(len(x), -1) + 0.0)
+    out = []
     for i in range(len(rows)):
         h = hashlib.blake2b(rows[i].tobytes(), digest_size=8, key=key)
         h.update(b"|" + labels[i].encode())
-        out[i] = int.from_bytes(h.digest(), "little") < test_fraction * 2.0**64
+        out.append(int.from_bytes(h.digest(), "little"))
     return out
 
 

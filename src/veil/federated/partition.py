@@ -19,13 +19,13 @@ every client.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
+from veil.data import row_hashes
 from veil.errors import ConfigError, DataError
 
 __all__ = ["Partition", "parse_partition", "row_positions", "split_rows"]
@@ -78,15 +78,9 @@ def _check_clients(clients: int, n: int) -> None:
 def row_positions(x: np.ndarray, y: np.ndarray, seed: int) -> np.ndarray:
     """Each row's position in [0, 1): a keyed BLAKE2b hash of its own features and label (key from
     ``seed``). Depends on the row alone, never on its index or on the other rows; equal rows share it."""
-    key = hashlib.blake2b(f"veil.partition/{int(seed)}".encode(), digest_size=32).digest()
-    rows = np.ascontiguousarray(np.asarray(x, dtype=np.float64).reshape(len(x), -1) + 0.0)
-    labels = np.asarray(y).astype(np.int64)
-    out = np.empty(len(rows), dtype=np.float64)
-    for i in range(len(rows)):
-        h = hashlib.blake2b(rows[i].tobytes(), digest_size=8, key=key)
-        h.update(b"|" + str(int(labels[i])).encode())
-        out[i] = (int.from_bytes(h.digest(), "little") >> 11) * 2.0**-53
-    return out
+    labels = [str(int(v)) for v in np.asarray(y).astype(np.int64)]
+    hashes = row_hashes(x, labels, "veil.partition", seed)
+    return np.array([(h >> 11) * 2.0**-53 for h in hashes], dtype=np.float64)
 
 
 def _iid(positions: np.ndarray, clients: int) -> list[np.ndarray]:

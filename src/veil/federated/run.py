@@ -36,13 +36,18 @@ __all__ = [
 
 def plan(s: FederatedSettings) -> FederatedSettings:
     """Check the data and its partition, and calibrate σ (client level). Returns the settings to run."""
-    from veil.federated.local import federation
-    from veil.federated.privacy import client_level_sigma
+    check_data(s)
+    return _with_sigma(s) if s.mode == "client-level" else s
 
-    fed = federation(s)  # refuses a missing column, an empty client, more clients than rows
+
+def check_data(s: FederatedSettings) -> None:
+    """Refuse a missing column, an empty client, more clients than rows and (record level) silos too
+    small for δ or for the expected local batch."""
+    from veil.federated.local import federation
+
+    fed = federation(s)
     if s.mode == "client-level":
-        sigma = client_level_sigma(s.epsilon, s.delta, s.sampling_rate, s.rounds, s.clients, s.accountant)
-        return s.replace(sigma=sigma)
+        return
     smallest = min(len(p) for p in fed.parts)
     if s.delta >= 1.0 / smallest:
         raise ConfigError(
@@ -58,7 +63,6 @@ def plan(s: FederatedSettings) -> FederatedSettings:
             f"the smallest silo has {smallest} rows, fewer than the expected batch: q = B/n would exceed 1",
             f"pass --local-batch ≤ {smallest}",
         )
-    return s
 
 
 @contextlib.contextmanager
@@ -158,7 +162,7 @@ def charged(s: FederatedSettings, run_dir: Path, *, resume: bool = False) -> Ite
             # row is read; un-charged if the data's checks then refuse the run.
             s = account.reserve(_with_sigma(s), [])
             try:
-                s = plan(s)
+                check_data(s)  # σ is calibrated already: the search is not run twice
             except BaseException:
                 account.release()
                 raise

@@ -64,6 +64,11 @@ def _total(measurements: Sequence[Measurement]) -> float:
     return max(1.0, sum(s * wi for (s, _), wi in zip(est, w, strict=True)) / sum(w))
 
 
+def _round_cost(sigma: float, eps: float) -> float:
+    """ρ (zCDP) of one AIM round: the Gaussian measurement (1/(2σ²)) and the selection (ε²/8)."""
+    return 1 / (2 * sigma**2) + eps**2 / 8
+
+
 def _simplex(y: np.ndarray, total: float) -> np.ndarray:
     """The closest (L2) non-negative vector summing to ``total``: the independent model's 1-way fit."""
     u = np.sort(y)[::-1]
@@ -182,13 +187,12 @@ def aim(
     while not terminate:
         t += 1
         remaining = spend.remaining
-        cost = 1 / (2 * sigma**2) + eps**2 / 8
-        if remaining < 2 * cost * (1 + 1e-9):
+        if remaining < 2 * _round_cost(sigma, eps) * (1 + 1e-9):
             sigma = math.sqrt(1 / (2 * alpha * remaining)) * (1 + 1e-9)
             eps = math.sqrt(8 * (1 - alpha) * remaining) * (1 - 1e-9)
             terminate = True
         # The size limit grows with the budget used, this round's included (the paper's ρ_used).
-        limit = max_cells * min(1.0, (rho - remaining + 1 / (2 * sigma**2) + eps**2 / 8) / rho)
+        limit = max_cells * min(1.0, (rho - remaining + _round_cost(sigma, eps)) / rho)
         cliques = [m.attrs for m in measurements]
         offered = [r for r in candidates if model_cells(d, [*cliques, r], sizes) <= limit]
         if not offered:
