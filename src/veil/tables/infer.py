@@ -266,6 +266,29 @@ def _draft_column(
 # -- DP release ---------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _BudgetSplit:
+    """How ``schema infer --epsilon`` splits (ε, δ): ε/k and δ/k per column read; a feature column
+    spends a quarter of its share on the noisy kind counts and the rest on its bounds or levels. One
+    place, so the registry's reservation (:func:`dp_plan`) and the release (:func:`_infer_dp`) agree."""
+
+    column: float
+    delta: float
+    kinds: float
+    rest: float
+
+
+def _budget_split(epsilon: float, delta: float, columns: int) -> _BudgetSplit:
+    if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
+        raise InvalidParameterError(
+            "epsilon", epsilon, "the release needs a finite budget ε > 0", "pass ε > 0"
+        )
+    if not (0 < delta < 1):
+        raise InvalidParameterError("delta", delta, "the thresholds' δ must lie in (0, 1)", "pass e.g. 1e-7")
+    column = epsilon / columns
+    return _BudgetSplit(column, delta / columns, column / 4, column * 3 / 4)
+
+
 def _infer_dp(
     source: TableSource,
     names: list[str],
@@ -281,17 +304,11 @@ def _infer_dp(
     from veil.mechanisms.rng import make_source
     from veil.tables.release import dp_bounds, noisy_kind_counts, scale_for, thresholded_levels
 
-    if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
-        raise InvalidParameterError(
-            "epsilon", epsilon, "the release needs a finite budget ε > 0", "pass ε > 0"
-        )
-    if not (0 < delta < 1):
-        raise InvalidParameterError("delta", delta, "the thresholds' δ must lie in (0, 1)", "pass e.g. 1e-7")
+    split = _budget_split(epsilon, delta, len(read))
     rng = rng or make_source(True)
     table = _read(source, read)
-    k = len(read)
-    eps_col, delta_col = epsilon / k, delta / k
-    kind_scale = scale_for(eps_col / 4, rng.secure)
+    eps_col, delta_col, rest = split.column, split.delta, split.rest
+    kind_scale = scale_for(split.kinds, rng.secure)
     events: list[PrivacyEvent] = []
     charged = released if released is not None else []
 
@@ -317,7 +334,6 @@ def _infer_dp(
         n_words = sum(w is not None for w in words)
         noisy, event = noisy_kind_counts(numbers.size, n_words, int(missing.sum()), kind_scale, rng)
         record(event)
-        rest = eps_col * 3 / 4
         if noisy[0] >= noisy[1]:
             bounds = dp_bounds(numbers, rest, rng)
             record(bounds.event)
@@ -374,15 +390,8 @@ def dp_plan(
     """
     from veil.tables.release import bound_grid, release_event, scale_for, search_steps
 
-    if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
-        raise InvalidParameterError(
-            "epsilon", epsilon, "the release needs a finite budget ε > 0", "pass ε > 0"
-        )
-    if not (0 < delta < 1):
-        raise InvalidParameterError("delta", delta, "the thresholds' δ must lie in (0, 1)", "pass e.g. 1e-7")
-    k = len(read)
-    eps_col, delta_col = epsilon / k, delta / k
-    rest = eps_col * 3 / 4
+    split = _budget_split(epsilon, delta, len(read))
+    eps_col, delta_col, rest = split.column, split.delta, split.rest
     steps = search_steps(len(bound_grid()))
     plan: list[PrivacyEvent] = []
     for name in read:
@@ -390,7 +399,7 @@ def dp_plan(
             plan += [release_event(scale_for(eps_col, secure), secure), DeltaOnly(delta_col)]
             continue
         plan += [
-            release_event(scale_for(eps_col / 4, secure), secure),
+            release_event(scale_for(split.kinds, secure), secure),
             SelfComposed(release_event(scale_for(rest / (2 * steps), secure), secure), 2 * steps),
             release_event(scale_for(rest, secure), secure),
             DeltaOnly(delta_col),
