@@ -479,10 +479,5 @@ class _Account:
     def settle(self) -> None:
         from veil.accounting.events import ApproximateDP
 
-        try:
-            if self.released is None:
-                self.charge.release()
-            else:
-                self.charge.settle([ApproximateDP(self.released.epsilon, self.cfg.delta)])
-        finally:
-            self.charge.close()
+        released = self.released
+        self.charge.finish(None if released is None else [ApproximateDP(released.epsilon, self.cfg.delta)])

@@ -137,5 +137,16 @@ class DatasetCharge:
             transactions.release(self.registry.db, self.run_id)
             self.run_id = None
 
+    def finish(self, events: Sequence[PrivacyEvent] | None) -> None:
+        """End the job's account: :meth:`settle` with ``events`` (what the job released), or
+        :meth:`release` when it released nothing (``None``); the registry is closed either way."""
+        try:
+            if events is None:
+                self.release()
+            else:
+                self.settle(events)
+        finally:
+            self.close()
+
     def close(self) -> None:
         self.registry.close()

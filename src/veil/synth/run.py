@@ -142,13 +142,7 @@ class _Account:
     def close(self) -> None:
         if self.charge is None:
             return
-        try:
-            if self.ledger is None:
-                self.charge.release()
-            else:
-                self.charge.settle(self.ledger.events())
-        finally:
-            self.charge.close()
+        self.charge.finish(None if self.ledger is None else self.ledger.events())
 
 
 def _run(settings: SynthSettings, account: _Account) -> dict[str, Any]:
