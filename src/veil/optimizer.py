@@ -128,6 +128,12 @@ class DPOptimizer(Optimizer):
         self.pending_chunks = 0
         return loss
 
+    def noisy_count(self, centred: float, std: float) -> float:
+        """The logical batch's ``centred`` count plus one draw of N(0, std²) from the run's noise
+        source (adaptive clipping's released count; a distributed optimizer sums the ranks' counts
+        and draws the noise once)."""
+        return centred + float(self._noise.normal((1,), std, dtype=torch.float64)[0])
+
     @torch.no_grad()
     def _write_private_grads(self) -> None:
         """``p.grad = (Σ clip(g_i) + N(0, σ²Δ²I)) / B`` for every clipped parameter.

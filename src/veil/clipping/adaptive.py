@@ -16,6 +16,12 @@ Poisson-sampled Gaussian with multiplier σ = (σ_g⁻² + (2σ_b)⁻²)^(−1/2
 planned for σ keeps its budget by drawing the gradient noise at σ_g = (σ⁻² − (2σ_b)⁻²)^(−1/2)
 (:func:`gradient_noise`): the count is paid for by slightly more gradient noise, and the ledger
 charges the same event as a fixed-C step. The update of C is post-processing of released values.
+
+Across ranks (:mod:`veil.distributed`) the count is one release too: each rank's local centred count
+is all-reduced, and the count's noise is drawn once (by the rank that draws gradient noise for a
+one-coordinate group: rank 0 with a seeded source, one rank's OS entropy with a secure one), so
+every rank sees the same noisy count, moves C identically and clips the next step with the same C;
+the step's sensitivity stays C and its noise σ_g·C, and the replicas stay identical.
 """
 
 from __future__ import annotations
@@ -74,13 +80,21 @@ class AdaptiveClip:
                 "max_grad_norm", self.clip, "the initial clip must be > 0", "pass 1.0"
             )
 
+    def centred_count(self, norms: np.ndarray) -> float:
+        """Σ (1[‖g_i‖ ≤ C] − 1/2) over ``norms`` (a half-integer: exact in float64, so summing the
+        ranks' counts gives the one-process count bit for bit)."""
+        return float(np.sum(np.asarray(norms) <= self.clip)) - len(norms) / 2
+
+    def move(self, noisy_centred: float) -> float:
+        """C ← C·exp(−η(b − γ)) from the released noisy centred count; returns the share b."""
+        b = noisy_centred / self.expected_batch_size + 0.5
+        self.clip *= math.exp(-self.lr * (b - self.target_quantile))
+        return b
+
     def update(self, norms: np.ndarray, noise: float) -> float:
         """One step: ``norms`` of the sampled examples (before clipping), ``noise`` a draw of
         N(0, count_std²) from the run's noise source; returns the released share b (new C kept)."""
-        centred = float(np.sum(np.asarray(norms) <= self.clip)) - len(norms) / 2
-        b = (centred + noise) / self.expected_batch_size + 0.5
-        self.clip *= math.exp(-self.lr * (b - self.target_quantile))
-        return b
+        return self.move(self.centred_count(norms) + noise)
 
 
 class AdaptiveClipping:
@@ -97,12 +111,12 @@ class AdaptiveClipping:
         self.norms.append(norms.detach().double().cpu().numpy())
 
     def release(self) -> None:
-        import torch
-
+        """The logical step's noisy count (over every rank's examples when distributed, its noise
+        drawn once: :meth:`~veil.optimizer.DPOptimizer.noisy_count`), then the next C."""
         norms = np.concatenate(self.norms) if self.norms else np.zeros(0)
         self.norms = []
-        noise = float(self.optimizer._noise.normal((1,), self.state.count_std, dtype=torch.float64)[0])
-        b = self.state.update(norms, noise)
+        noisy = self.optimizer.noisy_count(self.state.centred_count(norms), self.state.count_std)
+        b = self.state.move(noisy)
         self._apply()
         self.history.append({"released_share": b, "clip": self.state.clip})
 

@@ -103,6 +103,25 @@ class DistributedDPOptimizer(DPOptimizer):
         return self._draw(numel, std, *key)
 
     @torch.no_grad()
+    def noisy_count(self, centred: float, std: float) -> float:
+        """Adaptive clipping's count over the whole logical batch: ``Σ_r centred_r + N(0, std²)``.
+
+        One all-reduce of (this rank's centred count, its share of the noise); the noise is drawn
+        once, by the rank that draws a one-coordinate group's noise (:meth:`noise_slice`: rank 0 on a
+        seeded source, in the stream order one process uses; one rank's OS entropy on a secure one).
+        Every rank gets the same float64 sum, so every rank moves C identically. The centred counts
+        are half-integers, so their sum is exact and is added to the noise after the reduction, as
+        one process adds them.
+        """
+        lo, hi = self.noise_slice(1)
+        noise = float(self._noise.normal((1,), std, dtype=torch.float64)[0]) if hi > lo else 0.0
+        device = self.clipper.parameters[0].device  # NCCL reduces device tensors only
+        both = torch.tensor([centred, noise], dtype=torch.float64, device=device)
+        dist.all_reduce(both, op=dist.ReduceOp.SUM, group=self.group)
+        self.reductions += 1
+        return float(both[0]) + float(both[1])
+
+    @torch.no_grad()
     def _write_private_grads(self) -> None:
         """``p.grad = (Σ_r S_r + N(0, σ²Δ²I)) / B`` on every rank, from one all-reduce per group.
 
