@@ -49,7 +49,7 @@ from veil.errors import (
 )
 from veil.mixing_probe import probe_forward, refuse_example_mixing
 from veil.optimizer import DPOptimizer
-from veil.per_example_loss import RefuseIgnoredTargets, check_criterion
+from veil.per_example_loss import LoopLossGuard, RefuseIgnoredTargets, check_criterion
 from veil.sampling import (
     PoissonBatchSampler,
     PrivateDataLoader,
@@ -514,6 +514,7 @@ class PrivacyEngine:
             signal=signal,
             on_release=self._account_step,
         )
+        dp_optimizer.loss_guard = LoopLossGuard(module, reduction)
         if ranks is not None:
             ranks.guard_wrapper()
         self.distributed = ranks

@@ -79,6 +79,7 @@ class DPOptimizer(Optimizer):
         self._on_release = on_release
         self.pending_chunks = 0
         self.adaptive: Any = None  # a veil.clipping.adaptive.AdaptiveClipping hook, when enabled
+        self.loss_guard: Any = None  # a veil.per_example_loss.LoopLossGuard, set by the engine
 
     @property
     def noise_std(self) -> float:
@@ -113,6 +114,8 @@ class DPOptimizer(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self.loss_guard is not None:
+            self.loss_guard.check()  # a loss scaled in the loop is refused before anything is released
         norms = self.clipper.accumulate()
         if self.adaptive is not None:
             self.adaptive.observe(norms)

@@ -34,7 +34,7 @@ from torch import nn
 
 from veil.errors import DataError, InvalidParameterError
 
-__all__ = ["RefuseIgnoredTargets", "check_criterion"]
+__all__ = ["LoopLossGuard", "RefuseIgnoredTargets", "check_criterion"]
 
 # Losses whose "mean" divides by the batch's total class weight / number of non-ignored targets.
 _WEIGHTED_MEAN_LOSSES = (nn.CrossEntropyLoss, nn.NLLLoss)
@@ -91,3 +91,117 @@ class RefuseIgnoredTargets:
                     "use reduction='sum' in the criterion (and loss_reduction='sum'), or drop those rows",
                 )
         return batch
+
+
+class LoopLossGuard:
+    """Checks the loss the training loop computes from the private model's output (Opacus's idiom:
+    ``loss = criterion(model(x), y); loss.backward(); optimizer.step()``, no ``criterion=`` needed).
+
+    Guarantee (the loss contract above, for a loss written in the loop). Every loss module
+    (``torch.nn.modules.loss._Loss``) applied to the model's output — directly or after an
+    element-wise step such as ``log_softmax`` — is checked when it is called, and refused
+    (:class:`~veil.errors.InvalidParameterError`) if its reduction is not the plan's declared
+    one (``"none"`` included: a per-example loss reduced by hand, e.g. a weighted mean
+    ``Σ w_i ℓ_i / Σ w_j``, cannot be checked) or if it is a weighted mean (:func:`check_criterion`).
+    The gradient that reaches such a loss's output during ``backward()`` must be exactly 1: a
+    factor applied in the loop (``loss * len(batch) / B``, ``loss / Σ w``) would rescale every
+    example's gradient by a function of the batch, so adding one example could move the clipped
+    sum by many C; :meth:`check` (run by the optimizer at every ``step()``, before the step is
+    accounted or any noise drawn) refuses it. A refusal therefore always precedes the release of
+    the batch it concerns.
+
+    Not covered: a loss computed without a loss module (``F.cross_entropy`` and hand-written
+    reductions) is not seen; pass ``criterion=`` to make_private and call it, or use a loss module,
+    for the check to apply. Loss modules applied to other tensors are left alone.
+    """
+
+    def __init__(self, model: nn.Module, reduction: str) -> None:
+        import weakref
+
+        from torch.nn.modules.module import register_module_forward_hook
+
+        self.reduction = reduction
+        self._outputs: dict[int, Any] = {}  # id → grad_fn of the model's latest outputs
+        self._seeds: list[torch.Tensor] = []  # gradients received by watched loss outputs
+        self.checked = 0  # loss calls checked, for tests and logs
+        guard = weakref.ref(self)
+
+        def on_model(module: nn.Module, args: Any, output: Any) -> None:
+            me = guard()
+            if me is not None:
+                me._record_output(output)
+
+        def on_any(module: nn.Module, args: Any, output: Any) -> None:
+            me = guard()
+            if me is not None and isinstance(module, nn.modules.loss._Loss):
+                me._check_loss(module, args, output)
+
+        handles = [model.register_forward_hook(on_model), register_module_forward_hook(on_any)]
+
+        def remove() -> None:
+            for handle in handles:
+                handle.remove()
+
+        weakref.finalize(self, remove)
+
+    def _record_output(self, output: Any) -> None:
+        if not torch.is_grad_enabled():
+            return
+        from veil.mixing_probe import _tensors
+
+        for t in _tensors(output):
+            if t.grad_fn is not None:
+                self._outputs[id(t.grad_fn)] = t.grad_fn
+
+    def _from_model(self, x: Any) -> bool:
+        """Is ``x`` the model's output, or at most three autograd steps from it?"""
+        if not isinstance(x, torch.Tensor) or x.grad_fn is None or not self._outputs:
+            return False
+        frontier, seen = [x.grad_fn], 0
+        for _ in range(4):
+            following: list[Any] = []
+            for node in frontier:
+                if id(node) in self._outputs and self._outputs[id(node)] is node:
+                    return True
+                following.extend(f for f, _ in node.next_functions if f is not None)
+                seen += 1
+            frontier = following
+            if seen > 64:
+                break
+        return False
+
+    def _check_loss(self, module: nn.Module, args: Any, output: Any) -> None:
+        if not (args and self._from_model(args[0])):
+            return
+        self.checked += 1
+        reduction = getattr(module, "reduction", None)
+        if reduction != self.reduction:
+            raise InvalidParameterError(
+                "loss.reduction",
+                f"{type(module).__name__}(reduction={reduction!r})",
+                f"the engine recovers each example's gradient for a loss reduced by {self.reduction!r}; "
+                "any other reduction (or one written in the loop) scales every example's gradient by a "
+                "function of the batch, so one example could move the clipped sum by more than C",
+                f"use reduction={self.reduction!r} in the loss module (or pass loss_reduction= to "
+                "make_private to match it), and no per-example weighting or factor in the loop",
+            )
+        check_criterion(module, reduction)
+        if isinstance(output, torch.Tensor) and output.requires_grad:
+            output.register_hook(self._seeds.append)
+
+    def check(self) -> None:
+        """Refuse the step if a watched loss was multiplied by anything before ``backward()``."""
+        seeds, self._seeds = self._seeds, []
+        self._outputs.clear()
+        for seed in seeds:
+            value = float(seed.detach().double().reshape(-1)[0]) if seed.numel() == 1 else float("nan")
+            if not abs(value - 1.0) <= 1e-6:
+                raise InvalidParameterError(
+                    "loss",
+                    "a loss multiplied before backward()" if value == value else "an unreduced loss",
+                    "a factor on the loss written in the training loop (such as len(batch)/B or "
+                    "1/Σ weights) rescales every example's gradient by a function of the batch, so "
+                    "adding one example could move the clipped sum by more than C",
+                    "call backward() on the loss module's output itself; the engine already divides "
+                    "by the expected batch size (fold a constant factor into the learning rate)",
+                )
