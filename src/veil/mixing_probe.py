@@ -60,12 +60,14 @@ def refuse_example_mixing(module: nn.Module, x: np.ndarray, y: np.ndarray) -> No
 def probe_forward(module: nn.Module, loader: DataLoader) -> Problem | str:
     """Does one example influence the other examples' outputs? Does a forward update float buffers?
 
-    Runs the model (in its current mode, under ``no_grad``, from the same RNG state each time so dropout
-    masks agree, buffers restored afterwards) on a batch of ≤ 3 dataset items, then on the same batch
-    with the first and with the last item replaced, and compares the outputs of the unchanged
-    examples. Returns a :class:`Problem` if they move (or a floating-point buffer changed), else a
-    string saying it passed or why it was skipped (fewer than 2 examples, no tensor input first in the
-    batch, a forward that needs more than the first batch field).
+    Runs the model in training mode (the mode it trains in: a module that mixes examples only
+    while ``self.training``, as BatchNorm does, is found even when handed over in eval mode; every
+    submodule's own mode is restored afterwards), under ``no_grad``, from the same RNG state each
+    time so dropout masks agree, buffers restored afterwards, on a batch of ≤ 3 dataset items, then
+    on the same batch with the first and with the last item replaced, and compares the outputs of
+    the unchanged examples. Returns a :class:`Problem` if they move (or a floating-point buffer
+    changed), else a string saying it passed or why it was skipped (fewer than 2 examples, no tensor
+    input first in the batch, a forward that needs more than the first batch field).
     """
     dataset = loader.dataset
     n = len(dataset)  # type: ignore[arg-type]
@@ -93,8 +95,10 @@ def probe_forward(module: nn.Module, loader: DataLoader) -> Problem | str:
     if base is None or base.shape[:1] != (k,) or any(x is None for _, x in changed_inputs):
         return "skipped: the batch has no tensor input with the batch dimension first"
     saved = {name: b.detach().clone() for name, b in module.named_buffers()}
+    modes = [(m, m.training) for m in module.modules()]
     devices = [device] if device.type == "cuda" else []
     try:
+        module.train()
         with torch.random.fork_rng(devices=devices), torch.no_grad():
             cpu_state = torch.get_rng_state()
             cuda_state = torch.cuda.get_rng_state(device) if devices else None
@@ -115,6 +119,8 @@ def probe_forward(module: nn.Module, loader: DataLoader) -> Problem | str:
     except Exception as exc:
         return f"skipped: the forward needs more than the first batch field ({type(exc).__name__})"
     finally:
+        for m, training in modes:
+            m.training = training
         with torch.no_grad():
             for name, b in module.named_buffers():
                 if name in saved:
