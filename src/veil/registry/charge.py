@@ -12,6 +12,13 @@ A job that spends privacy on a dataset (``veil train``, a DP schema release, ...
 3. :meth:`DatasetCharge.settle` — the events the job's ledger holds, when it ends (normally or by an
    error after the first release); :meth:`DatasetCharge.release` instead when it ended before releasing
    anything. A job killed in between stays charged with its plan.
+
+Charge before read, never un-charge after. Once a private row may have been read, whether the job
+goes on can depend on that row, so un-charging then would make the recorded spend depend on the data.
+:meth:`DatasetCharge.release` therefore un-charges only a reservation made with
+``before_reading=True`` and before :meth:`DatasetCharge.reading` was called; in every other case
+(a reservation after reading, as a DP-SGD plan that needs N is) it settles the *planned* events,
+at least what the job could have released.
 """
 
 from __future__ import annotations
@@ -54,6 +61,8 @@ class DatasetCharge:
         self.identity = identity
         self.job = job
         self.run_id: str | None = None
+        self._planned: list[PrivacyEvent] = []
+        self._rows_read = True  # until a reservation says otherwise: assume the job has read
 
     @classmethod
     def before_reading(
@@ -96,8 +105,13 @@ class DatasetCharge:
         run_id: str,
         delta: float,
         neighbouring: Neighbouring | str = Neighbouring.ADD_OR_REMOVE_ONE,
+        *,
+        before_reading: bool = False,
     ) -> None:
-        """Admit the planned events or raise :class:`~veil.errors.BudgetExhaustedError` (nothing recorded)."""
+        """Admit the planned events or raise :class:`~veil.errors.BudgetExhaustedError` (nothing recorded).
+
+        ``before_reading=True``: the job has not read a row yet (it must call :meth:`reading` before
+        the first); only then can :meth:`release` un-charge the reservation."""
         from veil.registry import transactions  # not the registry's method: no status composed to discard
 
         transactions.reserve(
@@ -110,6 +124,12 @@ class DatasetCharge:
             neighbouring=neighbouring,
         )
         self.run_id = run_id
+        self._planned = list(events)
+        self._rows_read = not before_reading
+
+    def reading(self) -> None:
+        """The job is about to read its first private row: from now on the reservation stands."""
+        self._rows_read = True
 
     def resume(self, run_id: str, events: Sequence[PrivacyEvent], delta: float) -> None:
         """Continue a run with ``events`` as its whole plan (a run the registry never saw is reserved)."""
@@ -120,6 +140,8 @@ class DatasetCharge:
 
         transactions.reopen(self.registry.db, run_id, events)
         self.run_id = run_id
+        self._planned = list(events)
+        self._rows_read = True
 
     def settle(self, events: Sequence[PrivacyEvent]) -> None:
         """Charge what the job actually released (its ledger's events) in place of the plan."""
@@ -130,16 +152,22 @@ class DatasetCharge:
             self.run_id = None
 
     def release(self) -> None:
-        """Un-charge the reservation: only when nothing computed from the data was released."""
-        if self.run_id is not None:
-            from veil.registry import transactions
+        """End a job that released nothing: un-charge its reservation if no row was read yet, else
+        settle the planned events (never un-charge after a read; see the module doc)."""
+        if self.run_id is None:
+            return
+        if self._rows_read:
+            self.settle(self._planned)
+            return
+        from veil.registry import transactions
 
-            transactions.release(self.registry.db, self.run_id)
-            self.run_id = None
+        transactions.release(self.registry.db, self.run_id)
+        self.run_id = None
 
     def finish(self, events: Sequence[PrivacyEvent] | None) -> None:
         """End the job's account: :meth:`settle` with ``events`` (what the job released), or
-        :meth:`release` when it released nothing (``None``); the registry is closed either way."""
+        :meth:`release` when it released nothing (``None``: the plan stays charged once a row may
+        have been read); the registry is closed either way."""
         try:
             if events is None:
                 self.release()

@@ -244,6 +244,34 @@ def spent_epsilon(
     return eps if pure is None else min(eps, pure)
 
 
+def overruns(
+    planned: Sequence[PrivacyEvent],
+    actual: Sequence[PrivacyEvent],
+    delta: float,
+    accountant: RegistryAccountant | str = "auto",
+    neighbouring: Neighbouring = Neighbouring.ADD_OR_REMOVE_ONE,
+) -> list[tuple[str, float, float]]:
+    """``(accountant, planned ε, actual ε)`` for each accountant of the dataset (``"auto"``: PLD and
+    RDP) that bounds both event lists and in which ``actual`` costs more than ``planned`` at ``delta``
+    (beyond float rounding): the run released more than it reserved. Empty when it did not."""
+    relation = Neighbouring(neighbouring)
+    names = ["pld", "rdp"] if accountant == "auto" else [str(accountant)]
+    plan_rest, _ = _split(compact(planned))
+    actual_rest, _ = _split(compact(actual))
+    found = []
+    for name in names:
+        if not (_supports(name, plan_rest, relation) and _supports(name, actual_rest, relation)):
+            continue
+        before = spent_epsilon([planned], delta, name, relation)
+        after = spent_epsilon([actual], delta, name, relation)
+        if after > before * (1 + _OVERRUN_SLACK) + _OVERRUN_SLACK:
+            found.append((name, before, after))
+    return found
+
+
+_OVERRUN_SLACK = 1e-9
+"""Relative (and absolute) float slack when comparing a run's released ε with its planned ε."""
+
 _ROUNDING = 1e-12
 """Relative float rounding allowed when the ``DeltaOnly`` parts add up to δ itself (k shares δ/k)."""
 

@@ -19,6 +19,7 @@ from veil.registry.compose import DEFAULT_ACCOUNTANT, events_from_json, spent_ep
 __all__ = [
     "CHARGED",
     "COMMITTED",
+    "OVERRUN",
     "RELEASED",
     "RESERVED",
     "DatasetStatus",
@@ -30,12 +31,15 @@ __all__ = [
 ]
 
 RESERVED, COMMITTED, RELEASED = "reserved", "committed", "released"
-CHARGED = (RESERVED, COMMITTED)
+OVERRUN = "overrun"
+"""A run that released more than it reserved: charged with what it released, shown in the history."""
+CHARGED = (RESERVED, COMMITTED, OVERRUN)
+SETTLED = (COMMITTED, OVERRUN)
 
 
 def stored_events(row: Any) -> list[PrivacyEvent]:
-    """The events a run row is charged with: its ledger's once committed, its plan before."""
-    return events_from_json(row.events if row.status == COMMITTED else row.planned_events)
+    """The events a run row is charged with: its ledger's once settled, its plan before."""
+    return events_from_json(row.events if row.status in SETTLED else row.planned_events)
 
 
 @dataclass(frozen=True)

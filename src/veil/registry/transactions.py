@@ -12,6 +12,12 @@ racing for the last of a budget cannot both pass. A refused reservation writes n
 A crashed run's reservation stays charged with its planned events: the registry cannot know how much
 of it ran, so it assumes all of it. :func:`commit` replaces the plan by the events the run's ledger
 holds; :func:`release` un-charges a run and is only for a run that never read a row.
+
+:func:`commit` holds each run to its reservation: events that cost more than the plan in any
+accountant the dataset uses (PLD and/or RDP, at the budget's δ) are refused as a commit and recorded
+loudly: the run's status becomes ``overrun``, charged with what it released (the truth, so the
+dataset's spend shows over its budget rather than hiding the excess), and a
+:class:`~veil.errors.RegistryError` names the run and both ε. An overrun run is never reopened.
 """
 
 from __future__ import annotations
@@ -24,10 +30,10 @@ from sqlalchemy import Connection, select
 from veil.accounting.base import check_delta, check_epsilon
 from veil.accounting.events import Neighbouring, PrivacyEvent
 from veil.errors import BudgetExhaustedError, InvalidParameterError, RegistryError
-from veil.registry.compose import check_accountant, check_events, events_to_json, spent_epsilon
+from veil.registry.compose import check_accountant, check_events, events_to_json, overruns, spent_epsilon
 from veil.registry.database import Database, now
 from veil.registry.identity import DatasetIdentity
-from veil.registry.reporting import CHARGED, COMMITTED, RELEASED, RESERVED, stored_events
+from veil.registry.reporting import CHARGED, COMMITTED, OVERRUN, RELEASED, RESERVED, stored_events
 from veil.registry.schema import datasets, runs
 
 __all__ = ["check_run_id", "commit", "dataset_key", "release", "reopen", "reserve", "run_row", "set_budget"]
@@ -209,6 +215,14 @@ def reopen(db: Database, run_id: str, events: Sequence[PrivacyEvent]) -> str:
     Raises :class:`~veil.errors.BudgetExhaustedError` (nothing changed) if that would exceed the budget.
     """
     record = run_row(db, run_id)
+    if record.status == OVERRUN:
+        raise RegistryError(
+            "run_id",
+            run_id,
+            "this run released more than it reserved (overrun); continuing it under a new plan could "
+            "hide what it released",
+            "start a new run",
+        )
     with db.locked(record.dataset_id) as (conn, row):
         accountant = row.accountant
         relation = Neighbouring(row.neighbouring)
@@ -237,7 +251,11 @@ def reopen(db: Database, run_id: str, events: Sequence[PrivacyEvent]) -> str:
 
 
 def commit(db: Database, run_id: str, events: Sequence[PrivacyEvent]) -> str:
-    """Record what a run actually released (its ledger's events) in place of its plan."""
+    """Record what a run actually released (its ledger's events) in place of its plan.
+
+    Events beyond the plan (see the module doc) are still charged, under status ``overrun``, and
+    then refused with a :class:`~veil.errors.RegistryError`: the excess is never silent.
+    """
     record = run_row(db, run_id)
     with db.locked(record.dataset_id) as (conn, row):
         current = conn.execute(select(runs).where(runs.c.run_id == run_id)).one()
@@ -248,16 +266,33 @@ def commit(db: Database, run_id: str, events: Sequence[PrivacyEvent]) -> str:
                 f"the run is {current.status}, so its spend is already settled",
                 "commit a run once, after it ends",
             )
+        relation = Neighbouring(row.neighbouring)
         others = _charged_events(conn, record.dataset_id, leave_out=run_id)
-        actual = check_events(
-            events, row.accountant, Neighbouring(row.neighbouring), [e for r in others for e in r]
-        )
+        actual = check_events(events, row.accountant, relation, [e for r in others for e in r])
+        delta = row.delta if row.delta is not None else (current.delta or _UNBUDGETED_DELTA)
+        excess = overruns(stored_events(current), actual, delta, row.accountant, relation)
         conn.execute(
             runs.update()
             .where(runs.c.run_id == run_id)
-            .values(status=COMMITTED, events=events_to_json(actual), finished_at=now())
+            .values(status=OVERRUN if excess else COMMITTED, events=events_to_json(actual), finished_at=now())
+        )
+    if excess:
+        name, planned, released = excess[0]
+        raise RegistryError(
+            "run",
+            run_id,
+            f"it released more than it reserved: ε = {released:.4g} against its plan's ε = {planned:.4g} "
+            f"({name}, at δ = {delta:.3g}); it is recorded as 'overrun', charged with what it released, "
+            "so the dataset's spend shows it",
+            "find why the job ran past its plan (see veil budget show); a job must reserve its whole "
+            "plan before it releases anything",
         )
     return str(record.dataset_id)
+
+
+_UNBUDGETED_DELTA = 1e-6
+"""The δ at which a run's released and planned ε are compared when neither the dataset's budget nor
+the run states one."""
 
 
 def release(db: Database, run_id: str) -> str:
