@@ -9,7 +9,6 @@ which is required: veil never reads the label set off the private rows.
 
 from __future__ import annotations
 
-import csv
 import difflib
 import math
 from pathlib import Path
@@ -132,37 +131,18 @@ def _from_columns(
     )
 
 
-def read_csv_columns(p: Path) -> dict[str, list[Any]]:
-    """A UTF-8 CSV as ``{column: [cells as str]}`` (header row required, every row as wide)."""
-    try:
-        text = p.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DataError(
-            "dataset file", str(p), f"it cannot be read as UTF-8 text ({exc})", "save it as UTF-8 CSV"
-        ) from None
-    try:
-        dialect: Any = csv.Sniffer().sniff(text[:4096], delimiters=",;\t")
-    except csv.Error:
-        dialect = csv.excel
-    rows = [r for r in csv.reader(text.splitlines(), dialect) if r]
-    if len(rows) < 2:
+def read_csv_columns(p: Path, encoding: str = "utf-8") -> dict[str, list[Any]]:
+    """A CSV as ``{column: [cells as str]}`` (header row required, every row as wide), read by the
+    tables' pyarrow reader (:func:`veil.tables.sources.read_csv_text`): one CSV parser for every job,
+    so a quoted newline, U+0085 or U+2028 inside a cell never cuts a row. ``encoding`` is declared."""
+    from veil.tables.sources import parse_source, read_csv_text
+
+    columns = read_csv_text(parse_source(f"csv:{p}", encoding=encoding))
+    if not columns or not next(iter(columns.values())):
         raise DataError(
             "dataset file", str(p), "a CSV needs a header row and at least one data row", "add them"
         )
-    header = [h.strip() for h in rows[0]]
-    if len(set(header)) != len(header):
-        raise DataError(
-            "CSV header", str(p), "column names must be unique to name the target", "rename duplicates"
-        )
-    for i, r in enumerate(rows[1:], start=2):
-        if len(r) != len(header):
-            raise DataError(
-                f"CSV row {i}",
-                f"{len(r)} cells",
-                f"the header has {len(header)} columns",
-                "make every row as wide as the header",
-            )
-    return {h: [r[j] for r in rows[1:]] for j, h in enumerate(header)}
+    return dict(columns)
 
 
 def read_parquet_columns(p: Path) -> dict[str, list[Any]]:

@@ -9,6 +9,12 @@ typed columns (numeric columns as float32 when a schema says so, categorical one
 so a table costs about its typed size in memory, not Python objects per cell. SQL results are
 fetched in partitions and converted to Arrow per partition.
 
+One CSV reader for every job: tables, and the text and tabular loaders of ``veil train``
+(:func:`read_csv_text`, every cell as written) all parse with pyarrow, quoted newlines allowed in
+values; only ``\n``/``\r`` end a row, so U+0085 (NEL) or U+2028 inside a cell stays in its row. The
+delimiter (``,``, ``;`` or tab) is read from the header line alone; the text encoding is declared
+(``encoding=``, UTF-8 by default, e.g. ``latin-1``), never guessed from the rows.
+
 These functions only read: they compute no statistic of the data, drop no row and fill no cell.
 Every failure is a :class:`~veil.errors.DataError` with one line saying what and how to fix it;
 database URLs are shown with the password hidden.
@@ -37,6 +43,7 @@ __all__ = [
     "hide_password",
     "iter_source",
     "parse_source",
+    "read_csv_text",
     "read_source",
     "refuse_password_in_url",
     "source_columns",
@@ -55,6 +62,7 @@ class TableSource:
     location: str
     table: str | None = None
     query: str | None = None
+    encoding: str = "utf-8"  # of a CSV file: declared, never guessed
 
     def describe(self) -> str:
         if self.kind != "sql":
@@ -123,8 +131,12 @@ def _need(module: str, what: str) -> Any:
         ) from None
 
 
-def parse_source(spec: str, *, table: str | None = None, query: str | None = None) -> TableSource:
-    """``csv:PATH`` | ``parquet:PATH`` | ``sql:URL`` (with ``table`` or ``query``) | a .csv/.parquet path."""
+def parse_source(
+    spec: str, *, table: str | None = None, query: str | None = None, encoding: str = "utf-8"
+) -> TableSource:
+    """``csv:PATH`` | ``parquet:PATH`` | ``sql:URL`` (with ``table`` or ``query``) | a .csv/.parquet path.
+
+    ``encoding``: the text encoding of a CSV file (a Python codec name: ``utf-8``, ``latin-1``, ...)."""
     kind, sep, rest = spec.partition(":")
     if sep and kind in ("csv", "parquet", "sql") and rest:
         chosen: SourceKind = kind  # type: ignore[assignment]
@@ -157,7 +169,18 @@ def parse_source(spec: str, *, table: str | None = None, query: str | None = Non
     p = Path(rest).expanduser()
     if not p.is_file():
         raise DataError("dataset file", str(p), "the file does not exist", f"check the path after {chosen}:")
-    return TableSource(chosen, str(p))
+    return TableSource(chosen, str(p), encoding=_check_encoding(encoding))
+
+
+def _check_encoding(encoding: str) -> str:
+    import codecs
+
+    try:
+        return codecs.lookup(encoding).name
+    except (LookupError, TypeError):
+        raise DataError(
+            "encoding", encoding, "the CSV's text encoding must be a known codec", "pass utf-8 or latin-1"
+        ) from None
 
 
 # -- columns (header only) ----------------------------------------------------------------------
@@ -166,27 +189,27 @@ def parse_source(spec: str, *, table: str | None = None, query: str | None = Non
 def source_columns(source: TableSource) -> list[str]:
     """The column names, read from the header or metadata only."""
     if source.kind == "csv":
-        return _csv_header(Path(source.location))
+        return _csv_header(Path(source.location), source.encoding)
     if source.kind == "parquet":
         pq = _need("pyarrow.parquet", source.describe())
         return list(_parquet_file(pq, source).schema_arrow.names)
     return list(_sql_read(source, limit=0).column_names)
 
 
-def _csv_header(p: Path) -> list[str]:
+def _open_text(p: Path, encoding: str) -> Any:
     import gzip
 
+    opener: Any = gzip.open if p.name.lower().endswith(".gz") else open
+    codec = "utf-8-sig" if encoding in ("utf-8", "utf_8") else encoding
+    return opener(p, "rt", encoding=codec, newline="")
+
+
+def _csv_header(p: Path, encoding: str = "utf-8") -> list[str]:
     try:
-        opener: Any = gzip.open if p.name.lower().endswith(".gz") else open
-        with opener(p, "rt", encoding="utf-8-sig", newline="") as fh:
-            header = next(csv.reader(fh), None)
+        with _open_text(p, encoding) as fh:
+            header = next(csv.reader(fh, delimiter=_delimiter(p, encoding)), None)
     except (OSError, UnicodeDecodeError) as exc:
-        raise DataError(
-            "dataset file",
-            str(p),
-            f"it cannot be read as UTF-8 text ({exc.__class__.__name__})",
-            "save as UTF-8",
-        ) from None
+        raise _not_decodable(p, encoding, exc) from None
     if not header:
         raise DataError(
             "dataset file", str(p), "the CSV has no header row", "add a header naming the columns"
@@ -196,6 +219,42 @@ def _csv_header(p: Path) -> list[str]:
     if dup is not None:
         raise DataError("CSV header", dup, "column names must be unique to be declared", "rename duplicates")
     return names
+
+
+def _not_decodable(p: Path, encoding: str, exc: BaseException) -> DataError:
+    return DataError(
+        "dataset file",
+        str(p),
+        f"it cannot be read as {encoding} text ({exc.__class__.__name__})",
+        "save it as UTF-8, or declare its encoding (e.g. encoding='latin-1')",
+    )
+
+
+def _delimiter(p: Path, encoding: str) -> str:
+    """``,``, ``;`` or tab: whichever occurs most in the header line (the first line), ``,`` on a tie."""
+    try:
+        with _open_text(p, encoding) as fh:
+            first = fh.readline()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _not_decodable(p, encoding, exc) from None
+    counts = {d: first.count(d) for d in (",", ";", "\t")}
+    best = max(counts, key=lambda d: counts[d])
+    return best if counts[best] > counts[","] else ","
+
+
+def _csv_options(p: Path, encoding: str, names: list[str], block_size: int | None = None) -> dict[str, Any]:
+    """pyarrow's read and parse options shared by every CSV read: the header's (stripped) names, the
+    declared encoding, the header's delimiter, and newlines allowed inside quoted values."""
+    import pyarrow.csv as pa_csv
+
+    read = pa_csv.ReadOptions(
+        column_names=names,
+        skip_rows=1,
+        encoding=encoding,
+        **({"block_size": block_size} if block_size else {}),
+    )
+    parse = pa_csv.ParseOptions(delimiter=_delimiter(p, encoding), newlines_in_values=True)
+    return {"read_options": read, "parse_options": parse}
 
 
 def check_columns(schema: TableSchema, present: Sequence[str], where: str, *, need_target: bool) -> None:
@@ -237,7 +296,8 @@ def read_source(
     else:
         wanted = present
     if source.kind == "csv":
-        return RawTable(_read_csv(Path(source.location), schema, wanted), source, first_row=2)
+        table = _read_csv(Path(source.location), schema, wanted, source.encoding, present)
+        return RawTable(table, source, first_row=2)
     if source.kind == "parquet":
         pq = _need("pyarrow.parquet", source.describe())
         try:
@@ -277,7 +337,7 @@ def iter_source(
     if source.kind == "csv":
         path = Path(source.location)
         bound = None if path.name.lower().endswith(".gz") else _newlines(path)
-        return bound, _csv_batches(path, schema, wanted, source)
+        return bound, _csv_batches(path, schema, wanted, source, present)
     if source.kind == "parquet":
         pq = _need("pyarrow.parquet", source.describe())
         pf = _parquet_file(pq, source)
@@ -296,7 +356,7 @@ def _newlines(path: Path) -> int:
 
 
 def _csv_batches(
-    path: Path, schema: TableSchema, wanted: list[str], source: TableSource
+    path: Path, schema: TableSchema, wanted: list[str], source: TableSource, names: list[str]
 ) -> Iterator[RawTable]:
     pa_csv = _need("pyarrow.csv", source.describe())
     import pyarrow as pa
@@ -313,7 +373,7 @@ def _csv_batches(
     offset = 0
     try:
         reader = pa_csv.open_csv(
-            path, convert_options=convert, read_options=pa_csv.ReadOptions(block_size=1 << 22)
+            path, convert_options=convert, **_csv_options(path, source.encoding, names, 1 << 22)
         )
         for batch in reader:
             if batch.num_rows:
@@ -357,7 +417,13 @@ def _csv_types(schema: TableSchema | None) -> dict[str, Any]:
     return types
 
 
-def _read_csv(p: Path, schema: TableSchema | None, wanted: list[str]) -> pa.Table:
+def _read_csv(
+    p: Path,
+    schema: TableSchema | None,
+    wanted: list[str],
+    encoding: str = "utf-8",
+    names: list[str] | None = None,
+) -> pa.Table:
     pa_csv = _need("pyarrow.csv", f"csv:{p}")
     import pyarrow as pa
 
@@ -373,17 +439,41 @@ def _read_csv(p: Path, schema: TableSchema | None, wanted: list[str]) -> pa.Tabl
         true_values=["true", "True", "TRUE"],
         false_values=["false", "False", "FALSE"],
     )
+    names = names if names is not None else _csv_header(p, encoding)
     try:
-        return pa_csv.read_csv(p, convert_options=convert)
+        return pa_csv.read_csv(p, convert_options=convert, **_csv_options(p, encoding, names))
     except pa.ArrowInvalid as exc:
         _csv_error(p, schema, exc)
+
+
+def read_csv_text(source: TableSource) -> dict[str, list[str]]:
+    """A CSV's every cell as written (text, no type inference, no missing-value markers), by column:
+    the table reader with all columns read as strings, for loaders that parse cells themselves."""
+    if source.kind != "csv":
+        raise DataError("dataset", source.describe(), "only a CSV is read as text cells", "pass csv:PATH")
+    pa_csv = _need("pyarrow.csv", source.describe())
+    import pyarrow as pa
+
+    p = Path(source.location)
+    names = _csv_header(p, source.encoding)
+    convert = pa_csv.ConvertOptions(
+        column_types={n: pa.string() for n in names},
+        null_values=[],
+        strings_can_be_null=False,
+        quoted_strings_can_be_null=False,
+    )
+    try:
+        table = pa_csv.read_csv(p, convert_options=convert, **_csv_options(p, source.encoding, names))
+    except pa.ArrowInvalid as exc:
+        _csv_error(p, None, exc)
+    return {name: table.column(name).to_pylist() for name in names}
 
 
 def _csv_error(p: Path, schema: TableSchema | None, exc: Exception) -> NoReturn:
     """Turn pyarrow's parse error into one line; for a numeric column, name the first bad cell."""
     import pyarrow as pa
 
-    message = _first_line(exc)
+    message = re.sub(r"(got \d+)\b.*", r"\1", _first_line(exc))  # pyarrow echoes the row: never a cell
     found = re.search(r"column #(\d+)", message)
     if found and schema is not None:
         names = _csv_header(p)

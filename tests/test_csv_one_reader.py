@@ -1,0 +1,69 @@
+"""One CSV reader (pyarrow) for tables and texts: cells with line-like characters stay in their row.
+
+A valid CSV may hold, inside quoted cells, a newline, U+0085 (NEL, byte 0x85 in Latin-1) or U+2028
+(LINE SEPARATOR): ``str.splitlines()`` cuts rows at all three. The text loader's reader
+(``veil.data.tabular.read_csv_columns``, what ``veil train --dataset csv:... --text-column`` uses) and
+the table reader (``veil.tables.sources.read_source``) must both read every cell as Python's ``csv``
+module does on the file opened with ``newline=""`` (the independent reference), in UTF-8 and Latin-1.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from veil.data.tabular import read_csv_columns
+from veil.errors import DataError
+from veil.tables.sources import parse_source, read_source
+
+TEXTS = [
+    "a quoted\nnewline",
+    "a next-line\x85character",
+    'quotes "inside", and a comma',
+    "crlf\r\ninside",
+    "plain café",
+]
+
+
+def _write(tmp_path: Path, encoding: str, delimiter: str = ",") -> tuple[Path, dict[str, list[str]]]:
+    texts = [*TEXTS, "a line\u2028separator"] if encoding == "utf-8" else TEXTS
+    rows = [[t, "pos" if i % 2 else "neg", str(i)] for i, t in enumerate(texts * 3)]
+    p = tmp_path / f"texts-{encoding}.csv"
+    with p.open("w", newline="", encoding=encoding) as fh:
+        writer = csv.writer(fh, delimiter=delimiter)
+        writer.writerow(["text", "label", "id"])
+        writer.writerows(rows)
+    with p.open(newline="", encoding=encoding) as fh:  # the reference: Python's csv module
+        header, *body = list(csv.reader(fh, delimiter=delimiter))
+    expected = {name: [r[j] for r in body] for j, name in enumerate(header)}
+    assert len(body) == len(rows) and expected["text"] == [r[0] for r in rows]
+    return p, expected
+
+
+def test_utf8_text_path_reads_every_cell_in_its_row(tmp_path: Path) -> None:
+    p, expected = _write(tmp_path, "utf-8")
+    assert read_csv_columns(p) == expected
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "latin-1"])
+def test_the_table_and_text_paths_read_the_same_cells(tmp_path: Path, encoding: str) -> None:
+    p, expected = _write(tmp_path, encoding)
+    text_path = read_csv_columns(p, encoding=encoding)
+    table = read_source(parse_source(f"csv:{p}", encoding=encoding)).table
+    table_path = {name: [str(v) for v in table.column(name).to_pylist()] for name in table.column_names}
+    assert text_path == expected
+    assert table_path == expected
+
+
+def test_a_semicolon_csv_is_still_read(tmp_path: Path) -> None:
+    p, expected = _write(tmp_path, "utf-8", delimiter=";")
+    assert read_csv_columns(p) == expected
+
+
+def test_latin1_bytes_read_as_utf8_are_refused_without_echoing_a_cell(tmp_path: Path) -> None:
+    p, _ = _write(tmp_path, "latin-1")
+    with pytest.raises(DataError) as info:
+        read_csv_columns(p)
+    assert "café" not in str(info.value) and "encoding" in str(info.value)
