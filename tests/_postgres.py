@@ -10,7 +10,8 @@ removes the folder. ``with postgres_server() as url:`` wraps start and stop.
 
 Used by the tables tests (sources, wrong passwords, training from PostgreSQL) and the budget
 registry's race (``tests/test_registry_concurrency.py``). ``.ci/install-postgres.sh`` installs the
-binaries in CI.
+binaries in CI. Every PostgreSQL fixture calls :func:`skip_without_postgres`: a skip on a developer's
+machine without the binaries, a failure in CI.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ __all__ = [
     "pg_bindir",
     "postgres_server",
     "postgres_unavailable",
+    "skip_without_postgres",
 ]
 
 PG_USER = "veil"
@@ -65,6 +67,20 @@ def postgres_unavailable() -> str | None:
         if shutil.which("runuser") is None:
             return "running as root and runuser is missing"
     return None
+
+
+def skip_without_postgres() -> None:
+    """Skip the calling test or fixture when no server can start here, but *fail* it in CI (``CI``
+    set in the environment, as every CI service does): there the PostgreSQL tests must run, and a
+    skip would let the suite pass without them."""
+    import pytest
+
+    reason = postgres_unavailable()
+    if reason is None:
+        return
+    if os.environ.get("CI"):
+        pytest.fail(f"CI runs the PostgreSQL tests, but no server can start here: {reason}", pytrace=False)
+    pytest.skip(reason)
 
 
 def free_port() -> int:

@@ -110,17 +110,53 @@ def test_noise_generator_already_drawn_from_is_refused() -> None:
 
 
 def test_make_private_accepts_opacus_keywords_and_returns_three() -> None:
-    model, optimizer, loader = _private(
-        PrivacyEngine(),
+    """Each Opacus keyword means in the plan what it means in Opacus: σ, C, q = B/N, Poisson
+    sampling, flat clipping, the loss reduction (``sum`` here, not the default, so ignoring the
+    keyword fails), hooks on the module itself; one epoch charges ⌈N/B⌉ PoissonSampled(q, σ) steps."""
+    from veil.accounting.calibrate import dpsgd_event
+    from veil.optimizer import DPOptimizer
+    from veil.sampling import PoissonBatchSampler, PrivateDataLoader
+
+    engine = PrivacyEngine(accountant="rdp")
+    module, opt, data = _setup()  # 40 examples, batch_size 10
+    model, optimizer, loader = engine.make_private(
+        module=module,
+        optimizer=opt,
+        data_loader=data,
+        noise_multiplier=1.3,
+        max_grad_norm=0.7,
         batch_first=True,
-        loss_reduction="mean",
+        loss_reduction="sum",
         poisson_sampling=True,
         clipping="flat",
         grad_sample_mode="hooks",
-        criterion=nn.CrossEntropyLoss(),
+        criterion=nn.CrossEntropyLoss(reduction="sum"),
         wrap_model=True,
     )
-    _one_epoch(model, optimizer, loader)
+    plan = engine.plan
+    assert plan is not None
+    assert (plan.noise_multiplier, plan.max_grad_norm) == (1.3, 0.7)
+    assert (plan.sampling_rate, plan.expected_batch_size, plan.dataset_size) == (10 / 40, 10, 40)
+    assert (plan.sampling, plan.clipping, plan.loss_reduction) == ("poisson", "flat", "sum")
+    assert plan.steps_per_epoch == 4 and plan.event == dpsgd_event(0.25, 1.3)
+    assert model is module  # wrap_model: the hooks sit on the module itself
+    assert isinstance(optimizer, DPOptimizer) and optimizer.original_optimizer is opt
+    assert (optimizer.noise_multiplier, optimizer.max_grad_norm, optimizer.expected_batch_size) == (
+        1.3,
+        0.7,
+        10,
+    )
+    assert optimizer.clipper.loss_reduction == "sum" and optimizer.clipper.max_grad_norms == [0.7]
+    assert isinstance(loader, PrivateDataLoader) and loader.expected_batch_size == 10
+    sampler = loader.logical_sampler
+    assert isinstance(sampler, PoissonBatchSampler) and sampler.sampling_rate == 0.25
+    criterion = nn.CrossEntropyLoss(reduction="sum")
+    for x, y in loader:
+        optimizer.zero_grad()
+        criterion(model(x), y).backward()
+        optimizer.step()
+    assert engine.steps == 4
+    assert engine.get_epsilon(1e-5) == pytest.approx(dpsgd_epsilon(0.25, 1.3, 4, 1e-5, "rdp"), rel=1e-9)
 
 
 def test_ghost_mode_returns_four_with_a_usable_criterion() -> None:
