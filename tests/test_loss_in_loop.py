@@ -159,3 +159,20 @@ def test_a_loss_on_other_tensors_is_left_alone() -> None:
         nn.CrossEntropyLoss()(model(x), y).backward()
         optimizer.step()
     assert engine.steps == 5
+
+
+def test_the_guard_keeps_no_graph_and_no_global_hook_alive() -> None:
+    import gc
+
+    from torch.nn.modules import module as torch_module
+
+    hooks_before = len(torch_module._global_forward_hooks)
+    engine, model, optimizer, loader = _make_private("make_private")
+    assert len(torch_module._global_forward_hooks) == hooks_before + 1
+    x = torch.randn(4, 5)
+    for _ in range(40):  # forwards without a step (evaluation with grad enabled)
+        model(x)
+    assert len(optimizer.loss_guard._outputs) <= 16
+    del engine, model, optimizer, loader
+    gc.collect()
+    assert len(torch_module._global_forward_hooks) == hooks_before

@@ -93,6 +93,10 @@ class RefuseIgnoredTargets:
         return batch
 
 
+_KEPT_OUTPUTS = 16
+"""The most model outputs (of the latest forwards) the guard remembers between two steps."""
+
+
 class LoopLossGuard:
     """Checks the loss the training loop computes from the private model's output (Opacus's idiom:
     ``loss = criterion(model(x), y); loss.backward(); optimizer.step()``, no ``criterion=`` needed).
@@ -152,6 +156,8 @@ class LoopLossGuard:
         for t in _tensors(output):
             if t.grad_fn is not None:
                 self._outputs[id(t.grad_fn)] = t.grad_fn
+        while len(self._outputs) > _KEPT_OUTPUTS:  # forwards without a step (e.g. evaluation with
+            del self._outputs[next(iter(self._outputs))]  # grad enabled) must not keep graphs alive
 
     def _from_model(self, x: Any) -> bool:
         """Is ``x`` the model's output, or at most three autograd steps from it?"""
