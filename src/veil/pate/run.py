@@ -31,7 +31,7 @@ import numpy as np
 
 from veil.errors import CheckpointError
 from veil.pate.config import PateConfig, make_pate_config, resolve_pate_config
-from veil.pate.data import PateData, load_pate_data, load_public_data
+from veil.pate.data import PateData, load_pate_data, load_public_data, require_public_pool
 from veil.pate.report import PateReport
 from veil.pipeline.run_folder import check_out, default_out, write_files
 from veil.pipeline.seeds import Purpose, derive_seed
@@ -427,6 +427,7 @@ def run_pate(
     cfg = config if isinstance(config, PateConfig) else make_pate_config(config or {})
     out = _checked_out(cfg)
     privacy = _privacy(cfg)  # settings errors before any work
+    require_public_pool(cfg)  # the pool is declared public: refused before a row is read
     account = _Account.before_reading(cfg)  # an exhausted dataset is refused before a row is read
     try:
         data = load_pate_data(cfg)
@@ -462,9 +463,9 @@ class _Account:
 
     @classmethod
     def before_reading(cls, cfg: PateConfig) -> _Account:
-        from veil.registry.charge import DatasetCharge
+        from veil.pipeline.private_data import data_ref, open_account
 
-        return cls(cfg, DatasetCharge.before_reading(cfg.dataset, job="pate", data_dir=cfg.data_dir))
+        return cls(cfg, open_account(data_ref(cfg.dataset, cfg), job="pate"))
 
     def reserve(self, privacy: _Privacy, data: PateData) -> None:
         import uuid

@@ -90,6 +90,7 @@ def _plan(
 def tune(
     *,
     dataset: str = "digits",
+    dataset_id: str | None = None,
     epsilon: float = 3.0,
     delta: float = 1e-5,
     out: str | Path | None = None,
@@ -103,7 +104,8 @@ def tune(
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run ``veil tune`` and return the report (also written as ``report.json``); see the module
-    docstring for the guarantee. ``extra``: further train settings shared by every trial."""
+    docstring for the guarantee. ``dataset_id``: the declared identity the run is charged to (default:
+    the data's fingerprint). ``extra``: further train settings shared by every trial."""
     from veil.tune.report import write_report
 
     t0 = time.monotonic()
@@ -111,6 +113,7 @@ def tune(
     count = TrialCount(trials_mean, trials_law, trials_shape)  # type: ignore[arg-type]
     base: dict[str, Any] = {
         "dataset": dataset,
+        **({"dataset_id": dataset_id} if dataset_id is not None else {}),
         "delta": delta,
         "seed": seed,
         "secure_rng": True,
