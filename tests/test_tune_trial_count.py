@@ -54,7 +54,8 @@ def _seeded(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
     """Seed the sampler's uniforms, and stop a sampler whose cumulative sum never reaches its uniform
     (mass missing from the law it walks: it would search up to k = 10⁷ per draw)."""
     rng = np.random.default_rng(seed)
-    monkeypatch.setattr(tuning.secrets, "randbits", lambda bits: int(rng.integers(0, 2**bits, dtype=np.uint64)))
+    draw = lambda bits: int(rng.integers(0, 2**bits, dtype=np.uint64))  # noqa: E731
+    monkeypatch.setattr(tuning.secrets, "randbits", draw)
     pmf = TrialCount.pmf
 
     def bounded(self: TrialCount, k: int) -> float:
@@ -74,7 +75,8 @@ def test_sampled_trial_counts_follow_the_stated_law(
     top = int(draws.max()) + 2000
     k = np.arange(top + 1)
     ref = _reference(count, k)
-    assert ref.sum() == pytest.approx(1.0, abs=1e-6) and float((k * ref).sum()) == pytest.approx(mean, rel=1e-6)
+    assert ref.sum() == pytest.approx(1.0, abs=1e-6)
+    assert float((k * ref).sum()) == pytest.approx(mean, rel=1e-6)
     if law == "poisson":  # K = 0 is a possible outcome, with its own probability
         assert (draws == 0).any()
     else:
