@@ -366,6 +366,7 @@ def _report(plan: RunPlan, run_dir: Path, ledger: Ledger, model: nn.Module, **re
             utility_drop=None if baseline_acc is None else baseline_acc - test_acc,
             history=result["history"],
             audit=result["audit"],
+            per_record_rules=dict(plan.data.rules),
             labelled_elsewhere={
                 "dataset.sha256": "a fingerprint of the whole private file: it confirms a guess of the "
                 "entire dataset; kept for the audit trail and resume checks",

@@ -119,7 +119,9 @@ def _release_charged(
 def run_check(
     schema_path: str, dataset: str, *, table: str | None = None, query: str | None = None
 ) -> dict[str, Any]:
-    """The work of ``veil schema check``: read and encode the whole table, refuse the first bad value."""
+    """The work of ``veil schema check``: read and encode the whole table, refuse the first value a
+    policy of the schema refuses, and count what the per-record rules did (rows dropped for an
+    undeclared or missing label, cells not a number made missing)."""
     from veil.tables.encoder import TableEncoder
     from veil.tables.schema import load_schema
     from veil.tables.sources import iter_source, parse_source, source_columns
@@ -138,6 +140,9 @@ def run_check(
         "rows (not private: for your eyes only)": int(encoded.x.shape[0]),
         "features": int(encoded.x.shape[1]),
         "classes": ", ".join(encoded.classes) or "-",
+        **{
+            f"{rule.replace('_', ' ')} (not private)": count for rule, count in encoded.rules.items() if count
+        },
     }
 
 

@@ -296,31 +296,45 @@ def _newlines(path: Path) -> int:
 
 
 def _csv_batches(
-    path: Path, schema: TableSchema, wanted: list[str], source: TableSource
+    path: Path,
+    schema: TableSchema,
+    wanted: list[str],
+    source: TableSource,
+    *,
+    numbers_as_text: bool = False,
+    skip: int = 0,
 ) -> Iterator[RawTable]:
+    """The CSV block by block. A cell of a numeric column that is not a number stops pyarrow's typed
+    reader; the rest of the file is then read with those columns as text, from the first row not yet
+    yielded, and the encoder makes such a cell missing (a per-record rule, never a refusal)."""
     pa_csv = _need("pyarrow.csv", source.describe())
     import pyarrow as pa
 
     missing = list(schema.missing_values)
     convert = pa_csv.ConvertOptions(
-        column_types=_csv_types(schema),
+        column_types=_csv_types(schema, numbers_as_text=numbers_as_text),
         null_values=missing,
         strings_can_be_null=True,
         include_columns=wanted,
         true_values=["true", "True", "TRUE"],
         false_values=["false", "False", "FALSE"],
     )
-    offset = 0
+    offset = skip
+    options = pa_csv.ReadOptions(block_size=1 << 22, skip_rows_after_names=skip)
     try:
-        reader = pa_csv.open_csv(
-            path, convert_options=convert, read_options=pa_csv.ReadOptions(block_size=1 << 22)
-        )
+        reader = pa_csv.open_csv(path, convert_options=convert, read_options=options)
         for batch in reader:
             if batch.num_rows:
                 yield RawTable(pa.Table.from_batches([batch]), source, first_row=offset + 2)
                 offset += batch.num_rows
     except pa.ArrowInvalid as exc:
-        _csv_error(path, schema, exc)
+        if numbers_as_text or not _conversion_error(exc):
+            _csv_error(path, exc)
+        retry = True
+    else:
+        retry = False
+    if retry:
+        yield from _csv_batches(path, schema, wanted, source, numbers_as_text=True, skip=offset)
 
 
 def _parquet_batches(
@@ -339,7 +353,14 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else exc.__class__.__name__
 
 
-def _csv_types(schema: TableSchema | None) -> dict[str, Any]:
+def _conversion_error(exc: BaseException) -> bool:
+    """pyarrow could not convert a cell to its column's type (not a malformed row)."""
+    return "conversion error" in str(exc)
+
+
+def _csv_types(schema: TableSchema | None, *, numbers_as_text: bool = False) -> dict[str, Any]:
+    """Column types for pyarrow's reader; numeric features as float32, or as text (then converted by
+    the encoder, which makes a cell that is not a number missing)."""
     import pyarrow as pa
 
     if schema is None:
@@ -349,7 +370,7 @@ def _csv_types(schema: TableSchema | None) -> dict[str, Any]:
         if not c.used:
             continue
         if c.type == "numeric" and c.role == "feature":
-            types[c.name] = pa.float32()
+            types[c.name] = pa.string() if numbers_as_text else pa.float32()
         elif c.type in ("categorical", "ordinal") or c.role == "target":
             types[c.name] = pa.dictionary(pa.int32(), pa.string())
         else:
@@ -364,63 +385,61 @@ def _read_csv(p: Path, schema: TableSchema | None, wanted: list[str]) -> pa.Tabl
     from veil.tables.schema import DEFAULT_MISSING_VALUES
 
     missing = list(schema.missing_values if schema is not None else DEFAULT_MISSING_VALUES)
-    types = _csv_types(schema)
-    convert = pa_csv.ConvertOptions(
-        column_types=types,
-        null_values=missing,
-        strings_can_be_null=True,
-        include_columns=wanted,
-        true_values=["true", "True", "TRUE"],
-        false_values=["false", "False", "FALSE"],
-    )
-    try:
-        return pa_csv.read_csv(p, convert_options=convert)
-    except pa.ArrowInvalid as exc:
-        _csv_error(p, schema, exc)
-
-
-def _csv_error(p: Path, schema: TableSchema | None, exc: Exception) -> NoReturn:
-    """Turn pyarrow's parse error into one line; for a numeric column, name the first bad cell."""
-    import pyarrow as pa
-
-    message = _first_line(exc)
-    found = re.search(r"column #(\d+)", message)
-    if found and schema is not None:
-        names = _csv_header(p)
-        column = names[int(found.group(1))] if int(found.group(1)) < len(names) else "?"
-        if _csv_types(schema).get(column) == pa.float32():
-            _locate_not_number(p, column, list(schema.missing_values))
-    raise DataError("dataset file", str(p), f"the CSV cannot be parsed ({message})", "fix the file") from None
-
-
-def _locate_not_number(p: Path, column: str, missing: list[str]) -> None:
-    """Name the first cell of a numeric column that is not a number (called on the error path only)."""
-    import pyarrow as pa
-    import pyarrow.csv as pa_csv
-
-    table = pa_csv.read_csv(
-        p,
-        convert_options=pa_csv.ConvertOptions(
-            column_types={column: pa.string()},
-            include_columns=[column],
+    for numbers_as_text in (False, True):  # a cell that is not a number: read those columns as text
+        convert = pa_csv.ConvertOptions(
+            column_types=_csv_types(schema, numbers_as_text=numbers_as_text),
             null_values=missing,
             strings_can_be_null=True,
-        ),
-    )
-    for i, cell in enumerate(table.column(0).to_pylist()):
-        if cell is None:
-            continue
+            include_columns=wanted,
+            true_values=["true", "True", "TRUE"],
+            false_values=["false", "False", "FALSE"],
+        )
         try:
-            float(cell)
-        except ValueError:
-            raise DataError(
-                f"line {i + 2} column '{column}'",
-                cell,
-                "the schema declares the column numeric but this cell is not a number (a type mismatch); "
-                "veil neither guesses nor drops rows",
-                "fix the cell, list it in missing_values if it means 'missing', or declare the column "
-                "categorical",
-            ) from None
+            return pa_csv.read_csv(p, convert_options=convert)
+        except pa.ArrowInvalid as exc:
+            if numbers_as_text or not _conversion_error(exc):
+                _csv_error(p, exc)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _csv_error(p: Path, exc: Exception) -> NoReturn:
+    """pyarrow's parse error as one line that names the row, never its content (pyarrow's own message
+    quotes the row, which holds private values)."""
+    message = _first_line(exc)
+    ragged = re.search(r"Expected (\d+) columns, got (\d+)", message)
+    if ragged:
+        line = _ragged_line(p, int(ragged.group(1)))
+        raise DataError(
+            f"line {line}" if line is not None else "a row",
+            f"{ragged.group(2)} fields (row not shown)",
+            f"the CSV header has {ragged.group(1)} columns and every row must have as many",
+            "fix that row of the file (a field with a comma or a newline must be quoted)",
+        ) from None
+    raise DataError(
+        "dataset file",
+        str(p),
+        f"the CSV cannot be parsed ({message.split(':')[0]}; the parser's detail is not shown: it may "
+        "quote a private row)",
+        "check the file's quoting and encoding",
+    ) from None
+
+
+def _ragged_line(p: Path, columns: int) -> int | None:
+    """The line on which the first row with another number of fields than ``columns`` ends (on the
+    error path only)."""
+    import gzip
+
+    opener: Any = gzip.open if p.name.lower().endswith(".gz") else open
+    try:
+        with opener(p, "rt", encoding="utf-8-sig", newline="") as fh:
+            reader = csv.reader(fh)
+            next(reader, None)
+            for record in reader:
+                if record and len(record) != columns:
+                    return reader.line_num
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return None
+    return None
 
 
 def _read_parquet(pf: Any, schema: TableSchema | None, wanted: list[str]) -> pa.Table:
