@@ -87,11 +87,12 @@ Form = Literal["dominating", "one_of"]
 
 @functools.lru_cache(maxsize=256)
 def silo_plan(s: FederatedSettings, n: int) -> tuple[float, float]:
-    """``(q, σ)`` of a silo of ``n`` rows: q = B/n and σ calibrated for the target ε over the planned
+    """``(q, σ)`` of a silo of ``n`` rows: q = min(1, B/n) and σ calibrated for the target ε over the planned
     ``rounds × local_steps`` DP-SGD steps (what every silo computes for itself, :mod:`.apps`)."""
     from veil.accounting.calibrate import calibrate_noise
+    from veil.federated.local import silo_sampling_rate
 
-    q = s.local_batch / n
+    q = silo_sampling_rate(s, n)
     sigma = calibrate_noise(s.epsilon, s.delta, q, s.rounds * s.local_steps, accountant=s.accountant)
     return q, float(sigma)
 
