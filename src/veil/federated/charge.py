@@ -224,15 +224,9 @@ class FederatedCharge:
     """``veil federated``'s :class:`~veil.registry.charge.DatasetCharge` (see the module doc)."""
 
     def __init__(self, s: FederatedSettings, *, resume: bool = False) -> None:
-        from veil.registry.charge import DatasetCharge
+        from veil.pipeline.private_data import data_ref, open_account
 
-        self.charge = DatasetCharge.before_reading(
-            s.dataset,
-            job="federated",
-            data_dir=s.data_dir or None,
-            dataset_id=s.dataset_id or None,
-            refuse_if_spent=not resume,
-        )
+        self.charge = open_account(data_ref(s.dataset, s), job="federated", refuse_if_spent=not resume).charge
 
     @classmethod
     def before_reading(cls, s: FederatedSettings, *, resume: bool = False) -> FederatedCharge:

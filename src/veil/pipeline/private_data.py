@@ -52,7 +52,7 @@ class DataRef:
 
 def data_ref(spec: str, settings: Mapping[str, Any] | Any) -> DataRef:
     """The :class:`DataRef` of a job's settings (a mapping or an object with those attributes);
-    an empty ``dataset_id`` means none."""
+    an empty value means none."""
 
     def get(name: str) -> Any:
         if isinstance(settings, Mapping):
@@ -62,9 +62,9 @@ def data_ref(spec: str, settings: Mapping[str, Any] | Any) -> DataRef:
     return DataRef(
         spec,
         dataset_id=get("dataset_id") or None,
-        table=get("table"),
-        query=get("query"),
-        data_dir=get("data_dir"),
+        table=get("table") or None,
+        query=get("query") or None,
+        data_dir=get("data_dir") or None,
     )
 
 
@@ -78,6 +78,7 @@ class PrivateAccount:
         self.charge = charge
         self.planned: list[PrivacyEvent] | None = None
         self.read = False
+        self.closed = False
 
     @property
     def dataset_id(self) -> str:
@@ -107,10 +108,14 @@ class PrivateAccount:
         reservation only if no private row was read, else settle at the plan. Closes the registry."""
         if events is None and self.read and self.planned is not None:
             events = self.planned
+        self.closed = True
         self.charge.finish(None if events is None else list(events))
 
     def close(self) -> None:
-        self.charge.close()
+        """Close the registry (once; :meth:`finish` closes it too)."""
+        if not self.closed:
+            self.closed = True
+            self.charge.close()
 
 
 def open_account(
