@@ -67,3 +67,25 @@ def test_student_is_fitted_only_on_declared_public_rows(tmp_path: Path) -> None:
     ds = load_dataset("digits", test_fraction=make_pate_config({}).holdout_fraction, seed=0)
     assert not set(row_digests(digits.x_pub)) & set(row_digests(ds.x_train))
     assert set(row_digests(digits.x_pub)) <= set(row_digests(ds.x_test))
+
+
+def test_own_data_with_public_data_is_charged_before_a_private_row_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``--public-data`` and ``--classes`` the plan's shape is public: the reservation (here over
+    the budget) comes before the private rows are read."""
+    import veil.pate.run as pate_run
+
+    spec = f"csv:{_csv(tmp_path)}"
+    np.savez(tmp_path / "pub.npz", x=np.random.default_rng(2).normal(size=(30, 3)))
+    assert cli(capsys, "budget", "set", "--dataset", spec, "--epsilon", "1", "--delta", "1e-4")[0] == 0
+
+    def must_not_read(*_: object, **__: object) -> None:
+        raise AssertionError("a private row was read")
+
+    monkeypatch.setattr(pate_run, "load_pate_data", must_not_read)
+    out = tmp_path / "p"
+    code, _, err = cli(capsys, "pate", "--dataset", spec, "--target", "label", "--classes", "0,1",
+                       "--public-data", str(tmp_path / "pub.npz"), "--teachers", "5", "--sigma", "1",
+                       "--epsilon", "10", "--delta", "1e-4", "--out", str(out))  # fmt: skip
+    assert code == 2 and "budget" in err and not out.exists()
