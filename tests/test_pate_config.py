@@ -25,6 +25,7 @@ _INF, _NAN = math.inf, math.nan
 BAD: dict[str, list[Any]] = {
     "dataset": [3],
     "data_dir": [["a", "b"]],
+    "dataset_id": [7],
     "target": [1],
     "public_data": [2.5],
     "holdout_fraction": [0.0, 1.0, "half"],

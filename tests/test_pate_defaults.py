@@ -96,8 +96,10 @@ def test_own_data_needs_declared_classes_and_reports_them(tmp_path: Path) -> Non
     csv.write_text(
         "a,b,c,label\n" + "\n".join(f"{r[0]},{r[1]},{r[2]},{t}" for r, t in zip(x, y, strict=True)) + "\n"
     )
+    np.savez(tmp_path / "public.npz", x=rng.normal(size=(40, 3)))  # declared public (issue 23, item 6)
     settings = {"dataset": f"csv:{csv}", "target": "label", "teachers": 5, "sigma": 1.0, "epsilon": 10.0}
     settings |= {"queries": 10, "delta": 1e-4, "semi_supervised": False}
+    settings |= {"public_data": str(tmp_path / "public.npz")}
     with pytest.raises(ConfigError, match="classes=None"):
         run_pate({**settings, "out": str(tmp_path / "none")})
     assert not (tmp_path / "none").exists()  # refused before anything is written

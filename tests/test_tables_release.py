@@ -117,3 +117,22 @@ def test_dp_infer_releases_public_levels_not_rare_ones_and_accounts_every_releas
     accountant = PLDAccountant()
     accountant.compose(events)
     assert accountant.epsilon(1e-9) <= 2.0
+
+
+def test_dp_infer_never_publishes_a_target_class_seen_once(tmp_path: Path) -> None:
+    """Issue 23 (planted bug): the TARGET has a class held by one row; ``veil schema infer --epsilon``
+    must not publish it (it passes the threshold with probability at most the column's share of δ; three
+    runs at the default δ = 1e-7: false failure < 3e-7)."""
+    from veil.cli.main import main
+    from veil.tables.schema import load_schema
+
+    rng = np.random.default_rng(3)
+    rows = [f"{rng.normal():.3f},{'no' if i % 2 else 'yes'}" for i in range(600)] + ["0.5,only-once"]
+    path = tmp_path / "t.csv"
+    path.write_text("x,label\n" + "\n".join(rows) + "\n")
+    for run in range(3):
+        out = tmp_path / f"schema{run}.toml"
+        assert main(["schema", "infer", f"csv:{path}", "--target", "label", "--epsilon", "4",
+                     "--out", str(out)]) == 0  # fmt: skip
+        assert load_schema(out).column("label").levels == ("no", "yes")
+        assert "only-once" not in out.read_text()

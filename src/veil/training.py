@@ -366,6 +366,7 @@ def _report(plan: RunPlan, run_dir: Path, ledger: Ledger, model: nn.Module, **re
             utility_drop=None if baseline_acc is None else baseline_acc - test_acc,
             history=result["history"],
             audit=result["audit"],
+            per_record_rules=dict(plan.data.rules),
             labelled_elsewhere={
                 "dataset.sha256": "a fingerprint of the whole private file: it confirms a guess of the "
                 "entire dataset; kept for the audit trail and resume checks",
@@ -448,17 +449,12 @@ def _write_outputs(
 # Entry points
 # ----------------------------------------------------------------------------------------------
 def _open_charge(cfg: TrainConfig, *, refuse_if_spent: bool = True) -> DatasetCharge:
-    """The dataset's account in the budget registry, opened before a row is read (see veil.registry)."""
+    """The dataset's account in the budget registry, opened before a row is read, through the
+    pipeline's private-data path (:mod:`veil.pipeline.private_data`: the one identity resolver)."""
+    from veil.pipeline.private_data import data_ref, open_account
+
     try:
-        return DatasetCharge.before_reading(
-            cfg.dataset,
-            job="train",
-            data_dir=cfg.data_dir,
-            table=getattr(cfg, "table", None),
-            query=getattr(cfg, "query", None),
-            dataset_id=cfg.dataset_id,
-            refuse_if_spent=refuse_if_spent,
-        )
+        return open_account(data_ref(cfg.dataset, cfg), job="train", refuse_if_spent=refuse_if_spent).charge
     except (DataError, InvalidParameterError):
         # A dataset that cannot be identified (a missing file, ...): the loader's own message says why.
         # Should the loader accept it, the identity error stands: no run is left unrecorded.

@@ -37,6 +37,9 @@ def register(app: typer.Typer) -> None:
         data_dir: str = typer.Option(
             None, "--data-dir", help="Folder of the IDX files (fashion-mnist, mnist)."
         ),
+        dataset_id: str = typer.Option(
+            None, "--dataset-id", help="Declared dataset identity in the budget registry (veil budget)."
+        ),
         target: str = typer.Option(None, "--target", help="Label column (csv) or label array (npz)."),
         teachers: int = typer.Option(None, "--teachers", help="Number of teachers K (default 50)."),
         aggregator: str = typer.Option(

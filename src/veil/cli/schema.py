@@ -73,26 +73,27 @@ def _release_charged(
 ) -> dict[str, Any]:
     """The DP release, charged to the dataset's budget: the dataset is identified and its budget checked
     before a row is read, the plan (:func:`veil.tables.infer.dp_plan`: every release the inference may
-    make) reserved before the first release, and the charge settled to what was released."""
+    make) reserved before the first release, and the charge settled to what was released — or, if it
+    stopped after reading rows but before releasing anything, to its plan (never released once read).
+    Through the pipeline's private-data path (:mod:`veil.pipeline.private_data`)."""
     import dataclasses
     import uuid
 
-    from veil.registry.charge import DatasetCharge
+    from veil.pipeline.private_data import DataRef, open_account
     from veil.tables.infer import describe, dp_plan, infer_schema
     from veil.tables.schema import write_schema
     from veil.tables.sources import source_columns
 
-    charge = DatasetCharge.before_reading(
-        dataset, job="schema", table=source.table, query=source.query, dataset_id=dataset_id
-    )
+    account = open_account(DataRef(dataset, dataset_id, source.table, source.query), job="schema")
     try:
         names = source_columns(source)  # the header only: column names are not rows
         read = [n for n in names if n not in ignored]
         plan = dp_plan(read, target, epsilon, delta, secure=True) if target in read else []
         run_id = uuid.uuid4().hex
         if plan:
-            charge.reserve(plan, run_id, delta)
+            account.reserve(plan, run_id, delta)
         spent: list[PrivacyEvent] = []
+        account.reading()
         try:
             result = infer_schema(
                 source,
@@ -103,23 +104,22 @@ def _release_charged(
                 max_levels=max_levels,
                 spent=spent,
             )
-            budget = {"budget_run_id": run_id, "budget_dataset_id": charge.identity.id}
+            budget = {"budget_run_id": run_id, "budget_dataset_id": account.dataset_id}
             schema = dataclasses.replace(result.schema, dp={**result.schema.dp, **budget})
             write_schema(schema, path, result.header, result.notes)
         finally:
-            if spent:
-                charge.settle(spent)
-            else:
-                charge.release()  # refused before the first release: nothing was spent
+            account.finish(spent or None)  # nothing released: the plan stands once rows were read
     finally:
-        charge.close()
+        account.close()
     return {"schema": str(path), "source": source.describe(), "budget_run_id": run_id, **describe(result)}
 
 
 def run_check(
     schema_path: str, dataset: str, *, table: str | None = None, query: str | None = None
 ) -> dict[str, Any]:
-    """The work of ``veil schema check``: read and encode the whole table, refuse the first bad value."""
+    """The work of ``veil schema check``: read and encode the whole table, refuse the first value a
+    policy of the schema refuses, and count what the per-record rules did (rows dropped for an
+    undeclared or missing label, cells not a number made missing)."""
     from veil.tables.encoder import TableEncoder
     from veil.tables.schema import load_schema
     from veil.tables.sources import iter_source, parse_source, source_columns
@@ -138,6 +138,9 @@ def run_check(
         "rows (not private: for your eyes only)": int(encoded.x.shape[0]),
         "features": int(encoded.x.shape[1]),
         "classes": ", ".join(encoded.classes) or "-",
+        **{
+            f"{rule.replace('_', ' ')} (not private)": count for rule, count in encoded.rules.items() if count
+        },
     }
 
 

@@ -24,6 +24,9 @@ def register(app: typer.Typer) -> None:
         out: str = typer.Option(None, "--out", help="Run folder (new or empty; default runs/synth-...)."),
         table: str = typer.Option(None, "--table", help="Table of a sql: source."),
         query: str = typer.Option(None, "--query", help="Query of a sql: source."),
+        dataset_id: str = typer.Option(
+            None, "--dataset-id", help="Declared dataset identity in the budget registry (veil budget)."
+        ),
         bins: int = typer.Option(16, "--bins", help="Bins of each numeric column's public bounds."),
         degree: int = typer.Option(3, "--degree", help="AIM's workload: all marginals of this many columns."),
         max_cells: int = typer.Option(
@@ -43,7 +46,8 @@ def register(app: typer.Typer) -> None:
         settings = SynthSettings(
             dataset=dataset, schema=schema, epsilon=epsilon, delta=delta, rows=rows,
             mechanism=mechanism,  # type: ignore[arg-type]
-            out=Path(out) if out else None, table=table, query=query, bins=bins, degree=degree,
+            out=Path(out) if out else None, table=table, query=query, dataset_id=dataset_id, bins=bins,
+            degree=degree,
             max_cells=max_cells, iterations=iterations, secure_rng=secure_rng, seed=seed,
         )  # fmt: skip
         report = run_synth(settings)

@@ -44,6 +44,9 @@ def register(app: typer.Typer) -> None:
     @app.command("tune")
     def tune_command(
         dataset: str = typer.Option("digits", "--dataset", help="digits (default), breast-cancer, ..."),
+        dataset_id: str = typer.Option(
+            None, "--dataset-id", help="Declared dataset identity in the budget registry (veil budget)."
+        ),
         epsilon: float = typer.Option(3.0, "--epsilon", help="Target ε of the WHOLE tuning procedure."),
         delta: float = typer.Option(1e-5, "--delta", help="Target δ, must be < 1/N."),
         lr: str = typer.Option(None, "--lr", help="Learning rates to try, comma-separated."),
@@ -72,6 +75,7 @@ def register(app: typer.Typer) -> None:
         report = run_tune(
             {
                 "dataset": dataset,
+                "dataset_id": dataset_id,
                 "epsilon": epsilon,
                 "delta": delta,
                 "lr": lr,

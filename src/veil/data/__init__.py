@@ -68,6 +68,9 @@ class Dataset:
     notes: list[str] = field(default_factory=list)
     classes_declared_by: str = "the dataset's documentation (built in)"
     """Where the public label set comes from (never from the private rows)."""
+    rules: dict[str, int] = field(default_factory=dict)
+    """How many rows or cells the schema's per-record rules touched (dropped rows, cells made missing):
+    non-private counts, reported in ``non_private``."""
 
     @property
     def num_classes(self) -> int:
@@ -342,4 +345,5 @@ def _load_with_schema(
         notes=loaded.notes,
         encoder=loaded.encoder,
         classes_declared_by="the reviewed schema's target classes (public by declaration)",
+        rules=dict(loaded.encoded.rules),
     )

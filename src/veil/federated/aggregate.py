@@ -5,7 +5,9 @@ Guarantee (client level, add/remove-one client). :func:`noisy_clipped_sum` retur
 ``clip_C(v) = v · min(1, C/‖v‖₂)``; one client more or less moves the sum by at most C, so the
 release is the Gaussian mechanism with noise multiplier σ at sensitivity C. Noise comes from the
 given :class:`~veil.mechanisms.rng.RandomSource` (the OS CSPRNG unless a research seed was asked for),
-never from numpy's global generator. A non-finite update is refused before anything is summed.
+never from numpy's global generator. A non-finite update (NaN or inf: no bounded norm) is a failed
+client: it adds nothing to the sum (a zero update, like a client that did not reply) and its norm is
+reported as NaN, so the run never stops on one client's values.
 """
 
 from __future__ import annotations
@@ -49,10 +51,14 @@ def noisy_clipped_sum(
     sigma: float,
     source: RandomSource,
 ) -> tuple[Arrays, list[float]]:
-    """``Σ clip_C(Δ_k) + N(0, (σC)²)`` per coordinate (zero updates: noise alone) and the raw norms."""
+    """``Σ clip_C(Δ_k) + N(0, (σC)²)`` per coordinate (zero updates: noise alone) and the raw norms
+    (NaN for a non-finite update, which is left out of the sum: a failed client)."""
     total = [np.zeros(s, dtype=np.float64) for s in shapes]
     norms = []
     for update in updates:
+        if not math.isfinite(update_norm(update)):
+            norms.append(math.nan)
+            continue
         clipped, norm = clip_update(update, clip)
         norms.append(norm)
         for t, c in zip(total, clipped, strict=True):

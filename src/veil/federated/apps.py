@@ -40,9 +40,7 @@ def _silo_plan(s: FederatedSettings, context: Context, n: int) -> ConfigRecord:
     """The silo's (q, σ, steps so far), calibrated once and kept in the node's state."""
     if _STATE not in context.state.config_records:
         from veil.federated.charge import silo_plan
-        from veil.federated.local import silo_sampling_rate
 
-        silo_sampling_rate(s, n)  # refuses a silo smaller than the expected batch
         q, sigma = silo_plan(s, n)  # the job charged the budget registry with the same numbers
         context.state.config_records[_STATE] = ConfigRecord({"q": q, "sigma": float(sigma), "steps": 0})
     return context.state.config_records[_STATE]

@@ -87,11 +87,12 @@ Form = Literal["dominating", "one_of"]
 
 @functools.lru_cache(maxsize=256)
 def silo_plan(s: FederatedSettings, n: int) -> tuple[float, float]:
-    """``(q, σ)`` of a silo of ``n`` rows: q = B/n and σ calibrated for the target ε over the planned
+    """``(q, σ)`` of a silo of ``n`` rows: q = min(1, B/n) and σ calibrated for the target ε over the planned
     ``rounds × local_steps`` DP-SGD steps (what every silo computes for itself, :mod:`.apps`)."""
     from veil.accounting.calibrate import calibrate_noise
+    from veil.federated.local import silo_sampling_rate
 
-    q = s.local_batch / n
+    q = silo_sampling_rate(s, n)
     sigma = calibrate_noise(s.epsilon, s.delta, q, s.rounds * s.local_steps, accountant=s.accountant)
     return q, float(sigma)
 
@@ -223,15 +224,9 @@ class FederatedCharge:
     """``veil federated``'s :class:`~veil.registry.charge.DatasetCharge` (see the module doc)."""
 
     def __init__(self, s: FederatedSettings, *, resume: bool = False) -> None:
-        from veil.registry.charge import DatasetCharge
+        from veil.pipeline.private_data import data_ref, open_account
 
-        self.charge = DatasetCharge.before_reading(
-            s.dataset,
-            job="federated",
-            data_dir=s.data_dir or None,
-            dataset_id=s.dataset_id or None,
-            refuse_if_spent=not resume,
-        )
+        self.charge = open_account(data_ref(s.dataset, s), job="federated", refuse_if_spent=not resume).charge
 
     @classmethod
     def before_reading(cls, s: FederatedSettings, *, resume: bool = False) -> FederatedCharge:

@@ -27,7 +27,7 @@ from torch import nn
 
 from veil.data import Dataset, load_dataset
 from veil.errors import DataError
-from veil.federated.partition import check_non_empty, parse_partition, row_positions, split_rows
+from veil.federated.partition import parse_partition, row_positions, split_rows
 from veil.federated.settings import FederatedSettings
 from veil.models import InputTransform, build_model, fixed_features, resolve_name, split_fixed_front
 
@@ -104,8 +104,7 @@ def _federation(
         positions=positions,
         num_classes=data.num_classes,
     )
-    check_non_empty(parts)
-    return Federation(data, tuple(parts))
+    return Federation(data, tuple(parts))  # an empty client contributes a zero update
 
 
 def federation(s: FederatedSettings) -> Federation:
@@ -207,15 +206,10 @@ def local_sgd(
 
 
 def silo_sampling_rate(s: FederatedSettings, n: int) -> float:
-    """q_k = B / n_k of a silo's Poisson batches (its size n_k is treated as public, as in DP-SGD)."""
-    if n < s.local_batch:
-        raise DataError(
-            "silo size",
-            n,
-            f"a silo with fewer rows than the expected batch {s.local_batch} cannot sample batches at q ≤ 1",
-            "lower --local-batch or merge small silos",
-        )
-    return s.local_batch / n
+    """q_k = min(1, B / n_k) of a silo's Poisson batches (its size n_k is treated as public, as in
+    DP-SGD): a silo smaller than the expected batch takes every row in each step (fewer rows than B),
+    an empty one takes none; never a refusal once the rows are read."""
+    return min(1.0, s.local_batch / n) if n > 0 else 1.0
 
 
 def _engine(s: FederatedSettings, seed: int | None) -> Any:
@@ -236,8 +230,12 @@ def _engine(s: FederatedSettings, seed: int | None) -> Any:
 def local_dpsgd(
     head: nn.Module, x: torch.Tensor, y: torch.Tensor, s: FederatedSettings, sigma: float, seed: int | None
 ) -> int:
-    """``local_steps`` DP-SGD steps with veil's engine on the silo's rows; returns the steps taken."""
+    """``local_steps`` DP-SGD steps with veil's engine on the silo's rows; returns the steps taken (as
+    charged). A silo without rows leaves the model unchanged (a zero update) and counts its steps."""
     from torch.utils.data import DataLoader, TensorDataset
+
+    if len(x) == 0:
+        return s.local_steps
 
     engine = _engine(s, seed)
     opt = torch.optim.SGD(head.parameters(), lr=s.local_lr)
@@ -245,7 +243,8 @@ def local_dpsgd(
     model, optimizer, loader = engine.make_private(
         module=head,
         optimizer=opt,
-        data_loader=DataLoader(TensorDataset(x, y), batch_size=s.local_batch),
+        # q = min(1, B/n): a silo smaller than its batch takes every row in each step.
+        data_loader=DataLoader(TensorDataset(x, y), batch_size=min(s.local_batch, len(x))),
         max_grad_norm=s.clip,
         noise_multiplier=sigma,
         criterion=loss_fn,

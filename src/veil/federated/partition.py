@@ -1,8 +1,8 @@
 """How a dataset's training rows are spread over simulated clients: IID, Dirichlet(α) or a column.
 
-A partition simulates who holds which data; it is not a release. Every client must hold at least one
-row (an empty client is refused: its update would be the global model itself, and a federation
-cannot be planned around a client that has nothing). The Dirichlet split follows Hsu et al. (2019):
+A partition simulates who holds which data; it is not a release. A client may hold no row: it then
+contributes a zero update (never a refusal once the rows are read: whether a client is empty depends
+on the data). The Dirichlet split follows Hsu et al. (2019):
 for each class, the class's rows go to clients in proportions drawn from Dirichlet(α·1) (small α:
 each client sees few classes). Splits are fixed by ``seed``.
 
@@ -144,15 +144,3 @@ def split_rows(
     if partition.kind == "iid":
         return _iid(np.asarray(positions), clients)
     return _dirichlet(np.asarray(y), np.asarray(positions), clients, partition.alpha, rng, num_classes)
-
-
-def check_non_empty(parts: list[np.ndarray]) -> None:
-    """Refuse a client without rows (a DataError naming it)."""
-    for k, rows in enumerate(parts):
-        if len(rows) == 0:
-            raise DataError(
-                f"client {k}",
-                "0 rows",
-                "an empty client has no update to contribute and cannot run local training",
-                "pass fewer --clients (or a larger Dirichlet α), or give the client data",
-            )

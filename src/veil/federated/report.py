@@ -20,6 +20,7 @@ from veil.accounting.ledger import Ledger
 from veil.federated.files import HISTORY, LEDGER, MODEL, SILOS
 from veil.federated.privacy import flower_epsilon, record_level_guarantee
 from veil.federated.settings import FederatedSettings
+from veil.pipeline.checks import participation_check
 
 __all__ = [
     "build_report",
@@ -111,6 +112,9 @@ def build_report(run_dir: Path, duration_s: float | None = None) -> dict[str, An
                 "detail": f"ε = {eps:.4f} ≤ target {s.epsilon:g} over {ledger.steps} charged rounds",
             }
         )
+        counts = [int(r["sampled"]) for r in ledger.of_kind("step") if "sampled" in r]
+        if counts and s.sampling_rate < 1.0:
+            checks.append(participation_check(counts, s.clients, s.sampling_rate).model_dump())
         checks.append(
             {
                 "name": "delta",

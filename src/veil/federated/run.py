@@ -41,27 +41,21 @@ def plan(s: FederatedSettings) -> FederatedSettings:
 
 
 def check_data(s: FederatedSettings) -> None:
-    """Refuse a missing column, an empty client, more clients than rows and (record level) silos too
-    small for δ or for the expected local batch."""
+    """Refuse a missing column, more clients than rows and (record level) δ ≥ 1/n of a non-empty silo.
+    An empty client contributes a zero update and a silo smaller than its batch trains with fewer rows
+    (:func:`veil.federated.local.silo_sampling_rate`): neither is refused."""
     from veil.federated.local import federation
 
     fed = federation(s)
     if s.mode == "client-level":
         return
-    smallest = min(len(p) for p in fed.parts)
+    smallest = min((len(p) for p in fed.parts if len(p)), default=1)
     if s.delta >= 1.0 / smallest:
         raise ConfigError(
             "delta",
             s.delta,
             f"δ ≥ 1/n for the smallest silo (n = {smallest}) allows publishing one of its records outright",
             "pass a smaller --delta",
-        )
-    if smallest < s.local_batch:
-        raise ConfigError(
-            "local_batch",
-            s.local_batch,
-            f"the smallest silo has {smallest} rows, fewer than the expected batch: q = B/n would exceed 1",
-            f"pass --local-batch ≤ {smallest}",
         )
 
 

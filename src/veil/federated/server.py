@@ -132,7 +132,8 @@ class _Run:
 
     def charge_clients(self, r: int, sampled: list[int]) -> None:
         assert self.ledger is not None
-        self.ledger.append("step", round=r, event=self.ledger.header["step_event"])
+        # The count of sampled clients (never which): the report's participation check reads it.
+        self.ledger.append("step", round=r, event=self.ledger.header["step_event"], sampled=len(sampled))
 
     def charge_silos(self, r: int, node_ids: list[int]) -> None:
         assert self.ledger is not None

@@ -20,6 +20,7 @@ treats as public).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
@@ -61,6 +62,12 @@ def poisson_sample(node_ids: Sequence[int], q: float, source: RandomSource) -> l
         return ordered
     mask = source.bernoulli(len(ordered), q)
     return [n for n, keep in zip(ordered, mask, strict=True) if keep]
+
+
+def _finite(message: Message, key: str) -> bool:
+    """Whether a reply's arrays are all finite (a NaN or inf update is a failed client)."""
+    arrays = cast(ArrayRecord, message.content[key]).to_numpy_ndarrays()
+    return all(np.isfinite(a).all() for a in arrays)
 
 
 def _reasons(replies: list[Message]) -> list[str]:
@@ -131,7 +138,8 @@ class PoissonDPFedAvg(FedAvg):
             deltas.append(
                 [np.asarray(n, dtype=np.float64) - w for n, w in zip(new, self._current, strict=True)]
             )
-        noisy, _ = noisy_clipped_sum(deltas, shapes, self.clip, self.noise_multiplier, self._noise)
+        noisy, norms = noisy_clipped_sum(deltas, shapes, self.clip, self.noise_multiplier, self._noise)
+        self.failures[r] += sum(not math.isfinite(n) for n in norms)  # left out: a failed client
         updated = dp_fedavg_step(self._current, noisy, self.expected_clients, self.server_lr)
         return ArrayRecord(updated), MetricRecord({})
 
@@ -176,8 +184,8 @@ class SiloFedAvg(FedAvg):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         r = server_round + self.round_offset
         replies = list(replies)
-        good = [m for m in replies if not m.has_error()]
-        self.failures[r] = len(replies) - len(good)
+        good = [m for m in replies if not m.has_error() and _finite(m, self.arrayrecord_key)]
+        self.failures[r] = len(replies) - len(good)  # an error or a non-finite update: a failed silo
         self._watch.observe(r, len(replies), self.failures[r], _reasons(replies))
         self.replies[r] = [dict(cast(Any, next(iter(m.content.metric_records.values())))) for m in good]
         arrays, _ = super().aggregate_train(server_round, good)

@@ -34,6 +34,8 @@ class PateConfig(BaseModel):
     # -- data ------------------------------------------------------------------------------------
     dataset: str = "digits"
     data_dir: str | None = None
+    dataset_id: str | None = None
+    """The declared identity the run is charged to (``--dataset-id``; default: the data's fingerprint)."""
     target: str | None = None
     public_data: str | None = None
     """An ``.npz`` (array ``x``, optional ``y``) or ``.npy`` file of public examples."""
@@ -154,6 +156,7 @@ RULES: dict[str, Rule] = {
         "pass a dataset name such as digits, breast-cancer or csv:PATH",
     ),
     "data_dir": _TEXT,
+    "dataset_id": _TEXT,
     "target": _TEXT,
     "public_data": _TEXT,
     "holdout_fraction": _SHARE,

@@ -2,9 +2,12 @@
 unlabelled queries, in a seeded order) and the test set.
 
 A built-in or user dataset is loaded by :func:`veil.data.load_dataset`; its training part is the
-private data. Its held-out part is split, fixed by ``seed`` and stratified, into the public pool
-(``public_fraction``) and the test set — unless ``public_data`` names a file of public examples,
-which must share no row with the private data.
+private data. The public pool is data declared public: ``public_data`` (a file of public examples,
+which must share no row with the private data), or — for a built-in benchmark only — its documented
+public split, the held-out part (the test images, as the PATE papers use them), split, fixed by
+``seed`` and stratified, into the pool (``public_fraction``) and the test set. A user dataset without
+``public_data`` is refused (:func:`require_public_pool`) before a row is read: its held-out rows are
+private rows, and the student, fitted on the pool without noise, would release them.
 """
 
 from __future__ import annotations
@@ -15,14 +18,29 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from veil.errors import DataError
+from veil.errors import ConfigError, DataError
 from veil.pipeline.seeds import Purpose, derive_seed
 
 if TYPE_CHECKING:
     from veil.data import Dataset
     from veil.pate.config import PateConfig
 
-__all__ = ["PateData", "load_pate_data", "load_public_data"]
+__all__ = ["PateData", "load_pate_data", "load_public_data", "require_public_pool"]
+
+
+def require_public_pool(cfg: PateConfig) -> None:
+    """Refuse, before any row is read, a run whose public pool would be cut from private data: a user
+    dataset (not a built-in benchmark) without ``public_data``."""
+    from veil.data import BUILTIN
+
+    if cfg.public_data is None and cfg.dataset not in BUILTIN:
+        raise ConfigError(
+            "public_data",
+            None,
+            f"the student is fitted without noise on the public pool, so a pool cut from '{cfg.dataset}' "
+            "would release private rows; only a built-in benchmark has a documented public split",
+            "pass --public-data FILE (.npz with x, or .npy) of examples that are public",
+        )
 
 
 def load_public_data(path: str) -> tuple[np.ndarray, np.ndarray | None]:
@@ -126,9 +144,10 @@ def load_pate_data(cfg: PateConfig) -> PateData:
     else:
         x_pub, y_pub, x_test, y_test = _split_holdout(ds.x_test, ds.y_test, cfg.public_fraction, cfg.seed)
         split = (
-            f"private: the {ds.n_train} training examples of '{ds.name}'; the {ds.n_test} held-out examples "
-            f"split (seed {cfg.seed}, stratified) into a public pool of {len(x_pub)} (labels hidden from "
-            f"the student, used only to score the released labels) and a test set of {len(x_test)}"
+            f"private: the {ds.n_train} training examples of '{ds.name}'; the benchmark's public split, "
+            f"its {ds.n_test} held-out examples, split (seed {cfg.seed}, stratified) into a public pool "
+            f"of {len(x_pub)} (labels hidden from the student, used only to score the released labels) "
+            f"and a test set of {len(x_test)}"
         )
         private_rows = set(row_digests(ds.x_train))
         duplicates = sum(d in private_rows for d in row_digests(x_pub))

@@ -7,8 +7,9 @@
 The data (private part, public pool, test set) is prepared by :mod:`veil.pate.data`.
 
 The run is charged to the dataset's privacy budget (``veil budget``): an exhausted dataset is refused
-before a row is read; the most the labelling may spend is reserved (or the run refused) before any
-teacher is trained; the released labels' (ε, δ) is what stays charged (:class:`_Account`).
+before a row is read; the most the labelling may spend is reserved (or the run refused) before the
+private rows are read when the plan's shape is public, and always before any teacher is trained; the
+released labels' (ε, δ) is what stays charged, the plan if the run stops first (:class:`_Account`).
 
 A run folder whose labels were already released is refused: relabelling would draw fresh noise on
 the same data and spend the budget a second time. Teachers are resumed (they are not private
@@ -31,7 +32,7 @@ import numpy as np
 
 from veil.errors import CheckpointError
 from veil.pate.config import PateConfig, make_pate_config, resolve_pate_config
-from veil.pate.data import PateData, load_pate_data, load_public_data
+from veil.pate.data import PateData, load_pate_data, load_public_data, require_public_pool
 from veil.pate.report import PateReport
 from veil.pipeline.run_folder import check_out, default_out, write_files
 from veil.pipeline.seeds import Purpose, derive_seed
@@ -427,12 +428,19 @@ def run_pate(
     cfg = config if isinstance(config, PateConfig) else make_pate_config(config or {})
     out = _checked_out(cfg)
     privacy = _privacy(cfg)  # settings errors before any work
+    require_public_pool(cfg)  # the pool is declared public: refused before a row is read
     account = _Account.before_reading(cfg)  # an exhausted dataset is refused before a row is read
     try:
+        shape = _plan_shape(cfg)  # (queries, classes) known from public facts: charge before reading
+        if shape is not None:
+            account.reserve(privacy, *shape)
         data = load_pate_data(cfg)
         t_factory, s_factory, models = _factories(cfg, data.ds, teacher_factory, student_factory)
         part = _partition(cfg, data, groups)
-        account.reserve(privacy, data)  # before any teacher is trained or label released
+        if shape is None:  # a built-in benchmark: the pool's size is its public split's
+            account.reserve(privacy, len(data.order), data.ds.num_classes)
+        elif shape != (len(data.order), data.ds.num_classes):  # pragma: no cover - same public facts
+            raise RuntimeError(f"the plan {shape} does not match the loaded data")
         votes = _teacher_votes(cfg, data, part, out, groups, t_factory)
         hist = votes.histograms(data.ds.num_classes)
         result = _label(cfg, privacy, hist, out, data)
@@ -447,13 +455,24 @@ def run_pate(
     return rep
 
 
+def _plan_shape(cfg: PateConfig) -> tuple[int, int] | None:
+    """(queries, classes) of the plan from public facts alone — the declared public pool's size and the
+    declared label set — or ``None`` when they come with the data (a built-in benchmark)."""
+    if cfg.public_data is None or cfg.classes is None:
+        return None
+    pool = len(load_public_data(cfg.public_data)[0])
+    return min(cfg.queries or pool, pool), len(cfg.classes)
+
+
 class _Account:
     """The run's charge to the privacy-budget registry (``veil budget``), as one
     :class:`~veil.accounting.events.ApproximateDP` event at the run's δ: PATE's guarantee is an (ε, δ)
-    statement (PTR, data-dependent stopping), not a composition of events. Reserved once the data is
-    loaded (the public pool's size sets the plan) and before any teacher is trained: the most ε the
-    budget allows (:func:`veil.pate.labelling.planned_epsilon`); settled to the released labels'
-    guarantee, or released if no label was."""
+    statement (PTR, data-dependent stopping), not a composition of events. Reserved before a private row
+    is read when the plan's shape is public (``--public-data`` and ``--classes``: :func:`_plan_shape`),
+    else (a built-in benchmark, whose public split sets the pool) once the data is loaded; always before
+    any teacher is trained: the most ε the budget allows (:func:`veil.pate.labelling.planned_epsilon`).
+    Settled to the released labels' guarantee; a run that stops before releasing a label stays charged
+    with its plan (:class:`veil.pipeline.private_data.PrivateAccount`)."""
 
     def __init__(self, cfg: PateConfig, charge: Any) -> None:
         self.cfg = cfg
@@ -462,19 +481,21 @@ class _Account:
 
     @classmethod
     def before_reading(cls, cfg: PateConfig) -> _Account:
-        from veil.registry.charge import DatasetCharge
+        from veil.pipeline.private_data import data_ref, open_account
 
-        return cls(cfg, DatasetCharge.before_reading(cfg.dataset, job="pate", data_dir=cfg.data_dir))
+        return cls(cfg, open_account(data_ref(cfg.dataset, cfg), job="pate"))
 
-    def reserve(self, privacy: _Privacy, data: PateData) -> None:
+    def reserve(self, privacy: _Privacy, queries: int, num_classes: int) -> None:
+        """Reserve the plan; from here the private rows are (being) read, so the charge stands."""
         import uuid
 
         from veil.accounting.events import ApproximateDP
         from veil.pate.labelling import plan_budget, planned_epsilon
 
-        settings = privacy.settings(len(data.order), data.ds.num_classes)
-        planned = planned_epsilon(settings, plan_budget(settings, True, len(data.order)))
+        settings = privacy.settings(queries, num_classes)
+        planned = planned_epsilon(settings, plan_budget(settings, True, queries))
         self.charge.reserve([ApproximateDP(planned, self.cfg.delta)], uuid.uuid4().hex, self.cfg.delta)
+        self.charge.reading()
 
     def settle(self) -> None:
         from veil.accounting.events import ApproximateDP

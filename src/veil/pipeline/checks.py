@@ -26,10 +26,12 @@ if TYPE_CHECKING:
     from veil.pipeline.data import Prepared
 
 __all__ = [
+    "binomial_draws",
     "clipping_check",
     "data_use_check",
     "delta_check",
     "epsilon_check",
+    "participation_check",
     "sampling_check",
     "sampling_detail",
     "train_checks",
@@ -145,6 +147,33 @@ def clipping_check(model: nn.Module, data: Dataset, seed: int, criterion: nn.Mod
 _SAMPLING_Z = 6.0
 
 
+def binomial_draws(drawn: int, trials: int, q: float) -> tuple[float, bool]:
+    """(z, within): how far ``drawn`` successes lie from Binomial(``trials``, q)'s mean, in standard
+    deviations, and whether within :data:`_SAMPLING_Z` of them (plus one for a point mass). Under the
+    right law a two-sided 6σ bound fails with probability about 2e-9 (normal approximation)."""
+    mean = trials * q
+    sd = math.sqrt(trials * q * (1 - q))
+    z = abs(drawn - mean) / sd if sd > 0 else (0.0 if drawn == mean else math.inf)
+    return z, trials == 0 or abs(drawn - mean) <= _SAMPLING_Z * sd + 1.0
+
+
+def participation_check(sampled: list[int], clients: int, q: float) -> Check:
+    """Client-level federated learning: the clients the server sampled, round by round (``sampled``,
+    counts from the ledger), total within :data:`_SAMPLING_Z` standard deviations of
+    Binomial(clients · rounds, q), the rate the accountant's events assume. A server that samples at
+    another rate (2q; 1.1q once clients · rounds · q is a few thousand) fails."""
+    rounds, drawn = len(sampled), int(sum(sampled))
+    z, ok = binomial_draws(drawn, rounds * clients, q)
+    return Check(
+        name="poisson_client_sampling_matches_accountant",
+        passed=bool(ok),
+        detail=(
+            f"{drawn} clients sampled over {rounds} rounds of {clients} against {rounds * clients * q:.1f} "
+            f"expected at the accounted q = {q:.6g} (z = {z:.2f}, bound {_SAMPLING_Z:g})"
+        ),
+    )
+
+
 def sampling_check(
     steps: StepPlan, n: int, batch_size: int, engine: Any, ledger: Ledger, sampled: tuple[int, int]
 ) -> Check:
@@ -164,9 +193,7 @@ def sampling_check(
     )
     drawn, taken = sampled
     mean = taken * n * q
-    sd = math.sqrt(taken * n * q * (1 - q))
-    z = abs(drawn - mean) / sd if sd > 0 else (0.0 if drawn == mean else math.inf)
-    draws_ok = taken == 0 or abs(drawn - mean) <= _SAMPLING_Z * sd + 1.0
+    z, draws_ok = binomial_draws(drawn, taken * n, q)
     return Check(
         name="poisson_sampling_matches_accountant",
         passed=bool(events_ok and engine_ok and draws_ok),

@@ -72,6 +72,9 @@ class NonPrivate(BaseModel):
     history: dict[str, list[dict[str, float]]]
     """Per-epoch test loss/accuracy of the DP run ("dp") and of the baseline ("baseline")."""
     audit: dict[str, Any] | None = None
+    per_record_rules: dict[str, int] = {}
+    """How many rows or cells the schema's per-record rules touched (rows dropped for an undeclared or
+    missing label, cells not a number made missing): counts over the private rows, without noise."""
     labelled_elsewhere: dict[str, str] = {}
     """Report paths outside this section that are non-private too, with why they stay there."""
 

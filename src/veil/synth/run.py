@@ -5,8 +5,9 @@ Order of work (everything that can refuse runs before anything is written or cha
 1. settings, schema (reviewed), public domain from the schema, size checks on the domain;
 2. the run folder must be new; the run is charged to the dataset's privacy budget (``veil budget``):
    its whole zCDP budget ρ is reserved, or the run refused, before a row is read, and the charge is
-   settled to the ledger's events at the end; the table is read and encoded (a column the schema
-   does not declare is refused by the reader); δ < 1/N; the 1-way noise must be below N;
+   settled to the ledger's events at the end — once a row is read, a run that stops (δ ≥ 1/N, noise
+   above N, any error) stays charged with its plan, never released; the table is read and encoded (a
+   column the schema does not declare is refused by the reader); δ < 1/N; the 1-way noise below N;
 3. the ledger is created, then the mechanism runs, each event appended to the ledger (fsync'ed)
    as it is released; the (ε, δ) is the RDP accountant's composition of the ledger's events and is
    checked against the target before any output is written;
@@ -113,14 +114,16 @@ def run_synth(settings: SynthSettings) -> dict[str, Any]:
 
 
 class _Account:
-    """The run's charge to the budget registry: the whole zCDP budget ρ reserved as one
+    """The run's charge to the budget registry, on the pipeline's private-data path
+    (:mod:`veil.pipeline.private_data`): the whole zCDP budget ρ reserved as one
     :class:`~veil.accounting.events.ZeroConcentrated` event before a row is read (refused: nothing
     written, nothing charged), settled to the ledger's events (MST's and AIM's measurements and
     selections, chosen as they go, their ρ summing to at most the reserved ρ, so their RDP curve lies
-    below α·ρ), or released when no ledger was created (nothing was released)."""
+    below α·ρ). Once a row was read the reservation stands: a run that fails afterwards (say on a check
+    of N) is settled at its plan, never released."""
 
     def __init__(self) -> None:
-        self.charge: Any = None
+        self.account: Any = None
         self.run_id = ""
         self.ledger: Any = None
 
@@ -128,21 +131,22 @@ class _Account:
         import uuid
 
         from veil.accounting.events import ZeroConcentrated
-        from veil.registry.charge import DatasetCharge
+        from veil.pipeline.private_data import data_ref, open_account
 
-        self.charge = DatasetCharge.before_reading(
-            settings.dataset, job="synth", table=settings.table, query=settings.query
-        )
+        self.account = open_account(data_ref(settings.dataset, settings), job="synth")
         self.run_id = uuid.uuid4().hex
-        self.charge.reserve([ZeroConcentrated(rho)], self.run_id, settings.delta)
+        self.account.reserve([ZeroConcentrated(rho)], self.run_id, settings.delta)
+
+    def reading(self) -> None:
+        self.account.reading()
 
     def header(self) -> dict[str, str]:
-        return {"budget_run_id": self.run_id, "budget_dataset_id": self.charge.identity.id}
+        return {"budget_run_id": self.run_id, "budget_dataset_id": self.account.dataset_id}
 
     def close(self) -> None:
-        if self.charge is None:
+        if self.account is None:
             return
-        self.charge.finish(None if self.ledger is None else self.ledger.events())
+        self.account.finish(None if self.ledger is None else self.ledger.events())
 
 
 def _run(settings: SynthSettings, account: _Account) -> dict[str, Any]:
@@ -162,6 +166,7 @@ def _run(settings: SynthSettings, account: _Account) -> dict[str, Any]:
     check_out(out)
     rho = rho_for_epsilon(settings.epsilon, settings.delta)
     account.reserve(settings, rho)  # the budget registry: refused here, before a row is read
+    account.reading()  # from here the reservation stands, whatever happens
     codes = read_codes(settings, schema, domain)
     n = codes.shape[0]
     check_delta(settings.delta, n)

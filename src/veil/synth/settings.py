@@ -30,6 +30,8 @@ class SynthSettings:
     out: Path | None = None
     table: str | None = None
     query: str | None = None
+    dataset_id: str | None = None
+    """The declared identity the run is charged to (``--dataset-id``; default: the data's fingerprint)."""
     bins: int = 16
     degree: int = 3
     """AIM's workload: every marginal of this many columns."""

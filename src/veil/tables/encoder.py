@@ -5,8 +5,14 @@ output width, the position of every feature and the value written there are func
 declared levels, bounds and policies, never of other rows. So encoding is a public, per-record
 transformation: it costs no privacy, and a model trained on encoded rows is protected exactly as if
 it were trained on the rows themselves (one record in, one encoded record out; neighbouring tables
-stay neighbouring). Nothing is imputed from other rows and no row is dropped: a value the schema
-does not allow is refused with its row and column.
+stay neighbouring). Nothing is imputed from other rows.
+
+Per-record public rules (no data-dependent halt once rows are read; see ``docs/tables.md``): a row
+whose label is outside the declared classes, or missing, is dropped (a function of that row alone, so
+neighbours stay neighbours); a cell of a numeric column that is not a number is missing. How many rows
+and cells each rule touched is counted (:attr:`EncodedTable.rules`, reported as non-private). A value
+refused by a policy the schema chose (``outside``/``unknown``/``missing = "error"``) is named by its
+row and column only: no message carries a cell's value.
 
 Per column type (``x`` the output block, in schema order):
 
@@ -22,7 +28,7 @@ Per column type (``x`` the output block, in schema order):
 * boolean — ``+1`` true, ``-1`` false, ``0`` otherwise, plus indicators as declared; spellings
   ``true/false, t/f, yes/no, y/n, 1/0`` (any case).
 * text and ignored columns are not encoded; the target becomes class indices in the order of the
-  declared classes, and a label outside them (or missing) is refused.
+  declared classes, and a row whose label is outside them (or missing) is dropped.
 
 The encoder is a plain JSON document (:meth:`TableEncoder.to_dict`), saved beside ``model.pt`` so that
 predictions on new rows use the same mapping.
@@ -32,7 +38,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +66,12 @@ class EncodedTable:
     y: np.ndarray | None
     feature_names: list[str]
     classes: list[str]
+    rules: dict[str, int] = field(default_factory=dict)
+    """How many rows or cells each per-record rule touched (non-private counts)."""
+
+
+RULES = ("rows_dropped_label_not_declared", "rows_dropped_label_missing", "cells_not_a_number_made_missing")
+"""The per-record rules' counters, in :attr:`EncodedTable.rules`."""
 
 
 class TableEncoder:
@@ -135,16 +147,23 @@ class TableEncoder:
 
     # -- encoding ---------------------------------------------------------------------------------
 
-    def encode(self, raw: RawTable, *, with_target: bool = True) -> EncodedTable:
-        """Encode every row (all or nothing: the first disallowed value is refused)."""
+    def encode(self, raw: RawTable, *, with_target: bool = True, drop: bool = True) -> EncodedTable:
+        """Encode every row. ``drop=False`` keeps the rows a rule drops, with label -1 (a caller that
+        maps encoded rows back to the source's positions filters them itself)."""
         return self.encode_batches(
-            raw.table.num_rows, iter([raw]), with_target=with_target, where=raw.source.describe()
+            raw.table.num_rows, iter([raw]), with_target=with_target, where=raw.source.describe(), drop=drop
         )
 
     def encode_batches(
-        self, rows: int | None, batches: Iterator[RawTable], *, with_target: bool = True, where: str = "table"
+        self,
+        rows: int | None,
+        batches: Iterator[RawTable],
+        *,
+        with_target: bool = True,
+        where: str = "table",
+        drop: bool = True,
     ) -> EncodedTable:
-        """Encode a table given in batches into one float32 matrix.
+        """Encode a table given in batches into one float32 matrix, rows a rule drops left out.
 
         With ``rows`` (an upper bound on the row count) the result is allocated once, zero pages
         untouched until written, so the peak is the result plus one batch; without it the encoded
@@ -155,18 +174,25 @@ class TableEncoder:
         blocks: list[tuple[np.ndarray, np.ndarray | None]] = []
         n = 0
         target = self.schema.require_target("training") if with_target else None
+        rules = dict.fromkeys(RULES, 0)
         for raw in batches:
             m = raw.table.num_rows
             if x is not None and n + m > x.shape[0]:  # pragma: no cover - the bound is an upper bound
                 raise RuntimeError(f"more rows than the bound {x.shape[0]}")
             xb = x[n : n + m] if x is not None else np.zeros((m, self.width), dtype=np.float32)
-            self._encode_into(raw, xb)
-            yb = _encode_target(target, raw.table.column(target.name), raw, self.schema) if target else None
+            self._encode_into(raw, xb, rules)
+            yb = _encode_target(target, raw.table.column(target.name), self.schema, rules) if target else None
+            if drop and yb is not None and (yb < 0).any():  # the dropped rows leave no gap
+                keep = yb >= 0
+                xb[: int(keep.sum())] = xb[keep]
+                yb = yb[keep]
+                xb = xb[: len(yb)]
+            k = len(xb)
             if y is not None and yb is not None:
-                y[n : n + m] = yb
+                y[n : n + k] = yb
             if x is None:
                 blocks.append((xb, yb))
-            n += m
+            n += k
         if n == 0:
             raise DataError("dataset", where, "the table has no data rows", "provide a table with rows")
         if x is None:
@@ -174,13 +200,15 @@ class TableEncoder:
             y = np.concatenate([b[1] for b in blocks if b[1] is not None]) if target else None
         else:
             x, y = x[:n], (y[:n] if y is not None else None)
-        return EncodedTable(x=x, y=y, feature_names=list(self.feature_names), classes=self.classes)
+        return EncodedTable(
+            x=x, y=y, feature_names=list(self.feature_names), classes=self.classes, rules=rules
+        )
 
-    def _encode_into(self, raw: RawTable, x: np.ndarray) -> None:
+    def _encode_into(self, raw: RawTable, x: np.ndarray, rules: dict[str, int]) -> None:
         pos = 0
         for c in self.schema.features:
             width = len(_block_names(c))
-            _encode_column(c, raw.table.column(c.name), x[:, pos : pos + width], raw, self.schema)
+            _encode_column(c, raw.table.column(c.name), x[:, pos : pos + width], raw, self.schema, rules)
             pos += width
 
 
@@ -204,16 +232,23 @@ def _block_names(c: ColumnSpec) -> list[str]:
     return names
 
 
-def _refuse(c: ColumnSpec, raw: RawTable, index: int, value: Any, reason: str, fix: str) -> None:
-    raise DataError(f"{raw.row_label(index)} column '{c.name}'", value, reason, fix)
+WITHHELD = "(cell not shown)"
+"""What an error about a row says in place of the cell's value: never the private value itself."""
+
+
+def _refuse(c: ColumnSpec, raw: RawTable, index: int, reason: str, fix: str) -> None:
+    """Refuse a cell by a policy the schema chose: its row and column, never its value."""
+    raise DataError(f"{raw.row_label(index)} column '{c.name}'", WITHHELD, reason, fix)
 
 
 def _first(mask: np.ndarray) -> int:
     return int(np.flatnonzero(mask)[0])
 
 
-def _numbers(c: ColumnSpec, column: pa.ChunkedArray, raw: RawTable, missing: list[str]) -> np.ndarray:
-    """float64 values with NaN for missing; a text cell is a type mismatch."""
+def _numbers(
+    c: ColumnSpec, column: pa.ChunkedArray, raw: RawTable, missing: list[str], rules: dict[str, int]
+) -> np.ndarray:
+    """float64 values with NaN for missing; a text cell that is not a number is missing too (counted)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -228,32 +263,18 @@ def _numbers(c: ColumnSpec, column: pa.ChunkedArray, raw: RawTable, missing: lis
         try:
             column = pc.cast(trimmed, pa.float64())
         except pa.ArrowInvalid:
-            values = trimmed.to_pylist()
-            for i, v in enumerate(values):
-                try:
-                    if v is not None:
-                        float(v)
-                except ValueError:
-                    _refuse(
-                        c,
-                        raw,
-                        i,
-                        v,
-                        "the schema declares the column numeric but this cell is not a number (a type "
-                        "mismatch); veil neither guesses nor drops rows",
-                        "fix the cell, list it in missing_values if it means 'missing', or declare the "
-                        "column categorical",
-                    )
-            raise
+            values = [_number_or_none(v) for v in trimmed.to_pylist()]
+            rules["cells_not_a_number_made_missing"] += sum(
+                v is None and t is not None for v, t in zip(values, trimmed.to_pylist(), strict=True)
+            )
+            column = pa.chunked_array([pa.array(values, pa.float64())])
     elif pa.types.is_boolean(kind) or pa.types.is_integer(kind) or pa.types.is_floating(kind):
         pass
     elif pa.types.is_decimal(kind):
         column = pc.cast(column, pa.float64())
     else:
-        _refuse(
-            c,
-            raw,
-            0,
+        raise DataError(
+            f"column '{c.name}'",
             str(kind),
             "the schema declares the column numeric but the data stores it as another type (a type mismatch)",
             "convert the column to numbers, or declare its real type in the schema",
@@ -263,6 +284,16 @@ def _numbers(c: ColumnSpec, column: pa.ChunkedArray, raw: RawTable, missing: lis
         if column.null_count == 0
         else np.asarray(pc.fill_null(pc.cast(column, pa.float64()), np.nan).to_numpy(), dtype=np.float64)
     )
+
+
+def _number_or_none(text: str | None) -> float | None:
+    """The cell as a number, or ``None`` (missing) when it is not one."""
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 def _strings(column: pa.ChunkedArray, missing: list[str]) -> tuple[pa.ChunkedArray, np.ndarray]:
@@ -305,11 +336,16 @@ def _codes(column: pa.ChunkedArray, levels: tuple[str, ...]) -> np.ndarray:
 
 
 def _encode_column(
-    c: ColumnSpec, column: pa.ChunkedArray, out: np.ndarray, raw: RawTable, schema: TableSchema
+    c: ColumnSpec,
+    column: pa.ChunkedArray,
+    out: np.ndarray,
+    raw: RawTable,
+    schema: TableSchema,
+    rules: dict[str, int],
 ) -> None:
     missing_tokens = [v.strip() for v in schema.missing_values]
     if c.type == "numeric":
-        _encode_numeric(c, _numbers(c, column, raw, missing_tokens), out, raw)
+        _encode_numeric(c, _numbers(c, column, raw, missing_tokens, rules), out, raw)
         return
     text, miss = _strings(column, missing_tokens)
     if c.type == "boolean":
@@ -325,7 +361,6 @@ def _encode_column(
             c,
             raw,
             i,
-            text[i].as_py(),
             "the value is not among the column's declared levels and the schema says unknown = 'error'",
             "fix the value, add it to the public levels, or set unknown = 'level'",
         )
@@ -370,7 +405,6 @@ def _encode_numeric(c: ColumnSpec, v: np.ndarray, out: np.ndarray, raw: RawTable
                     c,
                     raw,
                     start + i,
-                    float(part[i]),
                     f"the value is outside the declared bounds [{lo:g}, {hi:g}] and the schema says "
                     "outside = 'error'",
                     "fix the value, widen the public bounds, or set outside = 'clip'",
@@ -399,27 +433,20 @@ def _missing_block(
             c,
             raw,
             offset + _first(miss),
-            None,
             "the value is missing and the schema says missing = 'error' (veil never imputes or drops rows)",
             "fill in the value, or set missing = 'indicator' to encode missingness as its own feature",
         )
     out[:, col] = miss
 
 
-def _encode_target(c: ColumnSpec, column: pa.ChunkedArray, raw: RawTable, schema: TableSchema) -> np.ndarray:
+def _encode_target(
+    c: ColumnSpec, column: pa.ChunkedArray, schema: TableSchema, rules: dict[str, int]
+) -> np.ndarray:
+    """Class indices in the declared order; -1 for a row the rules drop (label missing, or outside the
+    declared classes), each counted."""
     text, miss = _strings(column, [v.strip() for v in schema.missing_values])
     codes = _codes(text, c.levels)
-    bad = (codes < 0) | miss
-    if bad.any():
-        i = _first(bad)
-        value = None if miss[i] else text[i].as_py()
-        _refuse(
-            c,
-            raw,
-            i,
-            value,
-            "the label is missing" if miss[i] else "the label is not among the target's declared classes",
-            "fix the label, or declare the class in the schema's classes (a public list); rows are never "
-            "dropped silently",
-        )
+    codes[miss] = -1
+    rules["rows_dropped_label_missing"] += int(miss.sum())
+    rules["rows_dropped_label_not_declared"] += int(((codes < 0) & ~miss).sum())
     return codes

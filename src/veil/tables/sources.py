@@ -242,7 +242,9 @@ def _delimiter(p: Path, encoding: str) -> str:
     return best if counts[best] > counts[","] else ","
 
 
-def _csv_options(p: Path, encoding: str, names: list[str], block_size: int | None = None) -> dict[str, Any]:
+def _csv_options(
+    p: Path, encoding: str, names: list[str], block_size: int | None = None, skip: int = 0
+) -> dict[str, Any]:
     """pyarrow's read and parse options shared by every CSV read: the header's (stripped) names, the
     declared encoding, the header's delimiter, and newlines allowed inside quoted values."""
     import pyarrow.csv as pa_csv
@@ -250,6 +252,7 @@ def _csv_options(p: Path, encoding: str, names: list[str], block_size: int | Non
     read = pa_csv.ReadOptions(
         column_names=names,
         skip_rows=1,
+        skip_rows_after_names=skip,
         encoding=encoding,
         **({"block_size": block_size} if block_size else {}),
     )
@@ -356,31 +359,47 @@ def _newlines(path: Path) -> int:
 
 
 def _csv_batches(
-    path: Path, schema: TableSchema, wanted: list[str], source: TableSource, names: list[str]
+    path: Path,
+    schema: TableSchema,
+    wanted: list[str],
+    source: TableSource,
+    names: list[str],
+    *,
+    numbers_as_text: bool = False,
+    skip: int = 0,
 ) -> Iterator[RawTable]:
+    """The CSV block by block. A cell of a numeric column that is not a number stops pyarrow's typed
+    reader; the rest of the file is then read with those columns as text, from the first row not yet
+    yielded, and the encoder makes such a cell missing (a per-record rule, never a refusal)."""
     pa_csv = _need("pyarrow.csv", source.describe())
     import pyarrow as pa
 
     missing = list(schema.missing_values)
     convert = pa_csv.ConvertOptions(
-        column_types=_csv_types(schema),
+        column_types=_csv_types(schema, numbers_as_text=numbers_as_text),
         null_values=missing,
         strings_can_be_null=True,
         include_columns=wanted,
         true_values=["true", "True", "TRUE"],
         false_values=["false", "False", "FALSE"],
     )
-    offset = 0
+    offset = skip
     try:
         reader = pa_csv.open_csv(
-            path, convert_options=convert, **_csv_options(path, source.encoding, names, 1 << 22)
+            path, convert_options=convert, **_csv_options(path, source.encoding, names, 1 << 22, skip)
         )
         for batch in reader:
             if batch.num_rows:
                 yield RawTable(pa.Table.from_batches([batch]), source, first_row=offset + 2)
                 offset += batch.num_rows
     except pa.ArrowInvalid as exc:
-        _csv_error(path, schema, exc)
+        if numbers_as_text or not _conversion_error(exc):
+            _csv_error(path, exc)
+        retry = True
+    else:
+        retry = False
+    if retry:
+        yield from _csv_batches(path, schema, wanted, source, names, numbers_as_text=True, skip=offset)
 
 
 def _parquet_batches(
@@ -399,7 +418,14 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else exc.__class__.__name__
 
 
-def _csv_types(schema: TableSchema | None) -> dict[str, Any]:
+def _conversion_error(exc: BaseException) -> bool:
+    """pyarrow could not convert a cell to its column's type (not a malformed row)."""
+    return "conversion error" in str(exc)
+
+
+def _csv_types(schema: TableSchema | None, *, numbers_as_text: bool = False) -> dict[str, Any]:
+    """Column types for pyarrow's reader; numeric features as float32, or as text (then converted by
+    the encoder, which makes a cell that is not a number missing)."""
     import pyarrow as pa
 
     if schema is None:
@@ -409,7 +435,7 @@ def _csv_types(schema: TableSchema | None) -> dict[str, Any]:
         if not c.used:
             continue
         if c.type == "numeric" and c.role == "feature":
-            types[c.name] = pa.float32()
+            types[c.name] = pa.string() if numbers_as_text else pa.float32()
         elif c.type in ("categorical", "ordinal") or c.role == "target":
             types[c.name] = pa.dictionary(pa.int32(), pa.string())
         else:
@@ -430,20 +456,22 @@ def _read_csv(
     from veil.tables.schema import DEFAULT_MISSING_VALUES
 
     missing = list(schema.missing_values if schema is not None else DEFAULT_MISSING_VALUES)
-    types = _csv_types(schema)
-    convert = pa_csv.ConvertOptions(
-        column_types=types,
-        null_values=missing,
-        strings_can_be_null=True,
-        include_columns=wanted,
-        true_values=["true", "True", "TRUE"],
-        false_values=["false", "False", "FALSE"],
-    )
     names = names if names is not None else _csv_header(p, encoding)
-    try:
-        return pa_csv.read_csv(p, convert_options=convert, **_csv_options(p, encoding, names))
-    except pa.ArrowInvalid as exc:
-        _csv_error(p, schema, exc)
+    for numbers_as_text in (False, True):  # a cell that is not a number: read those columns as text
+        convert = pa_csv.ConvertOptions(
+            column_types=_csv_types(schema, numbers_as_text=numbers_as_text),
+            null_values=missing,
+            strings_can_be_null=True,
+            include_columns=wanted,
+            true_values=["true", "True", "TRUE"],
+            false_values=["false", "False", "FALSE"],
+        )
+        try:
+            return pa_csv.read_csv(p, convert_options=convert, **_csv_options(p, encoding, names))
+        except pa.ArrowInvalid as exc:
+            if numbers_as_text or not _conversion_error(exc):
+                _csv_error(p, exc)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def read_csv_text(source: TableSource) -> dict[str, list[str]]:
@@ -465,52 +493,45 @@ def read_csv_text(source: TableSource) -> dict[str, list[str]]:
     try:
         table = pa_csv.read_csv(p, convert_options=convert, **_csv_options(p, source.encoding, names))
     except pa.ArrowInvalid as exc:
-        _csv_error(p, None, exc)
+        _csv_error(p, exc)
     return {name: table.column(name).to_pylist() for name in names}
 
 
-def _csv_error(p: Path, schema: TableSchema | None, exc: Exception) -> NoReturn:
-    """Turn pyarrow's parse error into one line; for a numeric column, name the first bad cell."""
-    import pyarrow as pa
+def _csv_error(p: Path, exc: Exception) -> NoReturn:
+    """pyarrow's parse error as one line that names the row, never its content (pyarrow's own message
+    quotes the row, which holds private values)."""
+    message = _first_line(exc)
+    ragged = re.search(r"Expected (\d+) columns, got (\d+)", message)
+    if ragged:
+        line = _ragged_line(p, int(ragged.group(1)))
+        raise DataError(
+            f"line {line}" if line is not None else "a row",
+            f"{ragged.group(2)} fields (row not shown)",
+            f"the CSV header has {ragged.group(1)} columns and every row must have as many",
+            "fix that row of the file (a field with a comma or a newline must be quoted)",
+        ) from None
+    raise DataError(
+        "dataset file",
+        str(p),
+        f"the CSV cannot be parsed ({message.split(':')[0]}; the parser's detail is not shown: it may "
+        "quote a private row)",
+        "check the file's quoting and encoding",
+    ) from None
 
-    message = re.sub(r"(got \d+)\b.*", r"\1", _first_line(exc))  # pyarrow echoes the row: never a cell
-    found = re.search(r"column #(\d+)", message)
-    if found and schema is not None:
-        names = _csv_header(p)
-        column = names[int(found.group(1))] if int(found.group(1)) < len(names) else "?"
-        if _csv_types(schema).get(column) == pa.float32():
-            _locate_not_number(p, column, list(schema.missing_values))
-    raise DataError("dataset file", str(p), f"the CSV cannot be parsed ({message})", "fix the file") from None
 
-
-def _locate_not_number(p: Path, column: str, missing: list[str]) -> None:
-    """Name the first cell of a numeric column that is not a number (called on the error path only)."""
-    import pyarrow as pa
-    import pyarrow.csv as pa_csv
-
-    table = pa_csv.read_csv(
-        p,
-        convert_options=pa_csv.ConvertOptions(
-            column_types={column: pa.string()},
-            include_columns=[column],
-            null_values=missing,
-            strings_can_be_null=True,
-        ),
-    )
-    for i, cell in enumerate(table.column(0).to_pylist()):
-        if cell is None:
-            continue
-        try:
-            float(cell)
-        except ValueError:
-            raise DataError(
-                f"line {i + 2} column '{column}'",
-                cell,
-                "the schema declares the column numeric but this cell is not a number (a type mismatch); "
-                "veil neither guesses nor drops rows",
-                "fix the cell, list it in missing_values if it means 'missing', or declare the column "
-                "categorical",
-            ) from None
+def _ragged_line(p: Path, columns: int) -> int | None:
+    """The line on which the first row with another number of fields than ``columns`` ends (on the
+    error path only)."""
+    try:
+        with _open_text(p, "utf-8") as fh:
+            reader = csv.reader(fh, delimiter=_delimiter(p, "utf-8"))
+            next(reader, None)
+            for record in reader:
+                if record and len(record) != columns:
+                    return reader.line_num
+    except (OSError, UnicodeDecodeError, csv.Error, DataError):
+        return None
+    return None
 
 
 def _read_parquet(pf: Any, schema: TableSchema | None, wanted: list[str]) -> pa.Table:

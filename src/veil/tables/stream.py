@@ -162,11 +162,14 @@ def scan_parquet(
     kept_test = kept_probe = n_test = 0
     for g in range(pf.num_row_groups):
         encoded = encoder.encode(
-            RawTable(pf.read_row_group(g, columns=columns), source, first_row=int(starts[g]) + 1)
+            RawTable(pf.read_row_group(g, columns=columns), source, first_row=int(starts[g]) + 1), drop=False
         )
         assert encoded.y is not None
+        valid = encoded.y >= 0  # a row the schema's rules drop (its label) is in no split
+        if not valid.all():
+            encoded.x, encoded.y = encoded.x[valid], encoded.y[valid]
         test = held_out(encoded.x, encoded.y, test_fraction, seed)
-        train_rows = np.flatnonzero(~test) + starts[g]
+        train_rows = np.flatnonzero(valid)[~test] + starts[g]
         positions[n_train : n_train + len(train_rows)] = train_rows
         n_train += len(train_rows)
         n_test += int(test.sum())

@@ -136,7 +136,8 @@ def split_budget(
             best = BudgetSplit(plans, count, score_event, tuple(prefix), delta, total)
         if best is not None and best.epsilon >= 0.995 * target:
             break
-        level *= (target / total) * (0.998 if total > target else 1.0)
+        # A small Poisson mean can make the bound vanish at this level (log E[K] < 0): raise it.
+        level *= (target / total) * (0.998 if total > target else 1.0) if total > 0 else 2.0
     if best is None:  # pragma: no cover - the level search converges in one or two rounds
         raise UnreachableTargetError(
             "epsilon", target, "no σ split fits the tuning budget", "report this as a bug"

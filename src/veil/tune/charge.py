@@ -21,8 +21,8 @@ from typing import Any
 
 from veil.accounting.events import PrivacyEvent
 from veil.accounting.ledger import Ledger
+from veil.pipeline.private_data import data_ref, open_account
 from veil.pipeline.run_folder import LEDGER
-from veil.registry.charge import DatasetCharge
 
 __all__ = ["TuneCharge"]
 
@@ -31,14 +31,7 @@ class TuneCharge:
     """Open before reading, :meth:`reserve` before the folder exists, :meth:`start`, then :meth:`settle`."""
 
     def __init__(self, dataset: str, settings: dict[str, Any]) -> None:
-        self.charge = DatasetCharge.before_reading(
-            dataset,
-            job="tune",
-            data_dir=settings.get("data_dir"),
-            table=settings.get("table"),
-            query=settings.get("query"),
-            dataset_id=settings.get("dataset_id"),
-        )
+        self.account = open_account(data_ref(dataset, settings), job="tune")
         self.run_id = uuid.uuid4().hex
         self.event: PrivacyEvent | None = None
         self.ledger: Ledger | None = None
@@ -46,25 +39,25 @@ class TuneCharge:
     def reserve(self, event: PrivacyEvent, delta: float) -> None:
         """The whole procedure's event against the dataset's budget (refused: nothing recorded)."""
         try:
-            self.charge.reserve([event], self.run_id, delta)
+            self.account.reserve([event], self.run_id, delta)
         except BaseException:
-            self.charge.close()
+            self.account.close()
             raise
+        self.account.reading()  # the trials read rows from here: the charge stands, whatever happens
         self.event = event
 
     def start(self, out: Path) -> None:
         """Create the run folder and its tuning ledger, holding the charged event."""
         assert self.event is not None, "reserve before start"
         out.mkdir(parents=True, exist_ok=True)
-        header = {"job": "tune", "budget_run_id": self.run_id, "budget_dataset_id": self.charge.identity.id}
+        header = {"job": "tune", "budget_run_id": self.run_id, "budget_dataset_id": self.account.dataset_id}
         self.ledger = Ledger.create(out / LEDGER, header)
         self.ledger.append("event", label="tuning (random stopping)", event=self.event.to_dict())
 
     def settle(self) -> None:
         """Charge what the ledger holds (the reserved event) and close the account."""
-        try:
-            if self.ledger is not None:
-                self.ledger.close()
-                self.charge.settle(self.ledger.events())
-        finally:
-            self.charge.close()
+        events = None
+        if self.ledger is not None:
+            self.ledger.close()
+            events = self.ledger.events()
+        self.account.finish(events)

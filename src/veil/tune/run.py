@@ -1,10 +1,10 @@
 """``veil tune`` as a function: private hyperparameter tuning by random stopping.
 
-Flow: config → the full training split cut once into (training, validation) by a data-independent
-secure draw → the trial shapes' σ from the budget split (:mod:`veil.tune.budget`) → K drawn from the
-trial-count law (OS CSPRNG) → K trials, each a full DP training run through the train job's loop
-with its own ledger, then its noisy validation count → the candidate with the best noisy score is
-released (``model.pt``) → ``report.json`` and ``report.html``.
+Flow: config → the full training split cut once into (training, validation) by a keyed hash of each
+record (:func:`validation_mask`) → the trial shapes' σ from the budget split (:mod:`veil.tune.budget`) →
+K drawn from the trial-count law (OS CSPRNG) → K trials, each a full DP training run through the train
+job's loop with its own ledger, then its noisy validation count → the candidate with the best noisy
+score is released (``model.pt``) → ``report.json`` and ``report.html``.
 
 Guarantee. The chosen model, its hyperparameters and its noisy validation score are (ε, δ)-DP for
 the training split (training and validation parts together) under add/remove-one neighbouring, where
@@ -17,11 +17,10 @@ or the other trials voids the bound; only the chosen model is meant for release.
 
 from __future__ import annotations
 
-import secrets
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,17 +29,28 @@ from veil.config import make_config
 from veil.errors import ConfigError, InvalidParameterError
 from veil.pipeline.budget import plan_steps
 from veil.pipeline.data import check_delta
+from veil.pipeline.private_data import record_mask
 from veil.pipeline.run_folder import check_out, default_out
 from veil.tune.budget import ORDERS, BudgetSplit, split_budget
 from veil.tune.charge import TuneCharge
 from veil.tune.space import SearchSpace
 from veil.tune.trial import prepare_trial, run_trial, score_event, trial_config
 
-__all__ = ["tune"]
+if TYPE_CHECKING:
+    from veil.data import Dataset
+
+__all__ = ["tune", "validation_mask"]
 
 
-def _validation_mask(n: int, fraction: float) -> np.ndarray:
-    """A held-out share of the training split, drawn from the OS CSPRNG (independent of the data)."""
+def validation_mask(data: Dataset, fraction: float, seed: int) -> np.ndarray:
+    """Which rows of the training split are held out for scoring: a row is when the keyed hash of its
+    own features and label (:func:`veil.pipeline.private_data.record_mask`, its own key domain, key
+    from the public ``seed``) falls below ``fraction``.
+
+    Guarantee. A row's side depends on that row alone, never on its position or on how many rows there
+    are: adding or removing one record of the training split adds or removes it from exactly one part,
+    so add/remove neighbours stay add/remove neighbours on the training part (a random subset of fixed
+    size would turn them into replace-one neighbours). The part's size varies like a binomial."""
     if not (0 < fraction < 1):
         raise InvalidParameterError(
             "validation_fraction",
@@ -48,10 +58,8 @@ def _validation_mask(n: int, fraction: float) -> np.ndarray:
             "the validation split must leave data to train on and score",
             "pass a share in (0, 1), e.g. 0.2",
         )
-    n_val = max(1, round(fraction * n))
-    mask = np.zeros(n, dtype=bool)
-    mask[np.random.default_rng(secrets.randbits(128)).permutation(n)[:n_val]] = True
-    return mask
+    labels = [str(data.classes[int(v)]) for v in np.asarray(data.y_train)]
+    return record_mask(data.x_train, labels, fraction, "veil.tune.validation", seed)
 
 
 def _plan(
@@ -82,6 +90,7 @@ def _plan(
 def tune(
     *,
     dataset: str = "digits",
+    dataset_id: str | None = None,
     epsilon: float = 3.0,
     delta: float = 1e-5,
     out: str | Path | None = None,
@@ -95,7 +104,8 @@ def tune(
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run ``veil tune`` and return the report (also written as ``report.json``); see the module
-    docstring for the guarantee. ``extra``: further train settings shared by every trial."""
+    docstring for the guarantee. ``dataset_id``: the declared identity the run is charged to (default:
+    the data's fingerprint). ``extra``: further train settings shared by every trial."""
     from veil.tune.report import write_report
 
     t0 = time.monotonic()
@@ -103,6 +113,7 @@ def tune(
     count = TrialCount(trials_mean, trials_law, trials_shape)  # type: ignore[arg-type]
     base: dict[str, Any] = {
         "dataset": dataset,
+        **({"dataset_id": dataset_id} if dataset_id is not None else {}),
         "delta": delta,
         "seed": seed,
         "secure_rng": True,
@@ -113,7 +124,7 @@ def tune(
     check_out(out_dir)
     account = TuneCharge(dataset, base)  # an exhausted dataset is refused before a row is read
     full, _, _ = prepare_trial(make_config({**base, "epsilon": epsilon}), None)
-    mask = _validation_mask(full.data.n_train, validation_fraction)
+    mask = validation_mask(full.data, validation_fraction, seed)
     check_delta(delta, int((~mask).sum()))
     for b in space.batch_size:
         if b > int((~mask).sum()):

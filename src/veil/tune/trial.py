@@ -1,14 +1,13 @@
 """One ``veil tune`` trial: a full DP training run through the train job's pipeline, then its DP
 validation score.
 
-The trial trains on the private training split minus a held-out validation split (fixed for the
-whole tuning run, chosen independently of the data), with the σ the budget split gave its shape and
-every step charged to its own ledger (``trials/<i>/ledger.jsonl``) by the train job's loop. Its score
-is the number of validation examples the released model classifies correctly plus Gaussian noise
-(sensitivity 1 under add/remove-one: one record changes the count by at most one), drawn from the
-OS CSPRNG on the secure lattice; the score's event is appended to the trial's ledger before the noise
-is drawn.
-"""
+The trial trains on the private training split minus a held-out validation split (fixed for the whole
+tuning run, each row on its side by a keyed hash of that row alone), with the σ the budget split gave
+its shape and every step charged to its own ledger (``trials/<i>/ledger.jsonl``) by the train job's
+loop. Its score is the number of validation examples the released model classifies correctly plus
+Gaussian noise (sensitivity 1 under add/remove-one: one record changes the count by at most one), drawn
+from the OS CSPRNG on the secure lattice; the score's event is appended to the trial's ledger before the
+noise is drawn."""
 
 from __future__ import annotations
 
