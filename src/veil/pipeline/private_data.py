@@ -76,8 +76,6 @@ class PrivateAccount:
 
     def __init__(self, charge: DatasetCharge) -> None:
         self.charge = charge
-        self.planned: list[PrivacyEvent] | None = None
-        self.read = False
         self.closed = False
 
     @property
@@ -95,19 +93,17 @@ class PrivateAccount:
         delta: float,
         neighbouring: Neighbouring | str = Neighbouring.ADD_OR_REMOVE_ONE,
     ) -> None:
-        """Admit the whole plan (refused: nothing recorded)."""
-        self.charge.reserve(events, run_id, delta, neighbouring)
-        self.planned = list(events)
+        """Admit the whole plan (refused: nothing recorded), before any private row is read."""
+        self.charge.reserve(events, run_id, delta, neighbouring, before_reading=True)
 
     def reading(self) -> None:
         """Mark that private rows are being read: from now on the reservation is never released."""
-        self.read = True
+        self.charge.reading()
 
     def finish(self, events: Sequence[PrivacyEvent] | None) -> None:
-        """Settle with ``events`` (what the job released); with ``None`` (nothing released) release the
-        reservation only if no private row was read, else settle at the plan. Closes the registry."""
-        if events is None and self.read and self.planned is not None:
-            events = self.planned
+        """Settle with ``events`` (what the job released); with ``None`` (nothing released) the
+        registry releases the reservation only if no private row was read, else settles it at the
+        plan (:meth:`DatasetCharge.finish`). Closes the registry."""
         self.closed = True
         self.charge.finish(None if events is None else list(events))
 
