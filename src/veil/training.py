@@ -67,7 +67,7 @@ def _prepare(cfg: TrainConfig, out: Path | None, check: bool = True) -> RunPlan:
     from veil.precision import autocast
 
     autocast(cfg.device, cfg.precision)  # a precision the device lacks is refused before anything is written
-    prepared = prepare(cfg, streaming=True)
+    prepared = prepare(cfg, streaming=True, units=True)
     refuse_private_preprocessing(prepared.prep.public)  # across ranks: one release is not yet supported
     cfg, data = prepared.cfg, prepared.data
     net = build_net(cfg, data, cfg.seed)
@@ -76,12 +76,12 @@ def _prepare(cfg: TrainConfig, out: Path | None, check: bool = True) -> RunPlan:
 
         refuse_fixed_front(assemble(prepared.prep, data.input_shape, net))
     refuse_unsupported_augment(cfg, data, net)
-    steps = plan_steps(cfg, data.n_train, prepared.pre_events)
+    steps = plan_steps(cfg, data.n_records, prepared.pre_events)  # units, with a privacy unit
     allowed = allowed_steps(cfg, steps.sigma, steps.q, steps.steps_planned, prepared.pre_events)
     if cfg.clip == "adaptive":  # the count's noise must fit inside the step's σ: refused before writing
         from veil.clipping.adaptive import gradient_noise
 
-        gradient_noise(steps.sigma, steps.q * data.n_train / 20)  # B/20, the hook's default
+        gradient_noise(steps.sigma, steps.q * data.n_records / 20)  # B/20, the hook's default
     if allowed == 0:
         raise BudgetExhaustedError(
             "noise_multiplier",

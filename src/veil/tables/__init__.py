@@ -29,13 +29,25 @@ def load_table(
     table: str | None = None,
     query: str | None = None,
     with_target: bool = True,
+    unit_column: str | None = None,
 ) -> object:
-    """Read ``spec`` and encode it with ``schema``: an :class:`~veil.tables.encoder.EncodedTable`."""
+    """Read ``spec`` and encode it with ``schema``: an :class:`~veil.tables.encoder.EncodedTable`.
+
+    ``unit_column``: a privacy unit's column (:mod:`veil.tables.units`), checked before reading; its
+    values (text, ``None`` when missing) come back in the table's ``units``, never as a feature."""
     from veil.tables.encoder import TableEncoder
     from veil.tables.sources import iter_source, parse_source
 
     source = parse_source(spec, table=table, query=query)
-    rows, batches = iter_source(source, schema, need_target=with_target)
-    return TableEncoder(schema).encode_batches(
+    rows, batches = iter_source(source, schema, need_target=with_target, unit_column=unit_column)
+    units: list[object] = []
+    if unit_column is not None:
+        from veil.tables.units import collect_units
+
+        batches = collect_units(batches, unit_column, units)
+    encoded = TableEncoder(schema).encode_batches(
         rows, batches, with_target=with_target, where=source.describe()
     )
+    if unit_column is not None:
+        encoded.units = units
+    return encoded

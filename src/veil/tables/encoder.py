@@ -60,6 +60,9 @@ class EncodedTable:
     y: np.ndarray | None
     feature_names: list[str]
     classes: list[str]
+    units: list[object] | None = None
+    """Each row's privacy-unit id (text, ``None`` when missing), when a unit column was read; an
+    identifier, never a feature (:mod:`veil.tables.units`)."""
 
 
 class TableEncoder:
