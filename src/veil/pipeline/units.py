@@ -62,3 +62,38 @@ def check_unit_request(cfg: Any, job: str, *, supported: bool) -> None:
             "unit-level DP-SGD samples units in one process; across ranks it is not implemented",
             "train a privacy-unit run in one process (drop --nproc-per-node)",
         )
+
+
+def unit_section(cfg: Any, data: Any, max_rows_per_unit: int) -> dict[str, Any] | None:
+    """The report's ``privacy_unit`` section, or None for a row-level run.
+
+    ``units`` (N) is public by declaration, exactly as N is for rows: the accountant's q = B/N
+    uses it. ``rows_used_per_step`` is a public bound computed from settings only, B·K: the
+    expected rows of one step are at most that (each of the B expected units gives at most K)."""
+    if data.units_train is None:
+        return None
+    assert cfg.batch_size is not None
+    return {
+        "column": data.unit_column,
+        "units": data.n_units,
+        "max_rows_per_unit": max_rows_per_unit,
+        "rows_used_per_step": cfg.batch_size * max_rows_per_unit,
+        "rows_used_per_step_means": "an upper bound on the expected rows of one step: B units × K rows",
+        "unit_gradient": "mean of the unit's (at most K) rows' per-row gradients, clipped once to C",
+        "public_by_declaration": "the number of units, as N is for a row-level run",
+    }
+
+
+def unit_covers(section: dict[str, Any] | None) -> str:
+    """What one protected record is, in the words of the report's ``covers``."""
+    if section is None:
+        return (
+            "each training row on its own (add/remove-one-row): a person with several rows is protected "
+            "only by group privacy, which is weaker (about k·ε for k rows, with a larger δ); name a "
+            "--privacy-unit column to protect people"
+        )
+    return (
+        f"each person (unit column `{section['column']}`), whatever number of rows they have "
+        f"(add/remove one unit with all its rows; {section['units']} units, at most "
+        f"{section['max_rows_per_unit']} rows of a unit per step)"
+    )

@@ -1,0 +1,208 @@
+"""`veil train --privacy-unit COLUMN` on a table with several rows per person (CSV, Parquet, SQLite)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+sqlalchemy = pytest.importorskip("sqlalchemy")
+
+from test_tables_sources import load_into_sql  # noqa: E402
+from veil.cli.main import main  # noqa: E402
+
+SCHEMA = """reviewed = true
+
+[columns.patient_id]
+type = "ignored"
+
+[columns.a]
+type = "numeric"
+bounds = [-4.0, 4.0]
+
+[columns.b]
+type = "numeric"
+bounds = [-4.0, 4.0]
+
+[columns.outcome]
+role = "target"
+classes = ["no", "yes"]
+"""
+FAST = ["--epochs", "2", "--epsilon", "3", "--delta", "1e-4", "--json", "--no-baseline"]
+
+
+def visits(path: Path, people: int = 200, seed: int = 0) -> None:
+    """1–8 visits per patient; the outcome depends on the visit's features and the patient's latent."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for p in range(people):
+        z = rng.normal()
+        for _ in range(int(rng.integers(1, 9))):
+            a, b = rng.normal(), rng.normal()
+            y = "yes" if rng.random() < 1 / (1 + np.exp(-(1.5 * a - b + z))) else "no"
+            rows.append([f"PATIENT-{p:04d}", f"{a:.3f}", f"{b:.3f}", y])
+    with path.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["patient_id", "a", "b", "outcome"])
+        writer.writerows(rows)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    import pyarrow.csv as pcsv
+
+    folder = tmp_path_factory.mktemp("units")
+    visits(folder / "visits.csv")
+    (folder / "schema.toml").write_text(SCHEMA)
+    table = pcsv.read_csv(folder / "visits.csv")
+    pq.write_table(table, folder / "visits.parquet")
+    engine = sqlalchemy.create_engine(f"sqlite:///{folder / 'visits.db'}")
+    load_into_sql(engine, "visits", table)
+    engine.dispose()
+    return {"folder": folder, "csv": folder / "visits.csv", "schema": folder / "schema.toml"}
+
+
+def _train(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["train", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_unit_level_run_reports_the_unit_and_never_prints_an_id(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    code, stdout, err = _train(
+        capsys,
+        "--dataset",
+        f"csv:{files['csv']}",
+        "--schema",
+        str(files["schema"]),
+        "--privacy-unit",
+        "patient_id",
+        "--batch-size",
+        "40",
+        *FAST,
+        "--out",
+        str(out),
+    )
+    assert code == 0, err
+    report = json.loads((out / "report.json").read_text())
+    unit = report["privacy_unit"]
+    assert unit["column"] == "patient_id" and unit["max_rows_per_unit"] == 16  # min(⌊1024/40⌋, 16)
+    assert unit["rows_used_per_step"] == 40 * 16
+    assert report["neighbouring"] == "add_or_remove_one_unit"
+    assert report["sampling_rate"] == pytest.approx(40 / unit["units"])
+    assert 100 < unit["units"] < 200  # the training side of 200 patients
+    assert "each person (unit column `patient_id`), whatever number of rows they have" in report["covers"]
+    html = (out / "report.html").read_text()
+    assert "each person (unit column `patient_id`), whatever number of rows they have" in html
+    for path in out.rglob("*"):
+        if path.is_file() and path.suffix in (".json", ".html", ".toml", ".jsonl", ""):
+            assert "PATIENT-" not in path.read_text(errors="ignore"), path
+    assert "PATIENT-" not in stdout + err
+
+
+def test_parquet_and_sql_read_the_same_units_as_csv(files: dict[str, Path]) -> None:
+    from veil.data import load_dataset
+
+    folder, schema = files["folder"], str(files["schema"])
+    loaded = [
+        load_dataset(spec, schema=schema, table=table, privacy_unit="patient_id", seed=3)
+        for spec, table in (
+            (f"csv:{files['csv']}", None),
+            (f"parquet:{folder / 'visits.parquet'}", None),
+            (f"sql:sqlite:///{folder / 'visits.db'}", "visits"),
+        )
+    ]
+    first = loaded[0]
+    assert first.units_train is not None and first.feature_names is not None
+    assert not any("patient_id" in name for name in first.feature_names)  # the id is never a feature
+    for data in loaded[1:]:
+        assert data.units_train is not None
+        np.testing.assert_array_equal(np.sort(data.units_train), np.sort(first.units_train))
+        assert data.n_units == first.n_units and data.n_train == first.n_train
+
+
+def test_k_is_applied_and_a_row_level_run_says_people_get_weaker_protection(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    base = ["--dataset", f"csv:{files['csv']}", "--schema", str(files["schema"]), *FAST]
+    code, _, err = _train(
+        capsys,
+        *base,
+        "--privacy-unit",
+        "patient_id",
+        "--max-rows-per-unit",
+        "2",
+        "--out",
+        str(tmp_path / "u"),
+    )
+    assert code == 0, err
+    assert json.loads((tmp_path / "u" / "report.json").read_text())["privacy_unit"]["max_rows_per_unit"] == 2
+    code, _, err = _train(capsys, *base, "--out", str(tmp_path / "r"))
+    assert code == 0, err
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert report["privacy_unit"] is None and "group privacy" in report["covers"]
+    assert "a person with several rows gets weaker protection" in (tmp_path / "r" / "report.html").read_text()
+
+
+def test_every_row_of_a_person_lands_on_one_side_of_the_split() -> None:
+    from veil.data import split_by_unit, unit_hashes
+
+    rng = np.random.default_rng(1)
+    ids: list[object] = [f"P{int(u)}" for u in rng.integers(0, 300, size=3000)]
+    ids[5] = None  # a row with no unit id: dropped by the per-record rule
+    x = np.arange(len(ids), dtype=np.float32).reshape(-1, 1)
+    y = np.zeros(len(ids), dtype=np.int64)
+    x_tr, _, x_te, _, keys = split_by_unit(x, y, ids, 0.25, seed=7)
+    side = {}
+    for rows, is_test in ((x_tr, False), (x_te, True)):
+        for r in rows[:, 0].astype(int):
+            assert side.setdefault(ids[r], is_test) == is_test  # one side per person
+    assert None not in side and len(x_tr) + len(x_te) == len(ids) - 1
+    assert len(np.unique(keys)) == sum(1 for v in side.values() if not v)
+    assert set(unit_hashes(["P1"], 7)) == set(unit_hashes(["P1"], 7)) != set(unit_hashes(["P1"], 8))
+
+
+@pytest.mark.parametrize(
+    ("extra", "schema_edit", "needle"),
+    [
+        (["--privacy-unit", "person"], None, "not a column"),
+        (["--privacy-unit", "a"], None, "identifier"),
+        (["--privacy-unit", "patient_id", "--max-rows-per-unit", "0"], None, "max_rows_per_unit"),
+        (["--max-rows-per-unit", "3"], None, "no unit column"),
+        (["--privacy-unit", "patient_id", "--audit"], None, "--audit"),
+        (["--privacy-unit", "patient_id", "--stream"], "parquet", "--stream"),
+        (["--privacy-unit", "patient_id"], "no-schema", "schema"),
+    ],
+)
+def test_bad_unit_requests_are_refused_before_reading_one_line_exit_2_nothing_written(
+    files: dict[str, Path],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    extra: list[str],
+    schema_edit: str | None,
+    needle: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import veil.tables.encoder as encoder
+
+    def no_read(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a row was read")
+
+    monkeypatch.setattr(encoder.TableEncoder, "encode_batches", no_read)
+    schema = [] if schema_edit == "no-schema" else ["--schema", str(files["schema"])]
+    target = ["--target", "outcome", "--classes", "no,yes"] if schema_edit == "no-schema" else []
+    data = (
+        f"parquet:{files['folder'] / 'visits.parquet'}" if schema_edit == "parquet" else f"csv:{files['csv']}"
+    )
+    out = tmp_path / "run"
+    code, _, err = _train(capsys, "--dataset", data, *schema, *target, *FAST, *extra, "--out", str(out))
+    assert code == 2 and needle in err and err.count("\n") == 1, err
+    assert not out.exists()
