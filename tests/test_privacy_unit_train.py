@@ -161,12 +161,12 @@ def test_every_row_of_a_person_lands_on_one_side_of_the_split() -> None:
     x = np.arange(len(ids), dtype=np.float32).reshape(-1, 1)
     y = np.zeros(len(ids), dtype=np.int64)
     x_tr, _, x_te, _, keys = split_by_unit(x, y, ids, 0.25, seed=7)
-    side = {}
+    side: dict[object, bool] = {}
     for rows, is_test in ((x_tr, False), (x_te, True)):
         for r in rows[:, 0].astype(int):
             assert side.setdefault(ids[r], is_test) == is_test  # one side per person
     assert None not in side and len(x_tr) + len(x_te) == len(ids) - 1
-    assert len(np.unique(keys)) == sum(1 for v in side.values() if not v)
+    assert len(np.unique(keys)) == len([v for v in side.values() if not v])
     assert set(unit_hashes(["P1"], 7)) == set(unit_hashes(["P1"], 7)) != set(unit_hashes(["P1"], 8))
 
 
