@@ -106,6 +106,86 @@ def test_a_unit_level_run_reports_the_unit_and_never_prints_an_id(
         if path.is_file() and path.suffix in (".json", ".html", ".toml", ".jsonl", ""):
             assert "PATIENT-" not in path.read_text(errors="ignore"), path
     assert "PATIENT-" not in stdout + err
+    # The first unit-level run on a dataset without runs records its unit in the registry ...
+    code, shown, _ = _cli(capsys, "budget", "show", "--dataset", f"csv:{files['csv']}", "--json")
+    assert code == 0 and json.loads(shown)["datasets"][0]["privacy_unit"] == "patient_id"
+    # ... and a row-level run on it is refused before a row is read, nothing written or charged.
+    code, _, err = _train(
+        capsys,
+        "--dataset",
+        f"csv:{files['csv']}",
+        "--schema",
+        str(files["schema"]),
+        *FAST,
+        "--out",
+        str(tmp_path / "rows"),
+    )
+    assert code == 2 and "refused before reading a row" in err and err.count("\n") == 1
+    assert not (tmp_path / "rows").exists()
+    code, shown, _ = _cli(capsys, "budget", "show", "--dataset", f"csv:{files['csv']}", "--json")
+    assert len(json.loads(shown)["datasets"][0]["runs"]) == 1
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_budget_set_records_the_unit_and_every_run_must_protect_it(
+    files: dict[str, Path],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import veil.tables.encoder as encoder
+
+    spec = f"csv:{files['csv']}"
+    code, out, err = _cli(
+        capsys,
+        "budget",
+        "set",
+        "--dataset",
+        spec,
+        "--epsilon",
+        "5",
+        "--delta",
+        "1e-5",
+        "--privacy-unit",
+        "patient_id",
+    )
+    assert code == 0, err
+    code, out, _ = _cli(capsys, "budget", "show", "--dataset", spec)
+    assert "each person (unit column `patient_id`)" in out
+    monkeypatch.setattr(encoder.TableEncoder, "encode_batches", None)  # reading a row would fail loudly
+    for extra, needle in (([], "row-level run"), (["--privacy-unit", "visit_id"], "`patient_id`")):
+        code, _, err = _train(
+            capsys,
+            "--dataset",
+            spec,
+            "--schema",
+            str(files["schema"]),
+            *FAST,
+            *extra,
+            "--out",
+            str(tmp_path / "run"),
+        )
+        assert code == 2 and needle in err and err.count("\n") == 1, err
+        assert not (tmp_path / "run").exists()
+    code, _, err = _cli(
+        capsys,
+        "budget",
+        "set",
+        "--dataset",
+        spec,
+        "--epsilon",
+        "5",
+        "--delta",
+        "1e-5",
+        "--privacy-unit",
+        "other_id",
+    )
+    assert code == 2 and "`patient_id`" in err
 
 
 def test_parquet_and_sql_read_the_same_units_as_csv(files: dict[str, Path]) -> None:
@@ -145,8 +225,22 @@ def test_k_is_applied_and_a_row_level_run_says_people_get_weaker_protection(
     )
     assert code == 0, err
     assert json.loads((tmp_path / "u" / "report.json").read_text())["privacy_unit"]["max_rows_per_unit"] == 2
-    code, _, err = _train(capsys, *base, "--out", str(tmp_path / "r"))
+    code, _, err = _train(capsys, *base, "--dataset-id", "visits-rows", "--out", str(tmp_path / "r"))
     assert code == 0, err
+    code, _, err = _cli(  # runs there protect rows: a unit cannot be recorded afterwards
+        capsys,
+        "budget",
+        "set",
+        "--dataset-id",
+        "visits-rows",
+        "--epsilon",
+        "5",
+        "--delta",
+        "1e-5",
+        "--privacy-unit",
+        "patient_id",
+    )
+    assert code == 2 and "protect single rows" in err
     report = json.loads((tmp_path / "r" / "report.json").read_text())
     assert report["privacy_unit"] is None and "group privacy" in report["covers"]
     assert "a person with several rows gets weaker protection" in (tmp_path / "r" / "report.html").read_text()

@@ -483,6 +483,7 @@ def _open_charge(cfg: TrainConfig, *, refuse_if_spent: bool = True) -> DatasetCh
             query=getattr(cfg, "query", None),
             dataset_id=cfg.dataset_id,
             refuse_if_spent=refuse_if_spent,
+            privacy_unit=cfg.privacy_unit,
         )
     except (DataError, InvalidParameterError):
         # A dataset that cannot be identified (a missing file, ...): the loader's own message says why.
