@@ -267,3 +267,32 @@ def test_unit_requests_are_refused_before_anything_changes() -> None:
         attempt(unit_ids=list(range(10)), poisson_sampling=False, allow_non_poisson=True)
     with pytest.raises(SamplingError, match="batch_size"):
         attempt(unit_ids=[0] * 10)  # 1 unit, 2 expected per step: q > 1
+
+
+def test_a_unit_engine_state_resumes_and_a_row_state_is_refused() -> None:
+    """The plan (unit, K, q over units) is part of the saved state: a resume must match it."""
+    from veil.errors import CheckpointError
+
+    ids = np.repeat(np.arange(20), 3)
+    data = TensorDataset(torch.randn(len(ids), 3), torch.zeros(len(ids), dtype=torch.long))
+
+    def engine_for(**kwargs: object) -> veil.PrivacyEngine:
+        model = nn.Linear(3, 2)
+        engine = veil.PrivacyEngine(reproducible=True, seed=4)
+        engine.make_private(
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=DataLoader(data, batch_size=4),
+            max_grad_norm=1.0,
+            noise_multiplier=1.0,
+            **kwargs,
+        )
+        return engine
+
+    saved = engine_for(unit_ids=ids, max_rows_per_unit=2).state_dict()
+    assert saved["plan"]["privacy_unit"] == "unit" and saved["plan"]["dataset_size"] == 20
+    engine_for(unit_ids=ids, max_rows_per_unit=2).load_state_dict(saved)
+    with pytest.raises(CheckpointError):
+        engine_for(unit_ids=ids, max_rows_per_unit=3).load_state_dict(saved)
+    with pytest.raises(CheckpointError):
+        engine_for().load_state_dict(saved)
