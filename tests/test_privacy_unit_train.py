@@ -300,3 +300,32 @@ def test_bad_unit_requests_are_refused_before_reading_one_line_exit_2_nothing_wr
     code, _, err = _train(capsys, "--dataset", data, *schema, *target, *FAST, *extra, "--out", str(out))
     assert code == 2 and needle in err and err.count("\n") == 1, err
     assert not out.exists()
+
+
+def test_a_job_that_cannot_protect_units_is_refused_on_a_unit_dataset(
+    files: dict[str, Path],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The registry's door refuses it before reading: `schema infer --epsilon` protects rows."""
+    import veil.tables.sources as sources
+
+    spec = f"csv:{files['csv']}"
+    code, _, err = _cli(
+        capsys, "budget", "set", "--dataset", spec, "--epsilon", "5", "--delta", "1e-5",
+        "--privacy-unit", "patient_id",
+    )  # fmt: skip
+    assert code == 0, err
+
+    def no_read(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a row was read")
+
+    monkeypatch.setattr(sources, "_csv_batches", no_read)
+    monkeypatch.setattr(sources, "_read_csv", no_read)
+    out = tmp_path / "schema.toml"
+    code, _, err = _cli(
+        capsys, "schema", "infer", spec, "--target", "outcome", "--out", str(out), "--epsilon", "1"
+    )
+    assert code == 2 and "`patient_id`" in err and err.count("\n") == 1, err
+    assert not out.exists()
