@@ -329,3 +329,44 @@ def test_a_job_that_cannot_protect_units_is_refused_on_a_unit_dataset(
     )
     assert code == 2 and "`patient_id`" in err and err.count("\n") == 1, err
     assert not out.exists()
+
+
+def test_the_tuning_score_moves_by_at_most_one_per_unit() -> None:
+    """A person with many validation rows moves the per-unit score by ≤ 1 (a row count: by their rows)."""
+    from veil.tune.units import correct_count, validation_mask
+
+    rng = np.random.default_rng(0)
+    units = rng.integers(0, 50, size=400).astype(np.uint64)
+    correct = rng.random(400) < 0.6
+    with_person = correct_count(
+        np.concatenate([correct, np.ones(30, bool)]), np.concatenate([units, np.full(30, 99, np.uint64)])
+    )
+    assert 0 < with_person - correct_count(correct, units) <= 1.0
+    assert correct_count(correct, None) == correct.sum()  # row level: the plain count
+    mask = validation_mask(400, 0.2, units)
+    assert not set(units[mask]) & set(units[~mask]) and mask.any()  # whole units held out
+
+
+def test_tune_with_a_privacy_unit_trains_and_scores_units(
+    files: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from veil.accounting.tuning import TrialCount
+    from veil.data import load_dataset
+    from veil.tune.run import tune
+    from veil.tune.space import SearchSpace
+
+    monkeypatch.setattr(TrialCount, "sample", lambda self: 1)  # one trial: the test's own speed
+    schema = str(files["schema"])
+    report = tune(
+        dataset=f"csv:{files['csv']}",
+        epsilon=3.0,
+        delta=1e-4,
+        out=tmp_path / "tune",
+        space=SearchSpace(lr=(0.5,), epochs=(1,), batch_size=(40,), max_grad_norm=(1.0,)),
+        extra={"table_schema": schema, "privacy_unit": "patient_id"},
+    )
+    units = load_dataset(f"csv:{files['csv']}", schema=schema, privacy_unit="patient_id").n_units
+    assert report["privacy_unit"] == "patient_id" and report["n_train"] + report["n_validation"] == units
+    trial = json.loads((tmp_path / "tune" / "trials" / "1" / "report.json").read_text())
+    assert trial["neighbouring"] == "add_or_remove_one_unit"
+    assert trial["privacy_unit"]["units"] == report["n_train"]

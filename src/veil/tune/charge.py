@@ -38,6 +38,7 @@ class TuneCharge:
             table=settings.get("table"),
             query=settings.get("query"),
             dataset_id=settings.get("dataset_id"),
+            privacy_unit=settings.get("privacy_unit"),
         )
         self.run_id = uuid.uuid4().hex
         self.event: PrivacyEvent | None = None

@@ -7,7 +7,8 @@ with its own ledger, then its noisy validation count → the candidate with the 
 released (``model.pt``) → ``report.json`` and ``report.html``.
 
 Guarantee. The chosen model, its hyperparameters and its noisy validation score are (ε, δ)-DP for
-the training split (training and validation parts together) under add/remove-one neighbouring, where
+the training split (training and validation parts together) under add/remove-one neighbouring (of a
+unit with all its rows with ``privacy_unit``: :mod:`veil.tune.units`), where
 ε is the random-stopping bound of :mod:`veil.accounting.tuning` over the largest RDP curve of any
 trial the space allows (preprocessing, every DP-SGD step, the score), never the best trial's own ε.
 Not covered, and labelled ``non_private`` in the report: the number of trials K, the other trials
@@ -17,7 +18,6 @@ or the other trials voids the bound; only the chosen model is meant for release.
 
 from __future__ import annotations
 
-import secrets
 import shutil
 import time
 from pathlib import Path
@@ -35,12 +35,14 @@ from veil.tune.budget import ORDERS, BudgetSplit, split_budget
 from veil.tune.charge import TuneCharge
 from veil.tune.space import SearchSpace
 from veil.tune.trial import prepare_trial, run_trial, score_event, trial_config
+from veil.tune.units import records_outside, validation_mask
 
 __all__ = ["tune"]
 
 
-def _validation_mask(n: int, fraction: float) -> np.ndarray:
-    """A held-out share of the training split, drawn from the OS CSPRNG (independent of the data)."""
+def _validation_mask(n: int, fraction: float, units: np.ndarray | None = None) -> np.ndarray:
+    """A held-out share of the training split (whole units with a privacy unit), drawn from the OS
+    CSPRNG (independent of the data)."""
     if not (0 < fraction < 1):
         raise InvalidParameterError(
             "validation_fraction",
@@ -48,10 +50,7 @@ def _validation_mask(n: int, fraction: float) -> np.ndarray:
             "the validation split must leave data to train on and score",
             "pass a share in (0, 1), e.g. 0.2",
         )
-    n_val = max(1, round(fraction * n))
-    mask = np.zeros(n, dtype=bool)
-    mask[np.random.default_rng(secrets.randbits(128)).permutation(n)[:n_val]] = True
-    return mask
+    return validation_mask(n, fraction, units)
 
 
 def _plan(
@@ -61,6 +60,7 @@ def _plan(
     epsilon: float,
     count: TrialCount,
     score_noise: float,
+    n_train: int,
 ) -> BudgetSplit:
     """Every shape's (q, steps) on the reduced training split, the preprocessing events of every model
     in the space (all charged: an upper bound), then the σ split."""
@@ -70,7 +70,6 @@ def _plan(
         for e in prepare_trial(cfg, mask)[0].pre_events:
             if e not in prefix:
                 prefix.append(e)
-    n_train = int((~mask).sum())
     shapes = []
     for epochs, batch in space.budget_shapes:
         cfg = make_config({**base, "epochs": epochs, "batch_size": batch, "noise_multiplier": 1.0})
@@ -113,12 +112,13 @@ def tune(
     check_out(out_dir)
     account = TuneCharge(dataset, base)  # an exhausted dataset is refused before a row is read
     full, _, _ = prepare_trial(make_config({**base, "epsilon": epsilon}), None)
-    mask = _validation_mask(full.data.n_train, validation_fraction)
-    check_delta(delta, int((~mask).sum()))
+    mask = _validation_mask(full.data.n_train, validation_fraction, full.data.units_train)
+    n_train = records_outside(mask, full.data.units_train)  # rows, or units with a privacy unit
+    check_delta(delta, n_train)
     for b in space.batch_size:
-        if b > int((~mask).sum()):
+        if b > n_train:
             raise ConfigError("batch_size", b, "the sampling rate B/N must be ≤ 1", "lower it")
-    split = _plan(base, space, mask, epsilon, count, score_noise)
+    split = _plan(base, space, mask, epsilon, count, score_noise, n_train)
     account.reserve(split.event(), delta)  # the whole procedure, before any trial or file
 
     k = count.sample()
@@ -140,8 +140,8 @@ def tune(
     report = write_report(
         out_dir,
         dataset=full.data.name,
-        n_train=int((~mask).sum()),
-        n_validation=int(mask.sum()),
+        n_train=n_train,
+        n_validation=records_outside(~mask, full.data.units_train),
         n_test=full.data.n_test,
         split=split,
         space=space,
@@ -150,6 +150,7 @@ def tune(
         score_noise=score_noise,
         target=epsilon,
         duration=time.monotonic() - t0,
+        privacy_unit=full.data.unit_column,
     )
     account.settle()
     return report
