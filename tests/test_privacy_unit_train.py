@@ -370,3 +370,41 @@ def test_tune_with_a_privacy_unit_trains_and_scores_units(
     trial = json.loads((tmp_path / "tune" / "trials" / "1" / "report.json").read_text())
     assert trial["neighbouring"] == "add_or_remove_one_unit"
     assert trial["privacy_unit"]["units"] == report["n_train"]
+
+
+def test_synth_weights_move_each_marginal_by_at_most_one_per_person() -> None:
+    """Each unit's rows weigh 1/n_u: a person with 40 rows moves any marginal by L1 ≤ 1 (unweighted: 40)."""
+    from veil.synth.pgm import marginal_counts
+    from veil.synth.units import unit_weights
+
+    rng = np.random.default_rng(2)
+    codes = rng.integers(0, 3, size=(300, 3))
+    ids: list[object] = [f"P{int(u)}" for u in rng.integers(0, 60, size=300)]
+    person = np.tile(rng.integers(0, 3, size=(1, 3)), (40, 1))
+    ids_with = [*ids, *(["NEW"] * 40), None]  # and a row without an id: dropped
+    codes_with = np.concatenate([codes, person, codes[:1]])
+    kept, weights, units = unit_weights(ids)
+    kept_with, weights_with, units_with = unit_weights(ids_with)
+    assert kept.all() and not kept_with[-1] and units_with == units + 1
+    for attrs in ((0,), (1, 2), (0, 1, 2)):
+        before = marginal_counts(codes[kept], (3, 3, 3), attrs, weights)
+        after = marginal_counts(codes_with[kept_with], (3, 3, 3), attrs, weights_with)
+        assert np.abs(after - before).sum() <= 1 + 1e-12
+    assert marginal_counts(codes, (3, 3, 3), (), weights) == pytest.approx(units)
+
+
+def test_synth_with_a_privacy_unit_says_so(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out = tmp_path / "synth"
+    code, stdout, err = _cli(
+        capsys, "synth", "--dataset", f"csv:{files['csv']}", "--schema", str(files["schema"]),
+        "--epsilon", "3", "--delta", "1e-4", "--rows", "100", "--privacy-unit", "patient_id",
+        "--out", str(out), "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    report = json.loads(stdout)
+    assert report["privacy_unit"] == "patient_id" and report["neighbouring"] == "add_or_remove_one_unit"
+    assert "each person (unit column `patient_id`), whatever number of rows they have" in report["guarantee"]
+    assert 150 < report["rows_estimated"] < 250  # the model's total is the number of people (200)
+    assert "PATIENT-" not in (out / "synthetic.csv").read_text()

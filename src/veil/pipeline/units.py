@@ -1,8 +1,9 @@
 """The privacy unit of a job (``--privacy-unit COLUMN``): what each job supports, checked before reading.
 
 Which jobs protect units (docs/privacy-unit.md): ``veil train`` and ``veil tune`` on a table read
-through a reviewed schema (CSV, Parquet, SQL), in one process, without ``--stream`` or ``--audit``. Every other
-combination is refused here, from the configuration alone, before a row is read.
+through a reviewed schema (CSV, Parquet, SQL), in one process, without ``--stream`` or ``--audit``
+(``veil synth`` has its own rule: :mod:`veil.synth.units`). Every other combination is refused here,
+from the configuration alone, before a row is read.
 """
 
 from __future__ import annotations
