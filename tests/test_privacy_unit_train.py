@@ -408,3 +408,41 @@ def test_synth_with_a_privacy_unit_says_so(
     assert "each person (unit column `patient_id`), whatever number of rows they have" in report["guarantee"]
     assert 150 < report["rows_estimated"] < 250  # the model's total is the number of people (200)
     assert "PATIENT-" not in (out / "synthetic.csv").read_text()
+
+
+def test_a_dp_schema_release_reads_one_drawn_row_per_person() -> None:
+    """One row per unit, uniform among its rows (seeded chi-square, false-failure rate 1e-3)."""
+    from scipy import stats
+
+    from veil.mechanisms.rng import make_source
+    from veil.tables.infer import one_row_per_unit
+
+    ids: list[object] = ["A", "B", "A", None, "C", "A", "B", "A"]
+    rng = make_source(False, 11)
+    picks = np.zeros(len(ids), dtype=np.int64)
+    for _ in range(1000):
+        rows = one_row_per_unit(ids, rng)
+        assert sorted(ids[r] for r in rows) == ["A", "B", "C"]  # type: ignore[type-var]
+        picks[rows] += 1
+    assert picks[3] == 0 and picks[4] == 1000
+    assert stats.chisquare(picks[[0, 2, 5, 7]]).pvalue > 1e-3  # A's 4 rows alike
+    assert stats.chisquare(picks[[1, 6]]).pvalue > 1e-3
+
+
+def test_schema_infer_with_a_privacy_unit_ignores_the_column_and_records_the_unit(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    spec, out = f"csv:{files['csv']}", tmp_path / "released.toml"
+    code, _, err = _cli(
+        capsys, "schema", "infer", spec, "--target", "outcome", "--out", str(out), "--epsilon", "2",
+        "--delta", "1e-6", "--privacy-unit", "patient_id",
+    )  # fmt: skip
+    assert code == 0, err
+    text = out.read_text()
+    assert (
+        '[columns."patient_id"]\ntype = "ignored"' in text
+        and 'neighbouring = "add_or_remove_one_unit"' in text
+    )
+    assert "PATIENT-" not in text
+    code, shown, _ = _cli(capsys, "budget", "show", "--dataset", spec, "--json")
+    assert json.loads(shown)["datasets"][0]["privacy_unit"] == "patient_id"
