@@ -69,6 +69,13 @@ class TrainConfig(BaseModel):
     holding the table in memory (docs/tables.md); needs ``parquet:`` data and ``table_schema``."""
     stream_rows: int | None = None
     """Sampled rows a streamed run holds at once (default 1,000,000; one row group comes on top)."""
+    privacy_unit: str | None = None
+    """(``--privacy-unit COLUMN``) Protect every row sharing this column's value (a patient, a customer)
+    as one unit: units are Poisson-sampled, each contributes at most ``max_rows_per_unit`` rows per
+    step, clipped once (docs/privacy-unit.md). The column is an identifier: declared ``type =
+    "ignored"`` in the schema, never a feature, never printed. Default: each row is its own unit."""
+    max_rows_per_unit: int | None = None
+    """K, the rows one unit contributes per step at most (public; default ``clamp(⌊1024/B⌋, 1, 16)``)."""
     data_dir: str | None = None
     """Folder of the IDX files (fashion-mnist, mnist)."""
     target: str | None = None
@@ -261,6 +268,7 @@ class TrainConfig(BaseModel):
         "last_k",
         "stream_rows",
         "augment",
+        "max_rows_per_unit",
     )
     @classmethod
     def _positive_int(cls, v: int | None, info: Any) -> int | None:

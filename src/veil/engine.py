@@ -16,6 +16,10 @@ event into ``engine.accountant`` before its update is written:
 
 * Poisson sampling (default): ``PoissonSampled(q, Gaussian(σ))`` with q = batch_size / len(dataset)
   (``Gaussian(σ)`` when q = 1).
+* Privacy units (``unit_ids=``, one unit id per dataset row; :mod:`veil.units`): the same
+  ``PoissonSampled(q, Gaussian(σ))`` with q = batch_size / (number of units), for the
+  add/remove-one-*unit* relation: units are Poisson-sampled, each contributes at most
+  ``max_rows_per_unit`` rows, and the mean of its rows' gradients is clipped once.
 * The opt-in fixed-size shuffled loader (``poisson_sampling=False, allow_non_poisson=True``):
   ``Gaussian(σ/2)`` per step, no amplification by sampling. Why σ/2: with fixed-size batches, adding
   one record to the dataset displaces another, so (under the coupling that puts the displaced record
@@ -27,6 +31,7 @@ event into ``engine.accountant`` before its update is written:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, overload
 
@@ -111,6 +116,10 @@ class PrivacyPlan:
     clipping: Literal["flat", "per_layer"]
     loss_reduction: Literal["mean", "sum"]
     accountant: AccountantName
+    privacy_unit: Literal["row", "unit"] = "row"
+    """What one "example" of the guarantee is: a row, or a unit (every row sharing a unit id)."""
+    max_rows_per_unit: int | None = None
+    """K: rows one sampled unit contributes per step at most (privacy-unit runs; public)."""
 
     @property
     def event(self) -> PrivacyEvent:
@@ -327,6 +336,8 @@ class PrivacyEngine:
         wrap_model: bool = True,
         rand_on_empty: bool = False,
         distributed: bool | None = None,
+        unit_ids: Sequence[Any] | None = None,
+        max_rows_per_unit: int | None = None,
     ) -> PrivateTraining | PrivateTrainingWithCriterion:
         """Make ``module``/``optimizer``/``data_loader`` private; returns ``(model, optimizer, loader)``.
 
@@ -349,6 +360,14 @@ class PrivacyEngine:
         process group; see :mod:`veil.distributed`): ``data_loader.batch_size`` is the *global* expected
         batch size, each rank's loader yields its shard of every logical batch, the returned model is
         the inner (unwrapped) module, and the clipped sums are all-reduced once per logical step.
+
+        Privacy units (``unit_ids``: one hashable id per row of ``data_loader.dataset``, in dataset
+        order; see :mod:`veil.units`): the guarantee protects every row sharing an id at once.
+        ``data_loader.batch_size`` is then the expected number of *units* per step, q = batch_size /
+        (number of distinct ids), each sampled unit contributes at most ``max_rows_per_unit`` rows (K;
+        default :func:`veil.units.default_max_rows_per_unit`), the mean of its rows' gradients is
+        clipped once to C, and δ is checked against 1/(number of units). ``physical_batch_size``
+        counts rows, and a chunk never splits a unit. Poisson sampling in one process only.
         """
         if self.plan is not None:
             raise ConfigError(
@@ -437,8 +456,12 @@ class PrivacyEngine:
                 "the expected batch size q·N is read from the loader's batch_size; a batch sampler hides it",
                 "build the DataLoader with batch_size=<expected logical batch size>",
             )
-        q = check_sampling_rate(batch_size, n)
-        per_epoch = steps_per_epoch(n, batch_size)
+        from veil.units import check_units
+
+        units = check_units(unit_ids, max_rows_per_unit, n, batch_size, sampling, ranks is not None)
+        n_sampled = n if units is None else len(units.rows)  # what Poisson sampling draws: rows or units
+        q = check_sampling_rate(batch_size, n_sampled)
+        per_epoch = steps_per_epoch(n_sampled, batch_size)
         _check_optimizer(module, optimizer)
         problems = validate(module)
         if problems:
@@ -452,19 +475,21 @@ class PrivacyEngine:
             collate([dataset[0]])  # the empty-batch template is collated below: refuse it here
         # Last among the checks: calibration can take seconds.
         sigma = self._noise_multiplier(
-            noise_multiplier, target_epsilon, target_delta, epochs, q, per_epoch, n, sampling
+            noise_multiplier, target_epsilon, target_delta, epochs, q, per_epoch, n_sampled, sampling
         )
         plan = PrivacyPlan(
             noise_multiplier=sigma,
             max_grad_norm=float(max_grad_norm),
             sampling_rate=q,
             expected_batch_size=batch_size,
-            dataset_size=n,
+            dataset_size=n_sampled,
             steps_per_epoch=per_epoch,
             sampling=sampling,
             clipping=clipping,
             loss_reduction=reduction,
             accountant=self.accountant_name,
+            privacy_unit="row" if units is None else "unit",
+            max_rows_per_unit=None if units is None else units.max_rows,
         )
         if not self.accountant.supports(plan.event):
             raise InvalidParameterError(
@@ -486,6 +511,10 @@ class PrivacyEngine:
         logical: PoissonBatchSampler | ShuffledBatchSampler
         if ranks is not None:
             logical = ranks.sampler(n, q, per_epoch, self.sampler_source)
+        elif units is not None:
+            from veil.units import UnitPoissonSampler
+
+            logical = UnitPoissonSampler(units.rows, q, per_epoch, self.sampler_source, units.max_rows)
         elif sampling == "poisson":
             logical = PoissonBatchSampler(n, q, per_epoch, self.sampler_source)
         else:
@@ -520,6 +549,10 @@ class PrivacyEngine:
         self.distributed = ranks
         self.plan = plan
         self.forward_probe = probe
+        if units is not None:
+            from veil.units import unit_setter
+
+            loader.on_units = unit_setter(clipper)
         self._clipper, self._optimizer, self._loader = clipper, dp_optimizer, loader
         if opacus_args.returns_criterion(grad_sample_mode):
             return PrivateTrainingWithCriterion(
@@ -728,6 +761,8 @@ class PrivacyEngine:
                 "pass the dict returned by PrivacyEngine.state_dict()",
             )
         saved_plan = state.get("plan")
+        if isinstance(saved_plan, dict):  # a state saved before privacy units: a row-level plan
+            saved_plan = {"privacy_unit": "row", "max_rows_per_unit": None, **saved_plan}
         if saved_plan != asdict(self.plan):
             raise CheckpointError(
                 "state.plan",

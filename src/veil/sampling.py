@@ -190,11 +190,53 @@ class ShuffledBatchSampler(_TokenMixin, Sampler[list[int]]):
 
 
 def split_logical_batch(indices: Sequence[int], physical_batch_size: int | None) -> list[list[int]]:
-    """Physical chunks of one logical batch, in order; always at least one (possibly empty) chunk."""
+    """Physical chunks of one logical batch, in order; always at least one (possibly empty) chunk.
+
+    A batch grouped by privacy unit (an object with a ``units`` list, :class:`veil.units.UnitBatch`)
+    is cut between units only, never inside one (a unit is clipped as a whole): each chunk holds
+    whole units and at most ``physical_batch_size`` rows unless one unit alone has more. Its chunks
+    carry their own ``units`` labels, renumbered from 0."""
+    units = getattr(indices, "units", None)
+    if units is not None:
+        return _split_by_unit(indices, units, physical_batch_size)
     if physical_batch_size is None or len(indices) <= physical_batch_size:
         return [list(indices)]
     p = physical_batch_size
     return [list(indices[i : i + p]) for i in range(0, len(indices), p)]
+
+
+class _UnitChunk(list[int]):
+    """A physical chunk of whole units: row indices and each row's unit label (from 0)."""
+
+    def __init__(self, rows: Sequence[int], units: Sequence[int]) -> None:
+        super().__init__(rows)
+        first = units[0] if len(units) else 0
+        self.units = [u - first for u in units]
+
+
+def _split_by_unit(
+    rows: Sequence[int], units: Sequence[int], physical_batch_size: int | None
+) -> list[list[int]]:
+    if physical_batch_size is None or len(rows) <= physical_batch_size:
+        return [_UnitChunk(rows, units)]
+    chunks: list[list[int]] = []
+    start = 0
+    for i in range(1, len(rows) + 1):
+        boundary = i == len(rows) or units[i] != units[i - 1]
+        if not boundary:
+            continue
+        if i == len(rows) or i - start + _unit_length(units, i) > physical_batch_size:
+            chunks.append(_UnitChunk(rows[start:i], units[start:i]))
+            start = i
+    return chunks
+
+
+def _unit_length(units: Sequence[int], i: int) -> int:
+    """Rows of the unit starting at row ``i`` (rows of a unit are consecutive)."""
+    j = i
+    while j < len(units) and units[j] == units[i]:
+        j += 1
+    return j - i
 
 
 @dataclass
@@ -210,7 +252,7 @@ class _ChunkingBatchSampler(Sampler[list[int]]):
     def __init__(self, logical: LogicalBatchSampler, physical_batch_size: int | None) -> None:
         self.logical = logical
         self.physical_batch_size = physical_batch_size
-        self.queue: deque[tuple[bool, Token]] = deque()
+        self.queue: deque[tuple[bool, Token, list[int] | None]] = deque()
 
     def __len__(self) -> int:
         return self.logical.steps_per_epoch
@@ -222,13 +264,13 @@ class _ChunkingBatchSampler(Sampler[list[int]]):
         return self._chunks(self.logical.logical_batches(), self.queue)
 
     def _chunks(
-        self, batches: Iterator[tuple[list[int], Token]], queue: deque[tuple[bool, Token]]
+        self, batches: Iterator[tuple[list[int], Token]], queue: deque[tuple[bool, Token, list[int] | None]]
     ) -> Iterator[list[int]]:
         for indices, token in batches:
             chunks = split_logical_batch(indices, self.physical_batch_size)
             for i, chunk in enumerate(chunks):
-                queue.append((i == len(chunks) - 1, token))
-                yield chunk
+                queue.append((i == len(chunks) - 1, token, getattr(chunk, "units", None)))
+                yield list(chunk)
 
 
 def _empty_like_batch(value: Any) -> Any:
@@ -270,7 +312,10 @@ class _SignallingIterator:
     """Iterates the underlying DataLoader iterator and raises the flags the optimizer reads."""
 
     def __init__(
-        self, loader: PrivateDataLoader, inner: Iterator[Any], queue: deque[tuple[bool, Token]]
+        self,
+        loader: PrivateDataLoader,
+        inner: Iterator[Any],
+        queue: deque[tuple[bool, Token, list[int] | None]],
     ) -> None:
         self._loader = loader
         self._inner = inner
@@ -284,8 +329,10 @@ class _SignallingIterator:
 
     def __next__(self) -> Any:
         batch = next(self._inner)
-        last, token = self._queue.popleft()
+        last, token, units = self._queue.popleft()
         self._loader.signal.last_chunk = last
+        if self._loader.on_units is not None:  # privacy units: the clipper learns this chunk's rows
+            self._loader.on_units(units)
         if last:
             self._loader.consumed_token = token
         return batch
@@ -324,6 +371,8 @@ class PrivateDataLoader(DataLoader):
         self.physical_batch_size = physical_batch_size
         self.signal = signal
         self.consumed_token: Token = logical_sampler.token()
+        self.on_units: Callable[[list[int] | None], None] | None = None
+        """Called with each chunk's unit labels as it is yielded (privacy-unit mode; see veil.units)."""
 
     def __iter__(self) -> _SignallingIterator:  # type: ignore[override]
         inner = super().__iter__()

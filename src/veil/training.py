@@ -50,6 +50,7 @@ from veil.pipeline.outputs import model_bytes
 from veil.pipeline.randomness import RESEARCH_CAVEAT, randomness_of, release_ready
 from veil.pipeline.run_folder import CHECKPOINTS, CONFIG, LEDGER, check_out, default_out, write_files
 from veil.pipeline.seeds import Purpose, derive_seed
+from veil.pipeline.units import unit_covers, unit_section
 from veil.registry.charge import DatasetCharge
 from veil.report import DatasetInfo, NonPrivate, Report
 
@@ -67,7 +68,7 @@ def _prepare(cfg: TrainConfig, out: Path | None, check: bool = True) -> RunPlan:
     from veil.precision import autocast
 
     autocast(cfg.device, cfg.precision)  # a precision the device lacks is refused before anything is written
-    prepared = prepare(cfg, streaming=True)
+    prepared = prepare(cfg, streaming=True, units=True)
     refuse_private_preprocessing(prepared.prep.public)  # across ranks: one release is not yet supported
     cfg, data = prepared.cfg, prepared.data
     net = build_net(cfg, data, cfg.seed)
@@ -76,12 +77,12 @@ def _prepare(cfg: TrainConfig, out: Path | None, check: bool = True) -> RunPlan:
 
         refuse_fixed_front(assemble(prepared.prep, data.input_shape, net))
     refuse_unsupported_augment(cfg, data, net)
-    steps = plan_steps(cfg, data.n_train, prepared.pre_events)
+    steps = plan_steps(cfg, data.n_records, prepared.pre_events)  # units, with a privacy unit
     allowed = allowed_steps(cfg, steps.sigma, steps.q, steps.steps_planned, prepared.pre_events)
     if cfg.clip == "adaptive":  # the count's noise must fit inside the step's σ: refused before writing
         from veil.clipping.adaptive import gradient_noise
 
-        gradient_noise(steps.sigma, steps.q * data.n_train / 20)  # B/20, the hook's default
+        gradient_noise(steps.sigma, steps.q * data.n_records / 20)  # B/20, the hook's default
     if allowed == 0:
         raise BudgetExhaustedError(
             "noise_multiplier",
@@ -128,6 +129,8 @@ def _header(plan: RunPlan) -> dict[str, Any]:
         "steps_planned": steps.steps_planned,
         "dataset_sha256": plan.data.sha256,
         "n_train": plan.data.n_train,
+        "privacy_unit": plan.cfg.privacy_unit,
+        "max_rows_per_unit": _max_rows(plan) if plan.cfg.privacy_unit else None,
         "preprocessing": plan.prep.method,
         "preprocessing_event": None if plan.prep.event is None else plan.prep.event.to_dict(),
         "step_event": steps.step_event.to_dict(),
@@ -312,6 +315,7 @@ def _report(plan: RunPlan, run_dir: Path, ledger: Ledger, model: nn.Module, **re
         )
     baseline_acc, test_acc = result["baseline_acc"], result["test_acc"]
     randomness = randomness_of(cfg.reproducible)
+    units = unit_section(cfg, data, _max_rows(plan))
     report = Report(
         epsilon_spent=result["eps"],
         target_epsilon=cfg.epsilon,
@@ -354,6 +358,8 @@ def _report(plan: RunPlan, run_dir: Path, ledger: Ledger, model: nn.Module, **re
         randomness=randomness,
         release_ready=False,
         covers=_covers(plan, ledger),
+        neighbouring="add_or_remove_one" if units is None else "add_or_remove_one_unit",
+        privacy_unit=units,
         seed=cfg.seed,
         veil_version=veil.__version__,
         duration_s=result["duration"],
@@ -371,6 +377,15 @@ def _report(plan: RunPlan, run_dir: Path, ledger: Ledger, model: nn.Module, **re
                 "dataset.sha256": "a fingerprint of the whole private file: it confirms a guess of the "
                 "entire dataset; kept for the audit trail and resume checks",
                 "dataset.n_test": "the number of held-out rows",
+                **(
+                    {
+                        "dataset.n_train": "the number of training rows: with a privacy unit only the "
+                        "number of units is public by declaration; the row count depends on how many "
+                        "rows each person has"
+                    }
+                    if units is not None
+                    else {}
+                ),
                 **(
                     {
                         "streaming": "how the file was read: windows, row groups read, rows decoded and "
@@ -394,13 +409,15 @@ def _covers(plan: RunPlan, ledger: Ledger) -> str:
     """What the (ε, δ) guarantee covers, in words (the report's ``covers``)."""
     cfg = plan.cfg
     pre = "" if plan.prep.public else " and the DP preprocessing statistic (preprocessing.json)"
+    units = unit_section(cfg, plan.data, _max_rows(plan))
+    records = f"{plan.data.n_train} training rows" if units is None else f"{units['units']} training units"
     text = (
-        f"the released weights (model.pt){pre}, as a function of the {plan.data.n_train} training rows, "
-        f"under add/remove-one neighbouring: all {ledger.steps} charged DP-SGD steps"
+        f"the released weights (model.pt){pre}, as a function of the {records}, protecting "
+        f"{unit_covers(units)}: all {ledger.steps} charged DP-SGD steps"
         f"{'' if plan.prep.public else ' and the preprocessing release'} are in the ledger. Not covered: "
         "everything in the report's non_private section (test metrics, a non-private release about the "
-        "held-out rows; the non-private baseline; any audit) and the dataset fingerprint. N and the "
-        "label set are public by declaration"
+        "held-out rows; the non-private baseline; any audit) and the dataset fingerprint. N (the number "
+        f"of {'units' if units else 'rows'}) and the label set are public by declaration"
     )
     pretrained = getattr(plan.net, "veil_pretrained", None)
     if pretrained is not None:
@@ -412,6 +429,14 @@ def _covers(plan: RunPlan, ledger: Ledger) -> str:
     if cfg.reproducible:
         text += f". {RESEARCH_CAVEAT[0].upper()}{RESEARCH_CAVEAT[1:]}: not release-ready"
     return text
+
+
+def _max_rows(plan: RunPlan) -> int:
+    """K of a privacy-unit run: the configured one, or the default rule on the batch size."""
+    from veil.units import default_max_rows_per_unit
+
+    assert plan.cfg.batch_size is not None
+    return plan.cfg.max_rows_per_unit or default_max_rows_per_unit(plan.cfg.batch_size)
 
 
 def _write_outputs(

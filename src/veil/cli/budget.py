@@ -45,13 +45,23 @@ def set_budget(
     data_dir: str | None = None,
     accountant: str | None = None,
     neighbouring: str | None = None,
+    privacy_unit: str | None = None,
     db: str | None = None,
 ) -> dict[str, Any]:
-    """The work of ``veil budget set``: the dataset's status after the budget is set."""
+    """The work of ``veil budget set``: the dataset's status after the budget (and unit) is set.
+
+    ``privacy_unit``: record the column naming the person each row belongs to; from then on every
+    run on the dataset must protect that unit (a row-level run is refused before reading)."""
     from veil.registry.charge import open_registry
 
     identity = _identity(dataset, dataset_id, table, query, data_dir)
     with open_registry(db) as registry:
+        if privacy_unit is not None:  # first (ε, δ checked): a refused unit leaves the budget unchanged
+            from veil.accounting.base import check_delta, check_epsilon
+
+            check_epsilon(epsilon)
+            check_delta(delta)
+            registry.set_unit(identity, privacy_unit)
         status = registry.set_budget(identity, epsilon, delta, accountant, neighbouring)
         return {"registry": registry.shown_url, **status.to_dict()}
 
@@ -97,6 +107,12 @@ def _print_status(status: dict[str, Any]) -> None:
     if status["over_budget"]:
         remaining += " (over budget)"
     console.print(f"[bold]{status['label']}[/bold]  ({status['dataset_id']})")
+    unit = status.get("privacy_unit")
+    console.print(
+        f"  protects each person (unit column `{unit}`), whatever number of rows they have"
+        if unit
+        else "  protects single rows (no privacy unit recorded)"
+    )
     console.print(
         f"  budget {budget}; spent ε = {_eps(status['spent_epsilon'])}{at} "
         f"({status['accountant']}, composed over all charged runs); remaining ε = {remaining}"
@@ -151,6 +167,13 @@ def register(app: typer.Typer) -> None:
         neighbouring: str = typer.Option(
             None, "--neighbouring", help="add_or_remove_one (default) or replace_one."
         ),
+        privacy_unit: str = typer.Option(
+            None,
+            "--privacy-unit",
+            metavar="COLUMN",
+            help="Record the column naming each row's person: every run must then protect that unit "
+            "(a row-level run is refused before reading).",
+        ),
         db: str = DB,
         json_output: bool = JSON_OUTPUT,
     ) -> None:
@@ -165,6 +188,7 @@ def register(app: typer.Typer) -> None:
             data_dir=data_dir,
             accountant=accountant,
             neighbouring=neighbouring,
+            privacy_unit=privacy_unit,
             db=db,
         )
         if json_output:

@@ -28,6 +28,7 @@ def run_infer(
     max_levels: int = 100,
     force: bool = False,
     dataset_id: str | None = None,
+    privacy_unit: str | None = None,
 ) -> dict[str, Any]:
     """The work of ``veil schema infer``; writes ``out`` (atomically) and returns a summary.
 
@@ -51,12 +52,26 @@ def run_infer(
     ignored = list(ignore or [])
     if epsilon is None:  # a draft: not private, labelled so in the file, and not a DP spend
         result = infer_schema(
-            source, target=target, delta=delta, ignore=ignored, max_levels=max_levels or MAX_LEVELS
+            source,
+            target=target,
+            delta=delta,
+            ignore=ignored,
+            max_levels=max_levels or MAX_LEVELS,
+            privacy_unit=privacy_unit,
         )
         write_schema(result.schema, path, result.header, result.notes)
         return {"schema": str(path), "source": source.describe(), **describe(result)}
     return _release_charged(
-        dataset, source, path, target, epsilon, delta, ignored, max_levels or MAX_LEVELS, dataset_id
+        dataset,
+        source,
+        path,
+        target,
+        epsilon,
+        delta,
+        ignored,
+        max_levels or MAX_LEVELS,
+        dataset_id,
+        privacy_unit,
     )
 
 
@@ -70,6 +85,7 @@ def _release_charged(
     ignored: list[str],
     max_levels: int,
     dataset_id: str | None,
+    privacy_unit: str | None = None,
 ) -> dict[str, Any]:
     """The DP release, charged to the dataset's budget: the dataset is identified and its budget checked
     before a row is read, the plan (:func:`veil.tables.infer.dp_plan`: every release the inference may
@@ -84,10 +100,12 @@ def _release_charged(
     from veil.tables.schema import write_schema
     from veil.tables.sources import source_columns
 
-    account = open_account(DataRef(dataset, dataset_id, source.table, source.query), job="schema")
+    account = open_account(
+        DataRef(dataset, dataset_id, source.table, source.query, privacy_unit=privacy_unit), job="schema"
+    )
     try:
         names = source_columns(source)  # the header only: column names are not rows
-        read = [n for n in names if n not in ignored]
+        read = [n for n in names if n not in ignored and n != privacy_unit]
         plan = dp_plan(read, target, epsilon, delta, secure=True) if target in read else []
         run_id = uuid.uuid4().hex
         if plan:
@@ -103,6 +121,7 @@ def _release_charged(
                 ignore=ignored,
                 max_levels=max_levels,
                 spent=spent,
+                privacy_unit=privacy_unit,
             )
             budget = {"budget_run_id": run_id, "budget_dataset_id": account.dataset_id}
             schema = dataclasses.replace(result.schema, dp={**result.schema.dp, **budget})
@@ -167,6 +186,13 @@ def register(app: typer.Typer) -> None:
         dataset_id: str = typer.Option(
             None, "--dataset-id", help="Declared dataset identity in the budget registry (veil budget)."
         ),
+        privacy_unit: str = typer.Option(
+            None,
+            "--privacy-unit",
+            metavar="COLUMN",
+            help='The column naming each row\'s person: written type = "ignored"; with --epsilon the release '
+            "protects people (one drawn row per person).",
+        ),
         json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     ) -> None:
         """Draft a schema from the data (reviewed = false) or release it with DP (reviewed = "dp")."""
@@ -182,6 +208,7 @@ def register(app: typer.Typer) -> None:
             max_levels=max_levels,
             force=force,
             dataset_id=dataset_id,
+            privacy_unit=privacy_unit,
         )
         emit(summary, json_output, title="schema")
         if not json_output and summary["reviewed"] is False:

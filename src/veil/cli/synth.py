@@ -37,6 +37,13 @@ def register(app: typer.Typer) -> None:
             True, "--secure-rng/--no-secure-rng", help="Noise from the OS CSPRNG."
         ),
         seed: int = typer.Option(None, "--seed", help="Seed of a research run (--no-secure-rng only)."),
+        privacy_unit: str = typer.Option(
+            None,
+            "--privacy-unit",
+            metavar="COLUMN",
+            help="Protect every row sharing this column's value (a person): each person's rows weigh 1 "
+            "in every marginal together (docs/synth.md).",
+        ),
         json_output: bool = typer.Option(False, "--json", help="Print the report JSON on stdout."),
     ) -> None:
         """Write a synthetic table whose release is (ε, δ)-DP, with its report."""
@@ -49,6 +56,7 @@ def register(app: typer.Typer) -> None:
             out=Path(out) if out else None, table=table, query=query, dataset_id=dataset_id, bins=bins,
             degree=degree,
             max_cells=max_cells, iterations=iterations, secure_rng=secure_rng, seed=seed,
+            privacy_unit=privacy_unit,
         )  # fmt: skip
         report = run_synth(settings)
         if json_output:

@@ -68,6 +68,19 @@ def register(app: typer.Typer) -> None:
         stream_rows: int = typer.Option(
             None, "--stream-rows", help="With --stream: sampled rows held at once (default 1000000)."
         ),
+        privacy_unit: str = typer.Option(
+            None,
+            "--privacy-unit",
+            metavar="COLUMN",
+            help="Protect every row sharing this column's value (a person) as one unit; the column is "
+            'declared type = "ignored" in the schema (docs/privacy-unit.md).',
+        ),
+        max_rows_per_unit: int = typer.Option(
+            None,
+            "--max-rows-per-unit",
+            metavar="K",
+            help="With --privacy-unit: rows one unit contributes per step at most (default 1024/B, 1..16).",
+        ),
         data_dir: str = opts.DATA_DIR,
         dataset_id: str = typer.Option(
             None, "--dataset-id", help="Declared dataset identity in the budget registry (veil budget)."
@@ -158,6 +171,8 @@ def register(app: typer.Typer) -> None:
             "query": query,
             "stream": stream,
             "stream_rows": stream_rows,
+            "privacy_unit": privacy_unit,
+            "max_rows_per_unit": max_rows_per_unit,
             "data_dir": data_dir,
             "dataset_id": dataset_id,
             "target": target,

@@ -37,7 +37,13 @@ def run_tune(flags: dict[str, Any]) -> dict[str, Any]:
         "model": _values("model", flags.pop("model"), str),
     }
     space = SearchSpace(**{k: v for k, v in dims.items() if v is not None})
-    return tune(space=space, **{k: v for k, v in flags.items() if v is not None})
+    extra: dict[str, Any] = {}
+    for key in ("table_schema", "privacy_unit", "max_rows_per_unit"):  # train settings every trial shares
+        value = flags.pop(key, None)
+        if value is not None:
+            extra[key] = value
+    settings: dict[str, Any] = {k: v for k, v in flags.items() if v is not None}
+    return tune(space=space, extra=extra or None, **settings)
 
 
 def register(app: typer.Typer) -> None:
@@ -69,6 +75,17 @@ def register(app: typer.Typer) -> None:
         ),
         seed: int = typer.Option(0, "--seed", help="Seed of the test split and initialisation."),
         out: str = typer.Option(None, "--out", help="Output folder (default runs/<dataset>-tune-<time>)."),
+        schema: str = typer.Option(None, "--schema", help="A table's reviewed schema (csv, parquet, sql)."),
+        privacy_unit: str = typer.Option(
+            None,
+            "--privacy-unit",
+            metavar="COLUMN",
+            help="Protect every row sharing this column's value (a person): units are trained, held out "
+            "and scored whole (docs/privacy-unit.md).",
+        ),
+        max_rows_per_unit: int = typer.Option(
+            None, "--max-rows-per-unit", metavar="K", help="With --privacy-unit: rows per unit per step."
+        ),
         json_output: bool = typer.Option(False, "--json", help="Print the report JSON on stdout."),
     ) -> None:
         """Tune hyperparameters privately: a random number of DP runs, the best by a DP score, accounted."""
@@ -90,6 +107,9 @@ def register(app: typer.Typer) -> None:
                 "validation_fraction": validation_fraction,
                 "seed": seed,
                 "out": out,
+                "table_schema": schema,
+                "privacy_unit": privacy_unit,
+                "max_rows_per_unit": max_rows_per_unit,
             }
         )
         if json_output:

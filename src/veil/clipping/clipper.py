@@ -8,7 +8,11 @@ example therefore changes the accumulated sum by a vector of L2 norm at most
 :attr:`PerSampleClipper.sensitivity` (``C``, or ``sqrt(Σ C_k²)``): the add/remove-one
 neighbouring relation used by the DP-SGD accountant. With augmentation multiplicity
 (:attr:`PerSampleClipper.group_size` ``K > 1``) an example is its ``K`` consecutive rows, ``g_i`` the
-gradient of the mean of their loss terms, and the same bound holds per example.
+gradient of the mean of their loss terms, and the same bound holds per example. With a privacy
+unit (:attr:`PerSampleClipper.unit_index`, a unit label per row, groups of any size) the clipped
+object is the *unit*: ``g_u`` is the mean of the per-row gradients of unit ``u``'s rows in the
+batch, clipped once, so adding or removing one unit with all its rows moves the sum by at most the
+same sensitivity (add/remove-one-unit neighbouring; :mod:`veil.units`).
 
 Assumptions, each checked where it can be: examples lie along dimension 0 of the inputs of
 every hooked module (a batch-size mismatch between layers is refused); the model's forward does
@@ -61,6 +65,7 @@ from veil.clipping.registry import (
     RuleError,
     is_floating,
 )
+from veil.clipping.units import check_unit_index, unit_means
 from veil.errors import InvalidParameterError, ModelNotSupportedError, Problem
 
 __all__ = ["ClippingMode", "LossReduction", "PerSampleClipper"]
@@ -91,6 +96,8 @@ class _Call:
     site: _Site
     record: CallRecord
     generation: int
+    units: Tensor | None = None
+    """The unit label of each row (privacy-unit mode), captured with the forward; None otherwise."""
     contributions: dict[str, Contribution] | None = None
     forced: frozenset[str] = frozenset()
     error: RuleError | None = None
@@ -164,6 +171,7 @@ class PerSampleClipper:
         self._suspended = False
         self._sum: list[Tensor] | None = None
         self._group = 1
+        self._units: Tensor | None = None
         self._discover(module)
         self._bounds = self._check_bounds(max_grad_norm)
         self._attach()
@@ -286,7 +294,39 @@ class PerSampleClipper:
                 "it counts the augmented copies of each example and must be an integer ≥ 1",
                 "pass K ≥ 1 (1: no augmentation multiplicity)",
             )
+        if k > 1 and self._units is not None:
+            raise InvalidParameterError(
+                "group_size", k, "rows are already grouped by privacy unit", "use one grouping at a time"
+            )
         self._group = k
+
+    @property
+    def unit_index(self) -> Tensor | None:
+        """The privacy unit of each row of the next physical batch (``[R]`` labels ``0..U−1``), or None.
+
+        With it set, the clipped object is the unit, not the row: unit ``u``'s gradient is the *mean*
+        of the per-row gradients of its rows in the batch, ``g_u = (1/n_u) Σ_{r∈u} ∇ℓ_r``, and that
+        vector is clipped once to ``C``. :meth:`accumulate` then returns ``U = max label + 1`` norms
+        (a label with no row contributes a zero vector). Rows of a unit need not be consecutive and
+        units may have different numbers of rows; the loss is the ordinary mean (or sum) over rows.
+        Every layer materialises per-row gradients in this mode (ghost norms cannot see unit
+        boundaries), which costs memory, never privacy. Set it before each forward (the engine's
+        loader does); a forward already captured keeps its own.
+        """
+        return self._units
+
+    @unit_index.setter
+    def unit_index(self, units: Tensor | None) -> None:
+        if units is not None:
+            check_unit_index(units)
+            if self._group > 1:
+                raise InvalidParameterError(
+                    "unit_index",
+                    "set with group_size > 1",
+                    "rows are already grouped by augmentation multiplicity",
+                    "use one grouping at a time",
+                )
+        self._units = units
 
     # ------------------------------------------------------------------ hooks
     def _pre_hook(self, site: _Site) -> Any:
@@ -306,6 +346,19 @@ class PerSampleClipper:
                         )
                     ]
                 ) from exc
+            units = self._units
+            if units is not None and units.numel() != batch:
+                raise ModelNotSupportedError(
+                    [
+                        Problem(
+                            f"{_location(site.name)} ({type(module).__name__})",
+                            f"it saw {batch} rows but unit_index names {units.numel()}, so rows cannot be "
+                            "assigned to their privacy units",
+                            "set clipper.unit_index to one label per row of the batch (the engine's "
+                            "loader does this)",
+                        )
+                    ]
+                )
             if batch % self._group:
                 raise ModelNotSupportedError(
                     [
@@ -330,7 +383,7 @@ class PerSampleClipper:
                 autocast=_autocast_state(args, kwargs),
                 group=self._group,
             )
-            call = _Call(site, record, self._generation)
+            call = _Call(site, record, self._generation, units=units)
             context = site.rule.forward_context(module, record)
             toggled = site.rule.toggle_requires_grad
             if toggled:
@@ -527,14 +580,12 @@ class PerSampleClipper:
             )
         group = groups.pop() if groups else 1
         ref = self.parameters[0] if self.parameters else None
-        batch = (sizes.pop() if sizes else 0) // group  # examples (rows come in groups of K)
+        rows = sizes.pop() if sizes else 0
+        batch, scale = self._examples_and_scale(calls, rows, group)
         norm_dtype = torch.promote_types(ref.dtype, torch.float32) if ref is not None else torch.float32
         device = ref.device if ref is not None else torch.device("cpu")
         if batch == 0 or ref is None:
             return torch.zeros(batch, dtype=norm_dtype, device=device)
-        # Autograd's gradient of an example's rows, times scale, is the gradient of the example's
-        # own loss term (the mean of its K copies' losses).
-        scale = float(batch) if self.loss_reduction == "mean" else 1.0 / group
 
         uses: dict[int, int] = {}
         for call in calls:
@@ -603,6 +654,29 @@ class PerSampleClipper:
                 if id(p) in added:
                     self._sum[i] += added[id(p)]
         return flat_norms
+
+    def _examples_and_scale(self, calls: list[_Call], rows: int, group: int) -> tuple[int, float]:
+        """(clipped objects in the batch, factor turning autograd's gradients into theirs).
+
+        Rows (group 1): ``B`` examples; augmentation multiplicity: ``rows/K`` examples, whose
+        summed row gradients times the factor are the gradient of the mean of the example's copies;
+        privacy units: ``U`` units, whose row gradients were already weighted by ``1/n_u`` in
+        :func:`_per_example`, so the factor only undoes the loss's mean over the ``rows``."""
+        unit_sets = {id(c.units) for c in calls}
+        if len(unit_sets) > 1:
+            raise self._refuse(
+                "model",
+                "layers of one backward pass were captured with different unit_index tensors",
+                "change unit_index only between physical batches (after accumulate)",
+            )
+        units = calls[0].units if calls else None
+        if units is not None:
+            count = int(units.max()) + 1 if units.numel() else 0
+            return count, float(rows) if self.loss_reduction == "mean" else 1.0
+        batch = rows // group
+        # Autograd's gradient of an example's rows, times scale, is the gradient of the example's
+        # own loss term (the mean of its K copies' losses).
+        return batch, float(batch) if self.loss_reduction == "mean" else 1.0 / group
 
     def _contributions_of(self, call: _Call, shared: set[int]) -> tuple[dict[str, Contribution], Set[str]]:
         site = call.site
@@ -689,23 +763,31 @@ class PerSampleClipper:
 
 
 def _rows_unknown(call: _Call) -> bool:
-    """Whether the call's rule must materialise per row so that the clipper can sum each group."""
-    return call.record.group > 1 and not call.site.rule.groups_rows
+    """Whether the call's rule must materialise per row so that the clipper can sum each group
+    (augmentation copies a rule cannot group itself, or privacy units of any size)."""
+    return call.units is not None or (call.record.group > 1 and not call.site.rule.groups_rows)
 
 
 def _per_example(call: _Call, contributions: dict[str, Contribution]) -> dict[str, Contribution]:
-    """A rule's contributions per example: for a rule that does not group rows itself (it was asked
-    to materialise), each example's ``K`` row gradients summed (exact: the example's loss is the
-    average of its copies' and autograd's row gradients already carry the 1/K)."""
+    """A rule's contributions per clipped object.
+
+    Augmentation multiplicity, for a rule that does not group rows itself (it was asked to
+    materialise): each example's ``K`` row gradients summed (exact: the example's loss is the
+    average of its copies' and autograd's row gradients already carry the 1/K). Privacy units:
+    each unit's row gradients weighted by ``1/n_u`` (``n_u`` its rows in the batch) and summed,
+    the mean of its rows' gradients up to the loss's own scale (see ``_examples_and_scale``)."""
     if not _rows_unknown(call):
         return contributions
-    k = call.record.group
     out: dict[str, Contribution] = {}
     for name, c in contributions.items():
         if not isinstance(c, Materialised):
             raise RuntimeError(f"veil: rule for {_location(call.site.name)} ignored materialise={name}")
         grads = c.grads
-        out[name] = Materialised(grads.reshape(grads.shape[0] // k, k, *grads.shape[1:]).sum(dim=1))
+        if call.units is not None:
+            out[name] = Materialised(unit_means(grads, call.units))
+        else:
+            k = call.record.group
+            out[name] = Materialised(grads.reshape(grads.shape[0] // k, k, *grads.shape[1:]).sum(dim=1))
     return out
 
 

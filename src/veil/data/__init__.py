@@ -71,6 +71,22 @@ class Dataset:
     rules: dict[str, int] = field(default_factory=dict)
     """How many rows or cells the schema's per-record rules touched (dropped rows, cells made missing):
     non-private counts, reported in ``non_private``."""
+    units_train: np.ndarray | None = None
+    """Privacy units (``--privacy-unit``): each training row's unit as a keyed hash of its id
+    (:func:`unit_hashes`; the ids themselves are not kept). None: each row is its own unit."""
+    unit_column: str | None = None
+    """The column the units were read from (a name from the configuration, safe to print)."""
+
+    @property
+    def n_units(self) -> int | None:
+        """Distinct units among the training rows (public by declaration, like N), or None."""
+        return None if self.units_train is None else len(np.unique(self.units_train))
+
+    @property
+    def n_records(self) -> int:
+        """What the guarantee counts: units with a privacy unit, else training rows."""
+        units = self.n_units
+        return self.n_train if units is None else units
 
     @property
     def num_classes(self) -> int:
@@ -190,6 +206,38 @@ def row_hashes(x: np.ndarray, labels: list[str], domain: str, seed: int) -> list
     return out
 
 
+def unit_hashes(ids: list[object], seed: int) -> np.ndarray:
+    """A 64-bit keyed hash of each unit id (:func:`row_hashes` of the id alone, domain ``veil.unit``).
+
+    A function of the id alone, so every row of a person gets the same key: the key both groups a
+    person's rows and decides their side of the split. ``uint64``."""
+    texts = [str(v) for v in ids]
+    return np.array(row_hashes(np.zeros((len(texts), 0)), texts, "veil.unit", seed), dtype=np.uint64)
+
+
+def split_by_unit(
+    x: np.ndarray, y: np.ndarray, ids: list[object], test_fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A train/test split by unit: ``(x_train, y_train, x_test, y_test, units_train)``.
+
+    Guarantee. A row's side is a function of its unit id alone (a keyed hash below
+    ``test_fraction``), so every row of a person lands on the same side, and adding or removing one
+    person (all their rows) leaves every other person's rows where they were. A row with a missing
+    id (``None``) belongs to no unit and is dropped (a per-record rule, never a refusal)."""
+    known = np.array([v is not None for v in ids], dtype=bool)
+    keys = unit_hashes([v for v in ids if v is not None], seed)
+    x, y = x[known], y[known]
+    test = keys < np.uint64(min(int(test_fraction * 2.0**64), 2**64 - 1))
+    if test.all() or not test.any():
+        raise DataError(
+            "dataset",
+            f"{len(y)} rows",
+            f"a test fraction of {test_fraction} leaves no unit on one side of the split",
+            "provide more units or change test_fraction",
+        )
+    return x[~test], y[~test], x[test], y[test], keys[~test]
+
+
 def split(
     x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int, classes: list[str] | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -219,14 +267,24 @@ def load_dataset(
     table: str | None = None,
     query: str | None = None,
     classes: list[str] | None = None,
+    privacy_unit: str | None = None,
 ) -> Dataset:
     """Load, check and split the dataset called ``name`` (see the module docstring).
 
     ``classes``: the public label set (required for the user's own data unless a reviewed ``schema``
     declares it; a built-in dataset or a schema declares its own, and a different declaration is
-    refused)."""
+    refused). ``privacy_unit``: a column of a table read through its schema, grouping rows by person
+    (refused before reading for any other data); the split is then by unit (:func:`split_by_unit`)."""
+    if privacy_unit is not None and schema is None:
+        raise ConfigError(
+            "privacy_unit",
+            privacy_unit,
+            "the unit column must be declared an identifier (never a feature) before the table is read",
+            f'read the table through a reviewed schema (--schema) that declares [columns."{privacy_unit}"] '
+            'type = "ignored"',
+        )
     if schema is not None or name.startswith("sql:"):
-        data = _load_with_schema(name, schema, target, table, query, test_fraction, seed)
+        data = _load_with_schema(name, schema, target, table, query, test_fraction, seed, privacy_unit)
     else:
         data = _load(
             name, data_dir=data_dir, target=target, test_fraction=test_fraction, seed=seed, classes=classes
@@ -294,6 +352,7 @@ def _load_with_schema(
     query: str | None,
     test_fraction: float,
     seed: int,
+    privacy_unit: str | None = None,
 ) -> Dataset:
     """A table read and encoded through its reviewed schema (see :mod:`veil.tables.dataset`)."""
     from veil.tables.sources import hide_password, refuse_password_in_url
@@ -326,11 +385,15 @@ def _load_with_schema(
             f"the schema's target column is {declared.name if declared else 'not declared'}",
             "drop --target (the schema says which column is the label) or fix the schema",
         )
-    loaded = load_schema_table(name, schema, table=table, query=query)
+    loaded = load_schema_table(name, schema, table=table, query=query, unit_column=privacy_unit)
     x, y, classes = loaded.encoded.x, loaded.encoded.y, loaded.encoded.classes
     assert y is not None
     check_labels(y, classes, "target")
-    x_tr, y_tr, x_te, y_te = split(x, y, test_fraction, seed)
+    units = None
+    if loaded.encoded.units is not None:
+        x_tr, y_tr, x_te, y_te, units = split_by_unit(x, y, loaded.encoded.units, test_fraction, seed)
+    else:
+        x_tr, y_tr, x_te, y_te = split(x, y, test_fraction, seed)
     return Dataset(
         name=loaded.name,
         kind="table",
@@ -346,4 +409,6 @@ def _load_with_schema(
         encoder=loaded.encoder,
         classes_declared_by="the reviewed schema's target classes (public by declaration)",
         rules=dict(loaded.encoded.rules),
+        units_train=units,
+        unit_column=privacy_unit,
     )

@@ -69,6 +69,8 @@ HEADER_KEYS = (
     "preprocessing_event",
     "step_event",
     "secure_rng",
+    "privacy_unit",  # absent (None) in a row-level run's header, old or new
+    "max_rows_per_unit",
 )
 
 

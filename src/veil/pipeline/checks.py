@@ -277,7 +277,7 @@ def train_checks(
     from veil.pipeline.randomness import randomness_check, randomness_of
 
     cfg = prepared.cfg
-    n = prepared.data.n_train
+    n = prepared.data.n_records  # units with a privacy unit: what δ and q are counted against
     assert cfg.batch_size is not None
     return [
         epsilon_check(eps, engine_eps, cfg.epsilon, cfg.delta, cfg.accountant, len(ledger.events())),

@@ -63,13 +63,18 @@ class UsesPrepared:
         return self.prepared.model_name
 
 
-def load_data(cfg: TrainConfig, *, streaming: bool = False) -> Dataset:
+def load_data(cfg: TrainConfig, *, streaming: bool = False, units: bool = False) -> Dataset:
     """The configured dataset, split by a keyed hash of each row (key from the run's seed), labels in
     the order of the declared public label set.
 
     ``streaming``: the caller trains from a :class:`~veil.pipeline.streaming.StreamedDataset` (``veil
-    train``); any other job given ``stream`` is refused, since it would see only the probe rows."""
+    train``); any other job given ``stream`` is refused, since it would see only the probe rows.
+    ``units``: the caller protects privacy units (``veil train``); any other job given
+    ``privacy_unit`` is refused here, before a row is read (:mod:`veil.pipeline.units`)."""
     from veil.data import load_dataset
+    from veil.pipeline.units import check_unit_request
+
+    check_unit_request(cfg, "this job", supported=units)
 
     if cfg.stream:  # the training rows stay in the file: veil.pipeline.streaming
         from veil.pipeline.streaming import load_streamed
@@ -115,6 +120,7 @@ def load_data(cfg: TrainConfig, *, streaming: bool = False) -> Dataset:
         table=cfg.table,
         query=cfg.query,
         classes=cfg.classes,
+        privacy_unit=cfg.privacy_unit,
     )
 
 
@@ -129,16 +135,19 @@ def check_delta(delta: float, n: int) -> None:
         )
 
 
-def prepare(cfg: TrainConfig, *, private: bool = True, streaming: bool = False) -> Prepared:
+def prepare(
+    cfg: TrainConfig, *, private: bool = True, streaming: bool = False, units: bool = False
+) -> Prepared:
     """Load and check the data, apply the presets, plan the preprocessing (nothing released).
 
     ``private=False`` (a σ = 0 reference run) skips the δ check: such a run promises nothing.
-    ``streaming``: see :func:`load_data`."""
+    ``streaming``, ``units``: see :func:`load_data`. With a privacy unit, N (for δ and the batch
+    size) counts units."""
     from veil.data.preprocess import plan_preprocessing
     from veil.models import resolve_name
 
-    data = load_data(cfg, streaming=streaming)
-    n = data.n_train
+    data = load_data(cfg, streaming=streaming, units=units)
+    n = data.n_records
     if private:
         check_delta(cfg.delta, n)
     cfg = apply_presets(cfg, preset_for(cfg.model, data), n)
@@ -147,7 +156,8 @@ def prepare(cfg: TrainConfig, *, private: bool = True, streaming: bool = False) 
         raise SamplingError(
             "batch_size",
             cfg.batch_size,
-            f"the sampling rate q = batch_size / N must be ≤ 1, and N = {n} training examples",
+            f"the sampling rate q = batch_size / N must be ≤ 1, and N = {n} training "
+            + ("units" if data.units_train is not None else "examples"),
             f"pass --batch-size of at most {n}",
         )
     prep = plan_preprocessing(cfg, data)

@@ -210,6 +210,7 @@ def start(plan: RunPlan, run_dir: Path, ledger: Ledger) -> Session:
         criterion=criterion,
         physical_batch_size=cfg.physical_batch_size,
         distributed=rank_and_world()[1] > 1,  # across ranks: veil.distributed
+        **_unit_arguments(cfg, data),
     )
     assert engine.plan is not None
     if cfg.stream:
@@ -268,6 +269,21 @@ def start(plan: RunPlan, run_dir: Path, ledger: Ledger) -> Session:
         resumed=state is not None,
         augment=_augmenter(cfg, data.input_shape) if cfg.augment > 1 else None,
     )
+
+
+def _records_drawn(s: Session, rows: int) -> int:
+    """What the chunk drew of what Poisson sampling samples: rows, or units (labels ``0..U−1``)."""
+    units = s.optimizer.clipper.unit_index
+    if units is None:
+        return rows
+    return int(units.max()) + 1 if units.numel() else 0
+
+
+def _unit_arguments(cfg: Any, data: Any) -> dict[str, Any]:
+    """``make_private``'s privacy-unit arguments (:mod:`veil.units`): none for a row-level run."""
+    if data.units_train is None:
+        return {}
+    return {"unit_ids": data.units_train, "max_rows_per_unit": cfg.max_rows_per_unit}
 
 
 def _augmenter(cfg: Any, input_shape: tuple[int, ...]) -> Any:
@@ -365,7 +381,7 @@ def train_steps(
             loss_value = float(loss.detach())
             if len(yb) and math.isfinite(loss_value):
                 running.append(loss_value)
-            s.drawn += len(yb)
+            s.drawn += _records_drawn(s, len(yb))
             new_logical = s.loader.signal.last_chunk
             if not new_logical:
                 continue

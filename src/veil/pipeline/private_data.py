@@ -48,6 +48,9 @@ class DataRef:
     table: str | None = None
     query: str | None = None
     data_dir: str | None = None
+    privacy_unit: str | None = None
+    """The unit column (``--privacy-unit``): the registry refuses a row-level run on a dataset
+    recorded with a unit, before a row is read."""
 
 
 def data_ref(spec: str, settings: Mapping[str, Any] | Any) -> DataRef:
@@ -65,6 +68,7 @@ def data_ref(spec: str, settings: Mapping[str, Any] | Any) -> DataRef:
         table=get("table") or None,
         query=get("query") or None,
         data_dir=get("data_dir") or None,
+        privacy_unit=get("privacy_unit") or None,
     )
 
 
@@ -133,6 +137,7 @@ def open_account(
         dataset_id=ref.dataset_id,
         db=db,
         refuse_if_spent=refuse_if_spent,
+        privacy_unit=ref.privacy_unit,
     )
     return PrivateAccount(charge)
 

@@ -76,14 +76,24 @@ class DatasetCharge:
         dataset_id: str | None = None,
         db: str | os.PathLike[str] | None = None,
         refuse_if_spent: bool = True,
+        privacy_unit: str | None = None,
     ) -> DatasetCharge:
         """Identify the dataset and refuse at once if its budget is already spent.
 
         ``refuse_if_spent=False`` (a resume, whose own reservation is part of the spend) only opens the
         account; :meth:`resume` then checks the run's plan with its old record left out.
+        ``privacy_unit``: the unit column the job protects (None: single rows); a run whose unit is
+        not the dataset's recorded one is refused here (:mod:`veil.registry.units`).
         """
+        from veil.registry.units import check_unit
+
         identity = dataset_identity(spec, dataset_id=dataset_id, table=table, query=query, data_dir=data_dir)
         charge = cls(open_registry(db), identity, job)
+        try:
+            check_unit(charge.registry.db, identity, privacy_unit)
+        except BaseException:
+            charge.close()
+            raise
         if not refuse_if_spent:
             return charge
         status = charge.registry.status(identity, per_run=False)

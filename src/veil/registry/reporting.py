@@ -93,6 +93,8 @@ class DatasetStatus:
     delta: float | None
     spent_epsilon: float | None
     runs: tuple[RunRecord, ...] = field(default_factory=tuple)
+    privacy_unit: str | None = None
+    """The unit column every run protects (:mod:`veil.registry.units`); None: single rows."""
 
     @property
     def remaining_epsilon(self) -> float | None:
@@ -124,6 +126,7 @@ class DatasetStatus:
             "delta_budget": self.delta_budget,
             "accountant": self.accountant,
             "neighbouring": self.neighbouring,
+            "privacy_unit": self.privacy_unit,
             "delta": self.delta,
             "spent_epsilon": self.spent_epsilon,
             "remaining_epsilon": self.remaining_epsilon,

@@ -5,13 +5,16 @@ and neighbouring relation its runs are composed under, a label (the spec as type
 ``veil_budget_runs``: one row per run: its dataset, job, status and events (JSON, as the ledger
 writes them), the run's own δ, timestamps. Nothing else: no row, statistic or path of the data
 beyond the label. Timestamps are ISO 8601 UTC strings, identical on both databases.
+``veil_budget_units``: a dataset's privacy unit (the name of the column naming each row's person),
+for the datasets that declare one; a table of its own, so that a registry made before it gains it
+without a migration.
 """
 
 from __future__ import annotations
 
 from sqlalchemy import Column, Float, ForeignKey, Index, MetaData, String, Table, Text
 
-__all__ = ["SCHEMA_VERSION", "datasets", "metadata", "runs"]
+__all__ = ["SCHEMA_VERSION", "datasets", "metadata", "runs", "units"]
 
 SCHEMA_VERSION = 1
 
@@ -45,4 +48,12 @@ runs = Table(
     Column("created_at", String(32), nullable=False),
     Column("finished_at", String(32), nullable=True),
     Index("ix_veil_budget_runs_dataset", "dataset_id"),
+)
+
+units = Table(
+    "veil_budget_units",
+    metadata,
+    Column("dataset_id", String(255), ForeignKey("veil_budget_datasets.dataset_id"), primary_key=True),
+    Column("privacy_unit", String(255), nullable=False),
+    Column("created_at", String(32), nullable=False),
 )

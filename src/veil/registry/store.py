@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 
 from sqlalchemy import select
 
@@ -61,6 +62,13 @@ class BudgetRegistry:
         return self.status(
             transactions.set_budget(self.db, dataset, epsilon, delta, accountant, neighbouring)
         )
+
+    def set_unit(self, dataset: DatasetIdentity | str, column: str) -> DatasetStatus:
+        """Record the dataset's privacy unit (see :mod:`veil.registry.units`)."""
+        from veil.registry.units import record_unit
+
+        record_unit(self.db, dataset, column)
+        return self.status(dataset)
 
     def reserve(
         self,
@@ -117,7 +125,9 @@ class BudgetRegistry:
             ).all()
         if row is None:
             return empty_status(dataset_id, label)
-        return dataset_status(row, run_rows, per_run)
+        from veil.registry.units import unit_of
+
+        return replace(dataset_status(row, run_rows, per_run), privacy_unit=unit_of(self.db, dataset_id))
 
     def statuses(self) -> list[DatasetStatus]:
         return [self.status(d) for d in self.dataset_ids()]

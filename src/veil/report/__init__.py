@@ -135,6 +135,10 @@ class Report(BaseModel):
     non_private: NonPrivate
     files: dict[str, str]
     out_dir: str
+    privacy_unit: dict[str, Any] | None = None
+    """``--privacy-unit``: ``column``, ``units`` (N, public by declaration), ``max_rows_per_unit`` (K)
+    and ``rows_used_per_step`` (the public bound B·K); None for a row-level run (each row protected
+    on its own, so a person with several rows only by group privacy)."""
     streaming: dict[str, Any] | None = None
     """How a ``--stream`` run read its Parquet file (windows, rows decoded, peak rows held); None
     for a run on a table in memory."""

@@ -20,12 +20,18 @@ def exp_factor(epsilon: float) -> str:
 def guarantee_text(report: Report) -> str:
     """The guarantee in plain words: what it covers exactly, and research mode's caveat."""
     d = report.dataset
+    unit = report.privacy_unit
+    whom = (
+        f"the {d.n_train} training examples of '{d.name}': adding or removing any one training example"
+        if unit is None
+        else f"the {unit['units']} people of '{d.name}', each person (unit column `{unit['column']}`), "
+        "whatever number of rows they have: adding or removing any one person with all their rows"
+    )
     text = (
         f"The released model weights are ({report.epsilon_spent:.3g}, "
         f"{report.delta:g})-differentially private "
-        f"with respect to the {d.n_train} training examples "
-        f"of '{d.name}': adding or removing any one training "
-        f"example changes the probability of any outcome by at most a factor e^{report.epsilon_spent:.3g} "
+        f"with respect to {whom} "
+        f"changes the probability of any outcome by at most a factor e^{report.epsilon_spent:.3g} "
         f"≈ {exp_factor(report.epsilon_spent)}, except with probability at most {report.delta:g}. "
         f"It covers the weights as trained by {report.steps} noisy steps "
         f"(Poisson sampling at rate {report.sampling_rate:.4g}, "
@@ -36,6 +42,11 @@ def guarantee_text(report: Report) -> str:
         "below (test metrics, a non-private release about the held-out rows; the non-private baseline; "
         "any audit) nor the dataset fingerprint; N and the label set are public by declaration."
     )
+    if unit is None:
+        text += (
+            " Each row is protected on its own: a person with several rows gets weaker protection "
+            "(group privacy, about k·ε for k rows); name the person's column with --privacy-unit."
+        )
     if report.randomness != "secure":
         text += (
             " Research mode: the noise came from a generator seeded by the run's seed, so this model is "

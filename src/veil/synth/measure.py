@@ -84,9 +84,13 @@ def measure(
     rng: RandomSource,
     spend: Spend,
     names: Sequence[str],
+    weights: np.ndarray | None = None,
 ) -> Measurement:
-    """Release the marginal of ``attrs`` with Gaussian noise of (at least) ``multiplier``; record it."""
-    counts = marginal_counts(codes, sizes, attrs)
+    """Release the marginal of ``attrs`` with Gaussian noise of (at least) ``multiplier``; record it.
+
+    ``weights`` (privacy units): each row's weight in the counts; a unit's weights sum to at most 1,
+    so the L2 sensitivity stays 1 under add/remove one unit."""
+    counts = marginal_counts(codes, sizes, attrs, weights)
     std = std_for(multiplier, counts.size, rng.secure)
     result = gaussian_mechanism(counts.ravel(), sensitivity=1.0, std=std, rng=rng)
     spend.add("measure " + " × ".join(names[a] for a in attrs), result.event)

@@ -89,12 +89,13 @@ def mst(
     iterations: int = 1000,
     progress: Progress | None = None,
     on_event: OnEvent | None = None,
+    weights: np.ndarray | None = None,
 ) -> SynthFit:
     d = len(sizes)
     spend = Spend(rho, on_event)
     parts = 3 if d > 1 else 1
     sigma1 = math.sqrt(parts * d / (2 * rho))
-    one = [measure(codes, sizes, (i,), sigma1, rng, spend, names) for i in range(d)]
+    one = [measure(codes, sizes, (i,), sigma1, rng, spend, names, weights) for i in range(d)]
     comp = compress(one, sizes)
     ccodes = comp.apply(codes)
     csizes = comp.sizes
@@ -106,7 +107,9 @@ def mst(
         one_way = [_simplex(m.y, total) for m in measurements]
         pairs = list(itertools.combinations(range(d), 2))
         score = {
-            (i, j): l1(marginal_counts(ccodes, csizes, (i, j)), np.outer(one_way[i], one_way[j]) / total)
+            (i, j): l1(
+                marginal_counts(ccodes, csizes, (i, j), weights), np.outer(one_way[i], one_way[j]) / total
+            )
             for i, j in pairs
         }
         comp_of = list(range(d))
@@ -125,7 +128,7 @@ def mst(
             chosen.append(cand[k])
         sigma2 = math.sqrt(3 * (d - 1) / (2 * rho))
         for p in chosen:
-            m = measure(ccodes, csizes, p, sigma2, rng, spend, names)
+            m = measure(ccodes, csizes, p, sigma2, rng, spend, names, weights)
             measurements.append(m)
             measured.append((p, m.sigma, m.y.size))
         if progress:
@@ -167,6 +170,7 @@ def aim(
     round_iterations: int = 100,
     progress: Progress | None = None,
     on_event: OnEvent | None = None,
+    weights: np.ndarray | None = None,
 ) -> SynthFit:
     d = len(sizes)
     spend = Spend(rho, on_event)
@@ -174,7 +178,7 @@ def aim(
     alpha = 0.9
     sigma = math.sqrt(rounds / (2 * alpha * rho))
     eps = math.sqrt(8 * (1 - alpha) * rho / rounds)
-    measurements = [measure(codes, sizes, (i,), sigma, rng, spend, names) for i in range(d)]
+    measurements = [measure(codes, sizes, (i,), sigma, rng, spend, names, weights) for i in range(d)]
     measured: list[tuple[Clique, float, int]] = [
         ((i,), m.sigma, m.y.size) for i, m in enumerate(measurements)
     ]
@@ -200,12 +204,12 @@ def aim(
         scores = []
         for r in offered:
             if r not in data_marginals:
-                data_marginals[r] = marginal_counts(codes, sizes, r)
+                data_marginals[r] = marginal_counts(codes, sizes, r, weights)
             bias = math.sqrt(2 / math.pi) * sigma * data_marginals[r].size
             scores.append(candidates.get(r, 1.0) * (l1(data_marginals[r], model.marginal(r)) - bias))
         sens = max(candidates.get(r, 1.0) for r in offered)
         r = offered[select(scores, eps, sens, rng, spend, f"select marginal (round {t})")]
-        m = measure(codes, sizes, r, sigma, rng, spend, names)
+        m = measure(codes, sizes, r, sigma, rng, spend, names, weights)
         measurements.append(m)
         measured.append((r, m.sigma, m.y.size))
         before = model.marginal(r)

@@ -128,7 +128,14 @@ def build_report(
     kinds = [e for _, e in fit.spend.events]
     guarantee = (
         f"({spent:.4g}, {settings.delta:g})-differential privacy for the synthetic table and this report's "
-        "private sections, under adding or removing one row of the table, for the columns the schema "
+        "private sections, under adding or removing "
+        + (
+            "one row of the table (a person with several rows gets weaker protection)"
+            if settings.privacy_unit is None
+            else f"any one person with all their rows: each person (unit column `{settings.privacy_unit}`), "
+            "whatever number of rows they have"
+        )
+        + ", for the columns the schema "
         f"uses; {settings.mechanism.upper()} with {sum(k.kind == 'gaussian' for k in kinds)} Gaussian "
         f"measurements and {sum(k.kind == 'exponential_mechanism' for k in kinds)} exponential-mechanism "
         "selections, composed as zCDP/RDP and converted to (ε, δ)."
@@ -170,7 +177,8 @@ def build_report(
         "rho": rho,
         "rho_spent": fit.spend.rho,
         "accountant": "rdp",
-        "neighbouring": "add_or_remove_one",
+        "neighbouring": "add_or_remove_one" if settings.privacy_unit is None else "add_or_remove_one_unit",
+        "privacy_unit": settings.privacy_unit,
         "randomness": randomness,
         "secure_rng": secure,
         "release_ready": secure and checks[0]["passed"],

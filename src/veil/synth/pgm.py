@@ -38,13 +38,19 @@ class Measurement:
     """The noise std of one cell of the original measurement (reports)."""
 
 
-def marginal_counts(codes: np.ndarray, sizes: Sequence[int], attrs: Clique) -> np.ndarray:
-    """The exact count table of ``attrs`` (shape: their sizes) over the rows of ``codes``."""
+def marginal_counts(
+    codes: np.ndarray, sizes: Sequence[int], attrs: Clique, weights: np.ndarray | None = None
+) -> np.ndarray:
+    """The exact count table of ``attrs`` (shape: their sizes) over the rows of ``codes``.
+
+    ``weights``: one per row (privacy units: ``1/n_u`` for each of unit ``u``'s rows, so a unit adds
+    at most 1 to the table in L1, as one row does; see :mod:`veil.synth.units`)."""
     dims = tuple(sizes[a] for a in attrs)
     if not attrs:
-        return np.array(float(codes.shape[0]))
+        return np.array(float(codes.shape[0] if weights is None else weights.sum()))
     flat = np.ravel_multi_index(tuple(codes[:, a] for a in attrs), dims)
-    return np.bincount(flat, minlength=math.prod(dims)).astype(np.float64).reshape(dims)
+    counts = np.bincount(flat, weights=weights, minlength=math.prod(dims))
+    return counts.astype(np.float64).reshape(dims)
 
 
 def logsumexp(arr: np.ndarray, axis: int | tuple[int, ...] | None = None) -> np.ndarray:

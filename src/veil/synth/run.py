@@ -15,7 +15,8 @@ Order of work (everything that can refuse runs before anything is written or cha
    ``report.html``, written atomically.
 
 Guarantee: (ε, δ)-DP for the synthetic table and the report's private sections, under add/remove-one
-row, for the columns the schema uses (text and ignored columns are neither read into the model nor
+row (or one person with all their rows, with ``privacy_unit``: :mod:`veil.synth.units`), for the
+columns the schema uses (text and ignored columns are neither read into the model nor
 written). The report's ``non_private`` section compares the synthetic table with the real one: it is
 computed from the private data without noise and is internal.
 """
@@ -64,6 +65,14 @@ def check_domain(domain: Domain, settings: SynthSettings) -> None:
 
 def read_codes(settings: SynthSettings, schema: Any, domain: Domain) -> np.ndarray:
     """The table as integer codes over ``domain`` (through the schema's encoder: per-row, public)."""
+    return read_weighted_codes(settings, schema, domain)[0]
+
+
+def read_weighted_codes(
+    settings: SynthSettings, schema: Any, domain: Domain
+) -> tuple[np.ndarray, np.ndarray | None, int]:
+    """``(codes, row weights, N)``: with a privacy unit, each unit's rows weighted ``1/n_u`` and N the
+    number of units (:mod:`veil.synth.units`); else no weights and N the number of rows."""
     from veil.tables import load_table
     from veil.tables.encoder import EncodedTable
 
@@ -73,6 +82,7 @@ def read_codes(settings: SynthSettings, schema: Any, domain: Domain) -> np.ndarr
         table=settings.table,
         query=settings.query,
         with_target=schema.target is not None,
+        unit_column=settings.privacy_unit,
     )
     assert isinstance(encoded, EncodedTable)
     if encoded.x.shape[0] >= 2**30:
@@ -82,7 +92,13 @@ def read_codes(settings: SynthSettings, schema: Any, domain: Domain) -> np.ndarr
             "tables above 2^30 rows exceed the selection's float margin",
             "sample the table first",
         )
-    return codes_from_features(encoded.x, encoded.y, encoded.feature_names, schema, domain)
+    codes = codes_from_features(encoded.x, encoded.y, encoded.feature_names, schema, domain)
+    if encoded.units is None:
+        return codes, None, codes.shape[0]
+    from veil.synth.units import unit_weights
+
+    kept, weights, units = unit_weights(encoded.units)
+    return codes[kept], weights, units
 
 
 def _check_noise(sigma1: float, n: int, settings: SynthSettings) -> None:
@@ -91,7 +107,7 @@ def _check_noise(sigma1: float, n: int, settings: SynthSettings) -> None:
             "epsilon",
             settings.epsilon,
             f"the 1-way marginals would get noise of std {sigma1:.3g} per count, above the table's "
-            f"{n} rows, so not even one column's distribution could be measured",
+            f"{n} records (rows, or units), so not even one column's distribution could be measured",
             "raise --epsilon (or --delta), or synthesize a larger table",
         )
 
@@ -167,8 +183,7 @@ def _run(settings: SynthSettings, account: _Account) -> dict[str, Any]:
     rho = rho_for_epsilon(settings.epsilon, settings.delta)
     account.reserve(settings, rho)  # the budget registry: refused here, before a row is read
     account.reading()  # from here the reservation stands, whatever happens
-    codes = read_codes(settings, schema, domain)
-    n = codes.shape[0]
+    codes, weights, n = read_weighted_codes(settings, schema, domain)  # n: rows, or units
     check_delta(settings.delta, n)
     _check_noise(_first_sigma(settings, len(domain), rho), n, settings)
     rng = make_source(settings.secure_rng, settings.seed)
@@ -183,13 +198,14 @@ def _run(settings: SynthSettings, account: _Account) -> dict[str, Any]:
             "delta": settings.delta,
             "rho": rho,
             "accountant": "rdp",
-            "neighbouring": "add_or_remove_one",
+            "neighbouring": "add_or_remove_one" if weights is None else "add_or_remove_one_unit",
+            "privacy_unit": settings.privacy_unit,
             **account.header(),
         },
     )
     account.ledger = ledger
     try:
-        fit = _fit(settings, codes, domain, rho, rng, ledger)
+        fit = _fit(settings, codes, domain, rho, rng, ledger, weights)
         report = _finish(settings, schema, domain, codes, fit, rho, rng, ledger, out, start)
     finally:
         ledger.close()
@@ -197,7 +213,13 @@ def _run(settings: SynthSettings, account: _Account) -> dict[str, Any]:
 
 
 def _fit(
-    settings: SynthSettings, codes: np.ndarray, domain: Domain, rho: float, rng: Any, ledger: Any
+    settings: SynthSettings,
+    codes: np.ndarray,
+    domain: Domain,
+    rho: float,
+    rng: Any,
+    ledger: Any,
+    weights: np.ndarray | None = None,
 ) -> Any:
     from veil.synth.mechanisms import aim, mst, workload_cliques
 
@@ -208,12 +230,12 @@ def _fit(
     if settings.mechanism == "mst":
         return mst(
             codes, domain.sizes, rho, rng, domain.names, rows=settings.rows,
-            iterations=settings.iterations, progress=progress, on_event=charge,
+            iterations=settings.iterations, progress=progress, on_event=charge, weights=weights,
         )  # fmt: skip
     return aim(
         codes, domain.sizes, rho, rng, domain.names, rows=settings.rows,
         workload=workload_cliques(len(domain), settings.degree), max_cells=settings.max_cells,
-        iterations=settings.iterations, progress=progress, on_event=charge,
+        iterations=settings.iterations, progress=progress, on_event=charge, weights=weights,
     )  # fmt: skip
 
 

@@ -40,6 +40,9 @@ class SynthSettings:
     secure_rng: bool = True
     seed: int | None = None
     progress: bool = False
+    privacy_unit: str | None = None
+    """The column naming each row's person: each person's rows share one unit of weight in every
+    marginal (:mod:`veil.synth.units`); None: each row is its own unit."""
 
     def __post_init__(self) -> None:
         for name in ("epsilon", "delta"):

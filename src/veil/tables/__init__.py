@@ -29,13 +29,29 @@ def load_table(
     table: str | None = None,
     query: str | None = None,
     with_target: bool = True,
+    unit_column: str | None = None,
 ) -> object:
-    """Read ``spec`` and encode it with ``schema``: an :class:`~veil.tables.encoder.EncodedTable`."""
+    """Read ``spec`` and encode it with ``schema``: an :class:`~veil.tables.encoder.EncodedTable`.
+
+    ``unit_column``: a privacy unit's column (:mod:`veil.tables.units`), checked before reading; its
+    values (text, ``None`` when missing) come back in the table's ``units``, never as a feature."""
     from veil.tables.encoder import TableEncoder
     from veil.tables.sources import iter_source, parse_source
 
     source = parse_source(spec, table=table, query=query)
-    rows, batches = iter_source(source, schema, need_target=with_target)
-    return TableEncoder(schema).encode_batches(
-        rows, batches, with_target=with_target, where=source.describe()
+    rows, batches = iter_source(source, schema, need_target=with_target, unit_column=unit_column)
+    units: list[object] = []
+    if unit_column is not None:
+        from veil.tables.units import collect_units
+
+        batches = collect_units(batches, unit_column, units)
+    encoded = TableEncoder(schema).encode_batches(
+        rows, batches, with_target=with_target, where=source.describe(), drop=unit_column is None
     )
+    if unit_column is not None:
+        encoded.units = units
+        if encoded.y is not None and (encoded.y < 0).any():  # a row the rules drop takes its unit id along
+            keep = encoded.y >= 0
+            encoded.x, encoded.y = encoded.x[keep], encoded.y[keep]
+            encoded.units = [u for u, k in zip(units, keep, strict=True) if k]
+    return encoded

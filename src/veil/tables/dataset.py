@@ -46,9 +46,16 @@ class SchemaTable:
 
 
 def load_schema_table(
-    spec: str, schema_path: str, *, table: str | None = None, query: str | None = None
+    spec: str,
+    schema_path: str,
+    *,
+    table: str | None = None,
+    query: str | None = None,
+    unit_column: str | None = None,
 ) -> SchemaTable:
-    """Read ``spec`` with the reviewed schema and encode it (refused before reading if unreviewed)."""
+    """Read ``spec`` with the reviewed schema and encode it (refused before reading if unreviewed).
+
+    ``unit_column``: also read the privacy unit's ids (``encoded.units``; see :mod:`veil.tables.units`)."""
     from veil.tables import load_table
     from veil.tables.encoder import EncodedTable, TableEncoder
     from veil.tables.sources import parse_source
@@ -57,7 +64,7 @@ def load_schema_table(
     schema.require_reviewed(schema_path)
     target = schema.require_target("training")
     encoder = TableEncoder(schema)
-    encoded = load_table(spec, schema, table=table, query=query)
+    encoded = load_table(spec, schema, table=table, query=query, unit_column=unit_column)
     assert isinstance(encoded, EncodedTable) and encoded.y is not None
     provenance = 'released with DP (reviewed = "dp")' if schema.reviewed == "dp" else "declared public"
     notes = [

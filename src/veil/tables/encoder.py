@@ -69,6 +69,10 @@ class EncodedTable:
     rules: dict[str, int] = field(default_factory=dict)
     """How many rows or cells each per-record rule touched (non-private counts)."""
 
+    units: list[object] | None = None
+    """Each row's privacy-unit id (text, ``None`` when missing), when a unit column was read; an
+    identifier, never a feature (:mod:`veil.tables.units`)."""
+
 
 RULES = ("rows_dropped_label_not_declared", "rows_dropped_label_missing", "cells_not_a_number_made_missing")
 """The per-record rules' counters, in :attr:`EncodedTable.rules`."""

@@ -70,19 +70,27 @@ def infer_schema(
     max_levels: int = MAX_LEVELS,
     rng: RandomSource | None = None,
     spent: list[PrivacyEvent] | None = None,
+    privacy_unit: str | None = None,
 ) -> InferResult:
     """Draft (``epsilon=None``) or DP-release (``epsilon=E``) the schema of ``source``.
 
     ``spent``: a list that receives each release's event (and each threshold's
     :class:`~veil.accounting.events.DeltaOnly`) as soon as it is released, for the budget registry;
-    on an error part-way it holds exactly what was released."""
+    on an error part-way it holds exactly what was released. ``privacy_unit``: the column naming each
+    row's person, written ``type = "ignored"``; a DP release then protects people
+    (:func:`one_row_per_unit`)."""
     from veil.tables.sources import source_columns
 
     names = source_columns(source)
+    if privacy_unit is not None:
+        _check_names(names, privacy_unit, (), source.describe())
+        ignore = [*ignore, privacy_unit] if privacy_unit not in ignore else list(ignore)
     _check_names(names, target, ignore, source.describe())
     read = [n for n in names if n not in ignore]
     if epsilon is not None:
-        return _infer_dp(source, names, read, target, epsilon, delta, ignore, max_levels, rng, released=spent)
+        return _infer_dp(
+            source, names, read, target, epsilon, delta, ignore, max_levels, rng, spent, privacy_unit
+        )
     table = _read(source, read)
     columns: list[ColumnSpec] = []
     notes: dict[str, str] = {}
@@ -124,30 +132,49 @@ class _Columns:
 
     def __init__(self, source: TableSource, columns: list[str]) -> None:
         self.source = source
+        self.rows: np.ndarray | None = None  # the rows to keep (one per privacy unit), or None: all
         self.table: pa.Table | None = None
         if source.kind == "parquet":
             import pyarrow.parquet as pq
 
             self.parquet = pq.ParquetFile(source.location)
-            rows = int(self.parquet.metadata.num_rows)
+            count = int(self.parquet.metadata.num_rows)
         else:
             from veil.tables.sources import read_source
 
             self.table = read_source(source).table.select(columns)
-            rows = self.table.num_rows
-        if rows == 0:
+            count = self.table.num_rows
+        if count == 0:
             raise DataError(
                 "dataset", source.describe(), "the table has no data rows", "provide a table with rows"
             )
 
     def column(self, name: str) -> pa.ChunkedArray:
         if self.table is not None:
-            return self.table.column(name)
-        return self.parquet.read(columns=[name]).column(0)
+            column = self.table.column(name)
+        else:
+            column = self.parquet.read(columns=[name]).column(0)
+        return column if self.rows is None else column.take(self.rows)
 
 
 def _read(source: TableSource, columns: list[str]) -> _Columns:
     return _Columns(source, columns)
+
+
+def one_row_per_unit(unit_ids: list[object], rng: RandomSource) -> np.ndarray:
+    """The rows a DP schema release reads with a privacy unit: one uniformly drawn row of each unit.
+
+    Guarantee (add/remove one unit). Each unit's row is drawn from ``rng`` independently of the data's
+    values and of the other units; under the coupling that keeps every other unit's draw, adding or
+    removing a unit adds or removes exactly one row of the selected table. So every row-level release
+    below (kind counts, bounds, thresholded levels), run on the selection, is (ε, δ)-DP for people
+    (convexity over the draws). Rows without a unit id belong to nobody and are not selected."""
+    keys = np.array([str(v) if v is not None else "" for v in unit_ids], dtype=object)
+    known = np.array([v is not None for v in unit_ids], dtype=bool)
+    order = np.argsort(np.asarray(rng.standard_normal(len(keys))), kind="stable")  # a uniform shuffle
+    order = order[known[order]]
+    _, first = np.unique(keys[order], return_index=True)  # the first row of each unit in that order
+    return np.sort(order[first]).astype(np.int64)
 
 
 # -- column views -------------------------------------------------------------------------------
@@ -300,6 +327,7 @@ def _infer_dp(
     max_levels: int,
     rng: RandomSource | None,
     released: list[PrivacyEvent] | None = None,
+    privacy_unit: str | None = None,
 ) -> InferResult:
     from veil.mechanisms.rng import make_source
     from veil.tables.release import dp_bounds, noisy_kind_counts, scale_for, thresholded_levels
@@ -307,6 +335,9 @@ def _infer_dp(
     split = _budget_split(epsilon, delta, len(read))
     rng = rng or make_source(True)
     table = _read(source, read)
+    if privacy_unit is not None:  # people, not rows: one drawn row per unit (one_row_per_unit)
+        ids = _Columns(source, [privacy_unit]).column(privacy_unit).cast("string").to_pylist()
+        table.rows = one_row_per_unit(ids, rng)
     eps_col, delta_col, rest = split.column, split.delta, split.rest
     kind_scale = scale_for(split.kinds, rng.secure)
     events: list[PrivacyEvent] = []
@@ -362,7 +393,8 @@ def _infer_dp(
     dp = {
         "epsilon": spent,
         "delta": delta,
-        "neighbouring": "add_or_remove_one",
+        "neighbouring": "add_or_remove_one" if privacy_unit is None else "add_or_remove_one_unit",
+        **({} if privacy_unit is None else {"privacy_unit": privacy_unit}),
         "mechanisms": "noisy kind counts, DP binary-search bounds, thresholded noisy histograms (Laplace)",
         "randomness": "secure" if rng.secure else "seeded",
         "events": json.dumps(composed.to_dict(), sort_keys=True),
@@ -370,7 +402,9 @@ def _infer_dp(
     schema = TableSchema(tuple(columns), reviewed="dp", dp=dp)
     header = [
         f"Released by `veil schema infer --epsilon {epsilon:g}` from {source.describe()}.",
-        f"DP: pure ε = {spent:.6g} plus δ = {delta:g} (thresholds), add/remove one row; see [dp].",
+        f"DP: pure ε = {spent:.6g} plus δ = {delta:g} (thresholds), add/remove one "
+        + ("row" if privacy_unit is None else f"person (unit column `{privacy_unit}`, all their rows)")
+        + "; see [dp].",
         "Usable as it is. Editing it with public knowledge keeps the guarantee; adding facts read from",
         "the data does not (then it is a draft again: set reviewed = false).",
     ]

@@ -289,13 +289,18 @@ def check_columns(schema: TableSchema, present: Sequence[str], where: str, *, ne
 
 
 def read_source(
-    source: TableSource, schema: TableSchema | None = None, *, need_target: bool = True
+    source: TableSource,
+    schema: TableSchema | None = None,
+    *,
+    need_target: bool = True,
+    also: Sequence[str] = (),
 ) -> RawTable:
-    """Read the table. With a schema: check the columns both ways and read only the used ones, typed."""
+    """Read the table. With a schema: check the columns both ways and read only the used ones, typed
+    (and the columns named in ``also``, e.g. an identifier the caller checked)."""
     present = source_columns(source)
     if schema is not None:
         check_columns(schema, present, source.describe(), need_target=need_target)
-        wanted = [c.name for c in schema.columns if c.used and c.name in present]
+        wanted = [c.name for c in schema.columns if c.used and c.name in present] + list(also)
     else:
         wanted = present
     if source.kind == "csv":
@@ -325,7 +330,12 @@ def read_source(
 
 
 def iter_source(
-    source: TableSource, schema: TableSchema, *, need_target: bool = True, batch_rows: int = 1 << 16
+    source: TableSource,
+    schema: TableSchema,
+    *,
+    need_target: bool = True,
+    batch_rows: int = 1 << 16,
+    unit_column: str | None = None,
 ) -> tuple[int | None, Iterator[RawTable]]:
     """The table in batches, typed by the schema, and an upper bound on its row count (or None).
 
@@ -333,19 +343,28 @@ def iter_source(
     Parquet batch by batch within its row groups (the count is in its metadata); a SQL result comes
     as one batch. A consumer that writes each batch into a preallocated result holds at most one
     batch of Arrow data at a time.
+
+    ``unit_column`` (a privacy unit, :mod:`veil.tables.units`): checked from the header before a row
+    is read, then read too, as text, beside the used columns.
     """
     present = source_columns(source)
     check_columns(schema, present, source.describe(), need_target=need_target)
     wanted = [c.name for c in schema.columns if c.used and c.name in present]
+    if unit_column is not None:
+        from veil.tables.units import check_unit_column
+
+        check_unit_column(schema, present, unit_column, source.describe())
+        wanted.append(unit_column)
     if source.kind == "csv":
         path = Path(source.location)
         bound = None if path.name.lower().endswith(".gz") else _newlines(path)
-        return bound, _csv_batches(path, schema, wanted, source, present)
+        text = [unit_column] if unit_column else []
+        return bound, _csv_batches(path, schema, wanted, source, present, text=text)
     if source.kind == "parquet":
         pq = _need("pyarrow.parquet", source.describe())
         pf = _parquet_file(pq, source)
         return int(pf.metadata.num_rows), _parquet_batches(pf, schema, wanted, source, batch_rows)
-    raw = read_source(source, schema, need_target=need_target)
+    raw = read_source(source, schema, need_target=need_target, also=wanted[-1:] if unit_column else ())
     return raw.table.num_rows, iter([raw])
 
 
@@ -365,6 +384,7 @@ def _csv_batches(
     source: TableSource,
     names: list[str],
     *,
+    text: Sequence[str] = (),
     numbers_as_text: bool = False,
     skip: int = 0,
 ) -> Iterator[RawTable]:
@@ -376,7 +396,10 @@ def _csv_batches(
 
     missing = list(schema.missing_values)
     convert = pa_csv.ConvertOptions(
-        column_types=_csv_types(schema, numbers_as_text=numbers_as_text),
+        column_types={
+            **_csv_types(schema, numbers_as_text=numbers_as_text),
+            **{name: pa.string() for name in text},
+        },
         null_values=missing,
         strings_can_be_null=True,
         include_columns=wanted,
@@ -399,7 +422,9 @@ def _csv_batches(
     else:
         retry = False
     if retry:
-        yield from _csv_batches(path, schema, wanted, source, names, numbers_as_text=True, skip=offset)
+        yield from _csv_batches(
+            path, schema, wanted, source, names, text=text, numbers_as_text=True, skip=offset
+        )
 
 
 def _parquet_batches(

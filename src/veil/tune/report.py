@@ -93,8 +93,12 @@ def write_report(
     score_noise: float,
     target: float,
     duration: float,
+    privacy_unit: str | None = None,
 ) -> dict[str, Any]:
-    """Write ``report.json`` and ``report.html`` to ``out``; return the report."""
+    """Write ``report.json`` and ``report.html`` to ``out``; return the report.
+
+    ``privacy_unit``: the unit column every trial and the score protect (``n_train`` and
+    ``n_validation`` then count units); None: rows."""
     import veil
     from veil.report.render import render_page
 
@@ -105,6 +109,7 @@ def write_report(
         "dataset": dataset,
         "n_train": n_train,
         "n_validation": n_validation,
+        "privacy_unit": privacy_unit,
         "epsilon": split.epsilon,
         "target_epsilon": target,
         "delta": split.delta,

@@ -7,7 +7,8 @@ job's loop with its own ledger, then its noisy validation count → the candidat
 score is released (``model.pt``) → ``report.json`` and ``report.html``.
 
 Guarantee. The chosen model, its hyperparameters and its noisy validation score are (ε, δ)-DP for
-the training split (training and validation parts together) under add/remove-one neighbouring, where
+the training split (training and validation parts together) under add/remove-one neighbouring (of a
+unit with all its rows with ``privacy_unit``: :mod:`veil.tune.units`), where
 ε is the random-stopping bound of :mod:`veil.accounting.tuning` over the largest RDP curve of any
 trial the space allows (preprocessing, every DP-SGD step, the score), never the best trial's own ε.
 Not covered, and labelled ``non_private`` in the report: the number of trials K, the other trials
@@ -35,6 +36,7 @@ from veil.tune.budget import ORDERS, BudgetSplit, split_budget
 from veil.tune.charge import TuneCharge
 from veil.tune.space import SearchSpace
 from veil.tune.trial import prepare_trial, run_trial, score_event, trial_config
+from veil.tune.units import records_outside
 
 if TYPE_CHECKING:
     from veil.data import Dataset
@@ -45,7 +47,8 @@ __all__ = ["tune", "validation_mask"]
 def validation_mask(data: Dataset, fraction: float, seed: int) -> np.ndarray:
     """Which rows of the training split are held out for scoring: a row is when the keyed hash of its
     own features and label (:func:`veil.pipeline.private_data.record_mask`, its own key domain, key
-    from the public ``seed``) falls below ``fraction``.
+    from the public ``seed``) falls below ``fraction``; with a privacy unit, the keyed hash of the
+    row's unit, so every row of a person lands on one side.
 
     Guarantee. A row's side depends on that row alone, never on its position or on how many rows there
     are: adding or removing one record of the training split adds or removes it from exactly one part,
@@ -59,7 +62,7 @@ def validation_mask(data: Dataset, fraction: float, seed: int) -> np.ndarray:
             "pass a share in (0, 1), e.g. 0.2",
         )
     labels = [str(data.classes[int(v)]) for v in np.asarray(data.y_train)]
-    return record_mask(data.x_train, labels, fraction, "veil.tune.validation", seed)
+    return record_mask(data.x_train, labels, fraction, "veil.tune.validation", seed, units=data.units_train)
 
 
 def _plan(
@@ -69,6 +72,7 @@ def _plan(
     epsilon: float,
     count: TrialCount,
     score_noise: float,
+    n_train: int,
 ) -> BudgetSplit:
     """Every shape's (q, steps) on the reduced training split, the preprocessing events of every model
     in the space (all charged: an upper bound), then the σ split."""
@@ -78,7 +82,6 @@ def _plan(
         for e in prepare_trial(cfg, mask)[0].pre_events:
             if e not in prefix:
                 prefix.append(e)
-    n_train = int((~mask).sum())
     shapes = []
     for epochs, batch in space.budget_shapes:
         cfg = make_config({**base, "epochs": epochs, "batch_size": batch, "noise_multiplier": 1.0})
@@ -125,11 +128,12 @@ def tune(
     account = TuneCharge(dataset, base)  # an exhausted dataset is refused before a row is read
     full, _, _ = prepare_trial(make_config({**base, "epsilon": epsilon}), None)
     mask = validation_mask(full.data, validation_fraction, seed)
-    check_delta(delta, int((~mask).sum()))
+    n_train = records_outside(mask, full.data.units_train)  # rows, or units with a privacy unit
+    check_delta(delta, n_train)
     for b in space.batch_size:
-        if b > int((~mask).sum()):
+        if b > n_train:
             raise ConfigError("batch_size", b, "the sampling rate B/N must be ≤ 1", "lower it")
-    split = _plan(base, space, mask, epsilon, count, score_noise)
+    split = _plan(base, space, mask, epsilon, count, score_noise, n_train)
     account.reserve(split.event(), delta)  # the whole procedure, before any trial or file
 
     k = count.sample()
@@ -151,8 +155,8 @@ def tune(
     report = write_report(
         out_dir,
         dataset=full.data.name,
-        n_train=int((~mask).sum()),
-        n_validation=int(mask.sum()),
+        n_train=n_train,
+        n_validation=records_outside(~mask, full.data.units_train),
         n_test=full.data.n_test,
         split=split,
         space=space,
@@ -161,6 +165,7 @@ def tune(
         score_noise=score_noise,
         target=epsilon,
         duration=time.monotonic() - t0,
+        privacy_unit=full.data.unit_column,
     )
     account.settle()
     return report

@@ -28,6 +28,7 @@ from veil.pipeline.data import Prepared, prepare
 from veil.pipeline.loop import RunPlan
 from veil.pipeline.model import assemble, build_net
 from veil.pipeline.run_folder import CONFIG, LEDGER
+from veil.tune.units import correct_count
 
 if TYPE_CHECKING:
     from veil.accounting.events import PrivacyEvent
@@ -43,23 +44,37 @@ def score_event(score_noise: float) -> PrivacyEvent:
 
 
 def prepare_trial(cfg: TrainConfig, validation: np.ndarray | None) -> tuple[Prepared, np.ndarray, np.ndarray]:
+    """:func:`split_trial` without the validation rows' units."""
+    prepared, x_val, y_val, _ = split_trial(cfg, validation)
+    return prepared, x_val, y_val
+
+
+def split_trial(
+    cfg: TrainConfig, validation: np.ndarray | None
+) -> tuple[Prepared, np.ndarray, np.ndarray, np.ndarray | None]:
     """The train job's preparation, the training split then cut into (training, validation).
 
     ``validation``: a boolean mask over the full training split (``None``: only load, for sizing).
     Returns the prepared inputs (preprocessing planned on what the trial trains on) and the
-    validation features and labels."""
+    validation features, labels and unit keys (None without a privacy unit). With a privacy unit the
+    mask holds whole units (:func:`veil.tune.run.validation_mask`) and the trial's units are kept
+    with its rows."""
     from veil.data.preprocess import plan_preprocessing
 
-    prepared = prepare(cfg)
-    if validation is None:
-        return prepared, prepared.data.x_train[:0], prepared.data.y_train[:0]
+    prepared = prepare(cfg, units=True)
     data = prepared.data
+    if validation is None:
+        return prepared, data.x_train[:0], data.y_train[:0], None
     x_val, y_val = data.x_train[validation], data.y_train[validation]
+    units_val = None if data.units_train is None else data.units_train[validation]
     prepared.data = dataclasses.replace(
-        data, x_train=data.x_train[~validation], y_train=data.y_train[~validation]
+        data,
+        x_train=data.x_train[~validation],
+        y_train=data.y_train[~validation],
+        units_train=None if data.units_train is None else data.units_train[~validation],
     )
     prepared.prep = plan_preprocessing(prepared.cfg, prepared.data)
-    return prepared, x_val, y_val
+    return prepared, x_val, y_val, units_val
 
 
 def trial_config(
@@ -94,9 +109,9 @@ def run_trial(
     from veil.training import _execute, _header
 
     t0 = time.monotonic()
-    prepared, x_val, y_val = prepare_trial(cfg, validation)
+    prepared, x_val, y_val, units_val = split_trial(cfg, validation)
     cfg = prepared.cfg
-    steps = plan_steps(cfg, prepared.data.n_train, prepared.pre_events)
+    steps = plan_steps(cfg, prepared.data.n_records, prepared.pre_events)
     if (steps.q, steps.steps_planned, steps.sigma) != (shape.q, shape.steps, shape.sigma):
         raise BudgetExhaustedError(  # pragma: no cover - the plan and the trial size the data alike
             "trial",
@@ -127,17 +142,18 @@ def run_trial(
                     ]
                     or [np.zeros(0, dtype=np.int64)]
                 )
-            correct = float(np.sum(pred == y_val))
+            correct = correct_count(pred == y_val, units_val)
             event = score_event(score_noise)
             ledger.append("event", label="validation_score", event=event.to_dict())
             noisy = gaussian_mechanism(correct, sensitivity=1.0, std=score_noise, rng=make_source(True))
             assert noisy.event == event
-            ledger.append("score", noisy_correct=float(noisy.value), n_validation=len(y_val))
+            n_val = len(y_val) if units_val is None else len(np.unique(units_val))
+            ledger.append("score", noisy_correct=float(noisy.value), n_validation=n_val)
             events = ledger.events()
         finally:
             ledger.close()
     return {
-        "noisy_score": float(noisy.value) / max(len(y_val), 1),
+        "noisy_score": float(noisy.value) / max(n_val, 1),
         "sigma": steps.sigma,
         "steps": ledger.steps,
         "sampling_rate": steps.q,

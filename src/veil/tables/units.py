@@ -1,0 +1,54 @@
+"""The privacy-unit column of a table: checked before a row is read, read as an identifier only.
+
+The unit column (``--privacy-unit COLUMN``) names the person each row belongs to. It is an
+identifier, not data to learn from: the schema must declare it ``type = "ignored"`` (so the encoder
+never makes a feature of it), its values are read as text and are turned into keyed hashes by the
+split (:func:`veil.data.unit_hashes`) before anything else sees them, and no message ever prints one.
+A row whose unit cell is missing cannot be attributed to anyone: it is dropped by a per-record
+public rule (it belongs to no unit, so it contributes nothing), never refused after reading.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from veil.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    from veil.tables.schema import TableSchema
+    from veil.tables.sources import RawTable
+
+__all__ = ["check_unit_column", "collect_units"]
+
+
+def check_unit_column(schema: TableSchema, present: Sequence[str], column: str, where: str) -> None:
+    """Refuse, from the header and the schema alone, a unit column that is absent or is data."""
+    if column not in present:
+        raise DataError(
+            "privacy_unit",
+            column,
+            f"the unit column is not a column of {where}, so rows cannot be grouped by person",
+            "name an existing column with --privacy-unit (the column holding the person's id)",
+        )
+    spec = next((c for c in schema.columns if c.name == column), None)
+    if spec is None or spec.type != "ignored" or spec.role != "feature":
+        declared = "not declared" if spec is None else f'declared type = "{spec.type}", role = "{spec.role}"'
+        raise ConfigError(
+            "privacy_unit",
+            column,
+            f"the unit column is an identifier and must never be a feature or the label ({declared})",
+            f'declare it in the schema as [columns."{column}"] type = "ignored"',
+        )
+
+
+def collect_units(batches: Iterator[RawTable], column: str, into: list[Any]) -> Iterator[RawTable]:
+    """Pass ``batches`` through, appending each row's unit id (text, ``None`` if missing) to ``into``."""
+    import pyarrow as pa
+
+    for raw in batches:
+        values = raw.table.column(column)
+        if not pa.types.is_string(values.type) and not pa.types.is_large_string(values.type):
+            values = values.cast(pa.string())
+        into.extend(values.to_pylist())
+        yield raw
