@@ -456,7 +456,12 @@ def test_a_row_the_rules_drop_takes_its_unit_along(tmp_path: Path) -> None:
     from veil.tables.schema import load_schema
 
     path = tmp_path / "v.csv"
-    rows = [["P1", "1", "0", "yes"], ["P2", "2", "0", "maybe"], ["P3", "3", "0", "no"], ["P3", "4", "0", "yes"]]
+    rows = [
+        ["P1", "1", "0", "yes"],
+        ["P2", "2", "0", "maybe"],
+        ["P3", "3", "0", "no"],
+        ["P3", "4", "0", "yes"],
+    ]
     with path.open("w", newline="") as fh:
         csv.writer(fh).writerows([["patient_id", "a", "b", "outcome"], *rows])
     (tmp_path / "s.toml").write_text(SCHEMA)
