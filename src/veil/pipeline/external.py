@@ -116,8 +116,9 @@ def planned_steps(n: int, batch_size: int, epochs: float, max_steps: int | None)
 class ExternalRun:
     """One DP training run inside another framework's loop (see the module doc for the order)."""
 
-    def __init__(self, target: PrivacyTarget, *, job: str, out: str | Path) -> None:
+    def __init__(self, target: PrivacyTarget, *, job: str, out: str | Path, primary: bool = True) -> None:
         self.target = target
+        self.primary = primary  # across ranks: rank 0 alone charges the registry and writes the report
         self.job = job
         self.out = Path(out)
         self.engine: PrivacyEngine | None = None
@@ -147,6 +148,10 @@ class ExternalRun:
                 f"pass δ well below 1/N, e.g. {10 ** math.floor(math.log10(1.0 / n) - 1):g}",
             )
         q = check_sampling_rate(batch_size, n)
+        self.n, self.batch_size, self.steps_planned = n, batch_size, steps
+        if not self.primary:  # σ is the same computation on every rank (the engine checks they agree)
+            self.sigma = self._sigma(q, steps)
+            return self.sigma
         check_out(self.out)
         charge = DatasetCharge.before_reading("", job=self.job, dataset_id=t.dataset_id)
         try:
@@ -156,8 +161,7 @@ class ExternalRun:
         except BaseException:
             charge.close()
             raise
-        self.charge, self.run_id = charge, run_id
-        self.n, self.batch_size, self.steps_planned, self.sigma = n, batch_size, steps, sigma
+        self.charge, self.run_id, self.sigma = charge, run_id, sigma
         return sigma
 
     def _sigma(self, q: float, steps: int) -> float:
@@ -233,7 +237,7 @@ class ExternalRun:
         self, *, framework: str, non_private: dict[str, Any] | None = None, world_size: int = 1
     ) -> dict[str, Any] | None:
         """Settle the registry with what was released and write the report; returns it (None when the
-        run never began). Safe to call twice: the second call does nothing."""
+        run never began, and on a rank other than 0). Safe to call twice: the second call does nothing."""
         charge, self.charge = self.charge, None
         if charge is None:
             return None
