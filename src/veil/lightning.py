@@ -111,9 +111,12 @@ class DifferentialPrivacy(Callback):
         run.begin(n, batch_size, steps)
         self.run = run
         try:
-            module = _distributed_module(trainer, pl_module)
             _, optimizer, private_loader = run.make_private(
-                module, trainer.optimizers[0], loader, loss_reduction=self.loss_reduction
+                pl_module,
+                trainer.optimizers[0],
+                loader,
+                loss_reduction=self.loss_reduction,
+                distributed=trainer.world_size > 1,  # the engine all-reduces the clipped sums itself
             )
         except BaseException:
             self.report = run.finish(framework=_FRAMEWORK, world_size=trainer.world_size)
@@ -187,15 +190,6 @@ def _refuse_unsupported(trainer: pl.Trainer) -> None:
             "one DP optimizer accounts for every step; other optimizers' steps would go unaccounted",
             "return one optimizer over every trainable parameter",
         )
-
-
-def _distributed_module(trainer: pl.Trainer, pl_module: pl.LightningModule) -> Any:
-    """What the engine is given: the DDP wrapper under a DDP strategy (the engine then trains the inner
-    module and all-reduces the clipped sums itself), else the module."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    wrapped = trainer.strategy.model
-    return wrapped if isinstance(wrapped, DistributedDataParallel) else pl_module
 
 
 def _bypass_gradient_averaging(trainer: pl.Trainer) -> None:
