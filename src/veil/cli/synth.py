@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from veil.cli._mlflow import MLFLOW, log_if_asked
 from veil.cli._output import emit
 
 
@@ -35,6 +36,7 @@ def register(app: typer.Typer) -> None:
         ),
         seed: int = typer.Option(None, "--seed", help="Seed of a research run (--no-secure-rng only)."),
         json_output: bool = typer.Option(False, "--json", help="Print the report JSON on stdout."),
+        mlflow: str = MLFLOW,
     ) -> None:
         """Write a synthetic table whose release is (ε, δ)-DP, with its report."""
         from veil.synth.run import run_synth
@@ -47,6 +49,7 @@ def register(app: typer.Typer) -> None:
             max_cells=max_cells, iterations=iterations, secure_rng=secure_rng, seed=seed,
         )  # fmt: skip
         report = run_synth(settings)
+        log_if_asked(report, mlflow, "synth")
         if json_output:
             emit(report, True)
             return

@@ -8,6 +8,7 @@ from typing import Any
 
 import typer
 
+from veil.cli._mlflow import MLFLOW, log_if_asked
 from veil.cli._output import emit
 from veil.errors import InvalidParameterError
 
@@ -67,6 +68,7 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed", help="Seed of the test split and initialisation."),
         out: str = typer.Option(None, "--out", help="Output folder (default runs/<dataset>-tune-<time>)."),
         json_output: bool = typer.Option(False, "--json", help="Print the report JSON on stdout."),
+        mlflow: str = MLFLOW,
     ) -> None:
         """Tune hyperparameters privately: a random number of DP runs, the best by a DP score, accounted."""
         report = run_tune(
@@ -88,6 +90,7 @@ def register(app: typer.Typer) -> None:
                 "out": out,
             }
         )
+        log_if_asked(report, mlflow, "tune")
         if json_output:
             emit(report, True)
             return
