@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from _docs_examples import code_blocks
 
 mlflow = pytest.importorskip("mlflow")
 
@@ -22,21 +26,26 @@ def test_bare_flag_means_the_local_store() -> None:
     assert with_default_uri(["train", "--mlflow", "http://h:5000"]) == ["train", "--mlflow", "http://h:5000"]
 
 
-def test_train_run_read_back_from_mlflow(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    out = tmp_path / "runs" / "digits-logreg"
-    argv = ["train", "--dataset", "digits", "--epochs", "1", "--model", "logreg", "--no-baseline"]
-    status = main([*argv, "--out", str(out), "--json", "--mlflow"])
-    assert status == 0
+def test_train_run_read_back_from_mlflow(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/integrations.md's command, then its read-back with ``mlflow.search_runs``."""
+    monkeypatch.chdir(tmp_path)
+    (command,) = code_blocks("integrations.md", "bash")
+    argv = shlex.split(command.strip())
+    assert argv[:2] == ["veil", "train"] and argv[-1] == "--mlflow"
+    assert main([*argv[1:-1], "--json", "--mlflow"]) == 0  # a bare --mlflow before another option
     report = json.loads(capsys.readouterr().out)
-    store = f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"  # the default: next to the run folder
+    read_back = code_blocks("integrations.md", "python")[-1]
     previous = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(store)
-    try:  # found by MLflow's own search
-        runs = mlflow.search_runs(experiment_names=["veil"], output_format="list")
+    namespace: dict[str, Any] = {}
+    try:  # the default store, next to the run folder; found by MLflow's own search
+        exec(compile(read_back, "docs/integrations.md", "exec"), namespace)
     finally:
         mlflow.set_tracking_uri(previous)
-    assert len(runs) == 1
-    run = runs[0]
+    capsys.readouterr()
+    store = f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
+    run = namespace["run"]
     params = run.data.params
     assert float(params["target_epsilon"]) == report["target_epsilon"] == 3.0
     assert float(params["delta"]) == report["delta"]

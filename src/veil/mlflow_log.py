@@ -36,14 +36,14 @@ _PARAMS = {
     "target_epsilon": ("target_epsilon", "epsilon_target", "epsilon_budget"),
     "delta": ("delta", "target_delta"),
     "noise_multiplier": ("noise_multiplier",),
-    "max_grad_norm": ("max_grad_norm",),
+    "max_grad_norm": ("max_grad_norm", "update_clip_norm"),
     "sampling_rate": ("sampling_rate",),
     "batch_size": ("batch_size",),
-    "steps": ("steps",),
-    "steps_planned": ("steps_planned",),
+    "steps": ("steps", "rounds_charged"),
+    "steps_planned": ("steps_planned", "rounds_planned"),
     "accountant": ("accountant",),
     "neighbouring": ("neighbouring",),
-    "privacy_unit": ("privacy_unit",),
+    "privacy_unit": ("privacy_unit", "unit"),
     "randomness": ("randomness",),
     "framework": ("framework",),
 }
@@ -101,8 +101,15 @@ def log_report(report: Mapping[str, Any], uri: str, *, job: str) -> str:
     return run_id
 
 
+def _flat(report: Mapping[str, Any]) -> dict[str, Any]:
+    """The report with a federated report's ``plan`` and ``guarantee`` sections lifted to the top."""
+    sections = [report.get(k) for k in ("plan", "guarantee")]
+    return {k: v for part in (*sections, report) if isinstance(part, Mapping) for k, v in part.items()}
+
+
 def params_of(report: Mapping[str, Any], job: str) -> dict[str, Any]:
     """The privacy settings the report states, under one set of names whatever the job."""
+    report = _flat(report)
     out: dict[str, Any] = {"job": job}
     for name, keys in _PARAMS.items():
         value = next((report[k] for k in keys if report.get(k) is not None), None)
@@ -123,6 +130,10 @@ def epsilon_points(report: Mapping[str, Any]) -> list[tuple[int, float]]:
     curve = report.get("epsilon_curve")
     if curve:
         return [(int(p["step"]), float(p["epsilon"])) for p in curve]
+    rounds = (report.get("plots") or {}).get("epsilon_per_round")
+    if rounds:  # a federated report: ε against the round
+        return [(int(k), float(e)) for k, e in rounds]
+    report = _flat(report)
     spent = report.get("epsilon_spent", report.get("epsilon"))
     steps = report.get("steps")
     if _dpsgd(report):
