@@ -17,7 +17,12 @@ import torch.nn.functional as F
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
-from veil.errors import ConfigError, InvalidParameterError, UnreachableTargetError  # noqa: E402
+from veil.errors import (  # noqa: E402
+    BudgetExhaustedError,
+    ConfigError,
+    InvalidParameterError,
+    UnreachableTargetError,
+)
 from veil.hf import DPTrainer, PrivacyArguments  # noqa: E402
 from veil.optimizer import DPOptimizer  # noqa: E402
 from veil.registry.charge import open_registry  # noqa: E402
@@ -229,3 +234,27 @@ def test_refusals_before_training(tmp_path: Path) -> None:
     finally:
         registry.close()
     assert not (tmp_path / "hf" / "veil").exists()
+
+
+def test_empty_poisson_batch_is_a_noise_only_step_and_no_step_past_the_plan(tmp_path: Path) -> None:
+    """An empty logical batch never reaches the model (HF models refuse 0 rows) but is still a step:
+    noise only, accounted. A step beyond the planned count is refused before it is taken."""
+    trainer = DPTrainer(
+        model=_model(), args=_args(tmp_path, max_steps=1), train_dataset=_data(20), privacy_args=_privacy()
+    )
+    trainer.get_train_dataloader()
+    empty = {
+        "input_ids": torch.zeros(0, LENGTH, dtype=torch.long),
+        "attention_mask": torch.zeros(0, LENGTH, dtype=torch.long),
+        "labels": torch.zeros(0, dtype=torch.long),
+    }
+    before = [p.detach().clone() for p in trainer.dp_optimizer.clipper.parameters]
+    assert float(trainer.training_step(trainer.model, dict(empty))) == 0.0
+    trainer.optimizer.step()
+    assert trainer.privacy.steps == 1
+    after = trainer.dp_optimizer.clipper.parameters
+    assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))  # the noise
+    with pytest.raises(BudgetExhaustedError, match="steps"):
+        trainer.training_step(trainer.model, dict(empty))
+    report = trainer.privacy.finish(framework="test")
+    assert report is not None and report["steps"] == 1

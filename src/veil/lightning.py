@@ -128,6 +128,12 @@ class DifferentialPrivacy(Callback):
         trainer.fit_loop._combined_loader = None  # built from the new source when the loop starts
 
     # -- during training -------------------------------------------------------------------------
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self.run is not None:
+            self.run.check_step_fits()
+
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:

@@ -190,11 +190,15 @@ class DPTrainer(Trainer):
         self, model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None
     ) -> torch.Tensor:
         """Forward/backward each physical chunk of the logical batch, accumulating clipped per-example
-        gradients; the Trainer's ``optimizer.step()`` that follows adds the noise once."""
+        gradients; the Trainer's ``optimizer.step()`` that follows adds the noise once (to a zero sum
+        for an empty batch, which is still a step: Poisson sampling yields empty batches)."""
         assert self._dp_loader is not None
+        self.privacy.check_step_fits()
+        total = torch.zeros((), device=self.args.device)
+        if _rows(inputs) == 0:  # an empty Poisson batch: no forward (HF models refuse 0 rows); noise only
+            return total
         chunks = _split(inputs, self.physical_batch_size)
         signal = self._dp_loader.signal
-        total = torch.zeros((), device=self.args.device)
         for i, chunk in enumerate(chunks):
             if i > 0:  # the previous chunk's clipped gradients are summed; no update yet
                 signal.last_chunk = False

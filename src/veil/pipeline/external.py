@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from veil.accounting.calibrate import calibrate_noise, dpsgd_event, epsilon_of
 from veil.accounting.events import PrivacyEvent, SelfComposed
-from veil.errors import InvalidParameterError, UnreachableTargetError
+from veil.errors import BudgetExhaustedError, InvalidParameterError, UnreachableTargetError
 from veil.pipeline.run_folder import check_out, write_files
 
 if TYPE_CHECKING:
@@ -227,6 +227,18 @@ class ExternalRun:
         if not self.curve or self.curve[-1][0] != self.steps:
             self.curve.append((self.steps, eps))
         return eps
+
+    def check_step_fits(self) -> None:
+        """Refuse a step beyond the planned count (its ε was never calibrated nor reserved). A function
+        of the step count alone; a framework whose step count matches the plan never triggers it."""
+        if self.steps >= self.steps_planned:
+            raise BudgetExhaustedError(
+                "steps",
+                self.steps + 1,
+                f"σ was calibrated and the registry reserved for {self.steps_planned} steps; one more "
+                "would spend more than the target ε",
+                "let the framework stop at its planned steps (max_steps / epochs as given at the start)",
+            )
 
     def events(self) -> list[PrivacyEvent]:
         """The events released so far: one per noisy step."""
