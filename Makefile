@@ -38,6 +38,7 @@ bench: setup
 	$(BIN)/python bench/fashion_mnist.py
 	$(BIN)/python bench/pate.py
 	$(BIN)/python bench/audit.py
+	$(BIN)/python bench/integrations.py
 	$(BIN)/python bench/distributed.py
 	$(BIN)/python bench/tables.py
 	$(BIN)/python bench/tables_e2e.py

@@ -249,12 +249,15 @@ class ExternalRun:
         self, *, framework: str, non_private: dict[str, Any] | None = None, world_size: int = 1
     ) -> dict[str, Any] | None:
         """Settle the registry with what was released and write the report; returns it (None when the
-        run never began, and on a rank other than 0). Safe to call twice: the second call does nothing."""
+        run never began or never reached the engine, and on a rank other than 0). Safe to call twice:
+        the second call does nothing."""
         charge, self.charge = self.charge, None
         if charge is None:
             return None
         events = self.events()
         charge.finish(events if events else None)
+        if self.engine is None:  # refused before the engine was built: nothing trained, no report
+            return None
         self.record_epsilon()
         report = self._report(framework, non_private or {}, world_size)
         from veil.report.framework import render_framework_html
