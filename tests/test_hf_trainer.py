@@ -1,0 +1,255 @@
+"""``veil.hf.DPTrainer``: the Hugging Face Trainer path against a naive per-example loop, refusals,
+ε in ``log_history``, the registry charge and the run folder's report.
+
+Tiny randomly initialised BERT models with LoRA adapters, built from a config (no download).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+from veil.errors import (  # noqa: E402
+    BudgetExhaustedError,
+    ConfigError,
+    InvalidParameterError,
+    UnreachableTargetError,
+)
+from veil.hf import DPTrainer, PrivacyArguments  # noqa: E402
+from veil.optimizer import DPOptimizer  # noqa: E402
+from veil.registry.charge import open_registry  # noqa: E402
+from veil.registry.identity import dataset_identity  # noqa: E402
+
+VOCAB, LENGTH = 30, 6
+
+
+def _model(dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=24,
+        max_position_embeddings=16,
+        num_labels=2,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    lora = peft.LoraConfig(r=2, lora_alpha=4, target_modules=["query", "value"], task_type="SEQ_CLS")
+    return peft.get_peft_model(transformers.BertForSequenceClassification(config), lora).to(dtype)
+
+
+def _data(n: int) -> list[dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    rows = []
+    for i in range(n):
+        mask = torch.ones(LENGTH, dtype=torch.long)
+        mask[LENGTH - 1 - i % 3 :] = 0 if i % 3 else 1  # some examples padded
+        rows.append(
+            {
+                "input_ids": torch.randint(1, VOCAB, (LENGTH,), generator=g),
+                "attention_mask": mask,
+                "labels": torch.tensor(i % 2),
+            }
+        )
+    return rows
+
+
+def _args(tmp_path: Path, **overrides: Any) -> Any:
+    settings: dict[str, Any] = {
+        "output_dir": str(tmp_path / "hf"),
+        "per_device_train_batch_size": 2,
+        "gradient_accumulation_steps": 3,
+        "max_steps": 3,
+        "logging_steps": 1,
+        "report_to": [],
+        "use_cpu": True,
+        "save_strategy": "no",
+        "disable_tqdm": True,
+    }
+    settings.update(overrides)
+    return transformers.TrainingArguments(**settings)
+
+
+def _privacy(**overrides: Any) -> PrivacyArguments:
+    settings: dict[str, Any] = {
+        "target_epsilon": 8.0,
+        "target_delta": 1e-3,
+        "per_sample_max_grad_norm": 0.05,
+        "dataset_id": "toy-tweets",
+    }
+    settings.update(overrides)
+    return PrivacyArguments(**settings)
+
+
+def _example_gradient(
+    model: torch.nn.Module, params: list[torch.nn.Parameter], batch: dict[str, torch.Tensor], i: int
+) -> list[torch.Tensor]:
+    """∇ of example i's own loss, the example alone through the model."""
+    logits = model(
+        input_ids=batch["input_ids"][i : i + 1], attention_mask=batch["attention_mask"][i : i + 1]
+    ).logits
+    loss = F.cross_entropy(logits, batch["labels"][i : i + 1], reduction="sum")
+    grads = torch.autograd.grad(loss, params, allow_unused=True)
+    return [torch.zeros_like(p) if g is None else g.double() for g, p in zip(grads, params, strict=True)]
+
+
+def _norm(grads: list[torch.Tensor]) -> float:
+    return float(torch.sqrt(sum((g**2).sum() for g in grads)))
+
+
+def _per_example_clipped_sum(
+    model: torch.nn.Module, params: list[torch.nn.Parameter], batch: dict[str, torch.Tensor], clip: float
+) -> list[torch.Tensor]:
+    """Σ_i clip_C(∇ loss_i), one example at a time: the independent reference."""
+    total = [torch.zeros_like(p, dtype=torch.float64) for p in params]
+    for i in range(batch["labels"].shape[0]):
+        grads = _example_gradient(model, params, batch, i)
+        factor = min(1.0, clip / (_norm(grads) + 1e-12))
+        for t, g in zip(total, grads, strict=True):
+            t.add_(g * factor)
+    return total
+
+
+def test_trainer_path_clips_like_a_per_example_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Virtual batches (3 physical chunks of 2 per logical batch): the clipped sum the noise is added
+    to equals the naive per-example loop over the logical batch, in float64. C is the median
+    per-example norm, so some examples are clipped and some are not. The same run: ε in
+    ``log_history`` at every logging step, the report written, the registry charged."""
+    model = _model(torch.float64)
+    reference = _model(torch.float64)  # same seed, same weights; lr = 0 keeps the trained one equal
+    data = _data(12)
+    trainable = [p for p in reference.parameters() if p.requires_grad]
+    everyone = {k: torch.stack([row[k] for row in data]) for k in data[0]}
+    norms = [_norm(_example_gradient(reference, trainable, everyone, i)) for i in range(12)]
+    clip = float(torch.tensor(norms).median())
+    sums: list[list[torch.Tensor]] = []
+    original = DPOptimizer._write_private_grads
+
+    def recording(self: DPOptimizer) -> None:
+        sums.append([s.detach().clone().double() for s in self.clipper.clipped_sum()])
+        original(self)
+
+    monkeypatch.setattr(DPOptimizer, "_write_private_grads", recording)
+    trainer = DPTrainer(
+        model=model,
+        args=_args(tmp_path, learning_rate=0.0, weight_decay=0.0),
+        train_dataset=data,
+        privacy_args=_privacy(per_sample_max_grad_norm=clip),
+    )
+    batches: list[dict[str, torch.Tensor]] = []
+    step = trainer.training_step
+
+    def record_batch(model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None) -> Any:
+        batches.append({k: v.clone() for k, v in inputs.items()})
+        return step(model, inputs, num_items_in_batch)
+
+    trainer.training_step = record_batch  # type: ignore[method-assign]
+    trainer.train()
+    assert len(sums) == len(batches) == 3
+    assert max(b["labels"].shape[0] for b in batches) > 2, "no logical batch spanned several chunks"
+    named = dict(model.named_parameters())
+    names = {id(p): n for n, p in named.items()}
+    ref_params = dict(reference.named_parameters())
+    clipper = trainer.dp_optimizer.clipper
+    params = [ref_params[names[id(p)]] for p in clipper.parameters]
+    for got, batch in zip(sums, batches, strict=True):
+        want = _per_example_clipped_sum(reference, params, batch, clip)
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-12)
+
+    logged = [h for h in trainer.state.log_history if "non_private_loss" in h]
+    assert [h["step"] for h in logged] == [1, 2, 3]
+    eps = [h["epsilon"] for h in logged]
+    assert eps == sorted(eps) and 0 < eps[0] < eps[-1] <= 8.0
+    assert eps[-1] > 0.95 * 8.0  # σ calibrated to the target over the 3 planned steps
+    assert not any("loss" in h or "grad_norm" in h for h in trainer.state.log_history)
+    report = json.loads((tmp_path / "hf" / "veil" / "report.json").read_text())
+    assert report["steps"] == 3 and report["epsilon_spent"] == pytest.approx(eps[-1])
+    assert report["batch_size"] == 6 and report["sampling_rate"] == pytest.approx(6 / 12)
+    assert (tmp_path / "hf" / "veil" / "report.html").is_file()
+    registry = open_registry()
+    try:
+        status = registry.status(dataset_identity(dataset_id="toy-tweets"), per_run=True)
+    finally:
+        registry.close()
+    assert [r.job for r in status.runs] == ["hf-trainer"]
+    assert status.runs[0].charged and len(status.runs[0].events) >= 1
+    assert status.spent_epsilon == pytest.approx(eps[-1], rel=1e-3)
+
+
+def test_refusals_before_training(tmp_path: Path) -> None:
+    data = _data(20)
+    with pytest.raises(ConfigError, match="group_by_length"):
+        DPTrainer(
+            model=_model(),
+            args=_args(tmp_path, train_sampling_strategy="group_by_length"),
+            train_dataset=data,
+            privacy_args=_privacy(),
+        )
+
+    class MixingTrainer(DPTrainer):
+        def compute_loss(self, model: Any, inputs: Any, return_outputs: bool = False, **kw: Any) -> Any:
+            return model(**inputs).loss
+
+    with pytest.raises(ConfigError, match="compute_loss"):
+        MixingTrainer(model=_model(), args=_args(tmp_path), train_dataset=data, privacy_args=_privacy())
+    with pytest.raises(ConfigError, match="compute_loss"):
+        DPTrainer(
+            model=_model(),
+            args=_args(tmp_path),
+            train_dataset=data,
+            privacy_args=_privacy(),
+            compute_loss_func=lambda outputs, labels, num_items_in_batch=None: outputs.loss,
+        )
+    with pytest.raises(InvalidParameterError, match="dataset_id"):
+        _privacy(dataset_id=None)
+    with pytest.raises(ConfigError, match="privacy_args"):
+        DPTrainer(model=_model(), args=_args(tmp_path), train_dataset=data)
+    trainer = DPTrainer(
+        model=_model(),
+        args=_args(tmp_path, max_steps=50),
+        train_dataset=data,
+        privacy_args=_privacy(noise_multiplier=0.3, target_epsilon=1.0),
+    )
+    with pytest.raises(UnreachableTargetError, match="noise_multiplier"):
+        trainer.train()
+    registry = open_registry()
+    try:
+        assert not registry.status(dataset_identity(dataset_id="toy-tweets")).runs  # nothing charged
+    finally:
+        registry.close()
+    assert not (tmp_path / "hf" / "veil").exists()
+
+
+def test_empty_poisson_batch_is_a_noise_only_step_and_no_step_past_the_plan(tmp_path: Path) -> None:
+    """An empty logical batch never reaches the model (HF models refuse 0 rows) but is still a step:
+    noise only, accounted. A step beyond the planned count is refused before it is taken."""
+    trainer = DPTrainer(
+        model=_model(), args=_args(tmp_path, max_steps=1), train_dataset=_data(20), privacy_args=_privacy()
+    )
+    trainer.get_train_dataloader()
+    empty = {
+        "input_ids": torch.zeros(0, LENGTH, dtype=torch.long),
+        "attention_mask": torch.zeros(0, LENGTH, dtype=torch.long),
+        "labels": torch.zeros(0, dtype=torch.long),
+    }
+    before = [p.detach().clone() for p in trainer.dp_optimizer.clipper.parameters]
+    assert float(trainer.training_step(trainer.model, dict(empty))) == 0.0
+    trainer.optimizer.step()
+    assert trainer.privacy.steps == 1
+    after = trainer.dp_optimizer.clipper.parameters
+    assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))  # the noise
+    with pytest.raises(BudgetExhaustedError, match="steps"):
+        trainer.training_step(trainer.model, dict(empty))
+    report = trainer.privacy.finish(framework="test")
+    assert report is not None and report["steps"] == 1

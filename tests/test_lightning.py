@@ -1,0 +1,159 @@
+"""``veil.lightning.DifferentialPrivacy``: the Lightning path against a naive per-example loop, ε through
+the Trainer's logger, the registry charge, the report, and refusals. One process (see
+``test_lightning_ddp.py`` for two)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+pl = pytest.importorskip("lightning.pytorch")
+
+from veil.errors import ConfigError  # noqa: E402
+from veil.lightning import DifferentialPrivacy  # noqa: E402
+from veil.optimizer import DPOptimizer  # noqa: E402
+from veil.registry.charge import open_registry  # noqa: E402
+from veil.registry.identity import dataset_identity  # noqa: E402
+
+
+class Classifier(pl.LightningModule):
+    def __init__(self, lr: float = 0.1) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+        self.lr = lr
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+def _loader(n: int = 64, batch_size: int = 16, dtype: torch.dtype = torch.float32) -> DataLoader:
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(n, 5, generator=g, dtype=dtype)
+    y = torch.randint(0, 3, (n,), generator=g)
+    return DataLoader(TensorDataset(x, y), batch_size=batch_size)
+
+
+def _trainer(tmp_path: Path, callback: DifferentialPrivacy, **overrides: Any) -> Any:
+    settings: dict[str, Any] = {
+        "max_steps": 4,
+        "accelerator": "cpu",
+        "devices": 1,
+        "default_root_dir": str(tmp_path),
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "log_every_n_steps": 1,
+        "logger": pl.loggers.CSVLogger(str(tmp_path), name="logs"),
+        "callbacks": [callback],
+    }
+    settings.update(overrides)
+    return pl.Trainer(**settings)
+
+
+def _dp(**overrides: Any) -> DifferentialPrivacy:
+    settings: dict[str, Any] = {
+        "target_epsilon": 4.0,
+        "target_delta": 1e-3,
+        "max_grad_norm": 0.5,
+        "dataset_id": "toy-table",
+    }
+    settings.update(overrides)
+    return DifferentialPrivacy(**settings)
+
+
+def test_lightning_path_clips_like_a_per_example_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The clipped sum each step's noise is added to equals the naive per-example loop (float64);
+    C is the median per-example norm, so some examples are clipped and some are not."""
+    module = Classifier(lr=0.0).double()
+    reference = Classifier(lr=0.0).double()
+    loader = _loader(dtype=torch.float64)
+    x_all, y_all = loader.dataset.tensors  # type: ignore[attr-defined]
+    params = list(reference.parameters())
+
+    def gradient(i: int) -> list[torch.Tensor]:
+        loss = F.cross_entropy(reference(x_all[i : i + 1]), y_all[i : i + 1])
+        return list(torch.autograd.grad(loss, params))
+
+    def norm(grads: list[torch.Tensor]) -> float:
+        return float(torch.sqrt(sum((g**2).sum() for g in grads)))
+
+    clip = float(torch.tensor([norm(gradient(i)) for i in range(len(y_all))]).median())
+    sums: list[list[torch.Tensor]] = []
+    original = DPOptimizer._write_private_grads
+
+    def recording(self: DPOptimizer) -> None:
+        sums.append([s.detach().clone() for s in self.clipper.clipped_sum()])
+        original(self)
+
+    monkeypatch.setattr(DPOptimizer, "_write_private_grads", recording)
+    batches: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    class Recorder(pl.Callback):
+        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+            batches.append((batch[0].clone(), batch[1].clone()))
+
+    callback = _dp(max_grad_norm=clip)
+    _trainer(tmp_path, callback, callbacks=[callback, Recorder()]).fit(module, loader)
+    assert len(sums) == len(batches) == 4
+    rows = {tuple(x.tolist()): i for i, x in enumerate(x_all)}
+    for got, (xb, _) in zip(sums, batches, strict=True):
+        want = [torch.zeros_like(p) for p in params]
+        for x in xb:
+            grads = gradient(rows[tuple(x.tolist())])
+            factor = min(1.0, clip / (norm(grads) + 1e-12))
+            for w, g in zip(want, grads, strict=True):
+                w.add_(g * factor)
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-12)
+
+
+def test_epsilon_logged_registry_charged_report_written(tmp_path: Path) -> None:
+    callback = _dp()
+    module = Classifier()
+    before = [p.detach().clone() for p in module.parameters()]
+    _trainer(tmp_path, callback, log_every_n_steps=2).fit(module, _loader())
+    assert 0 < callback.epsilon <= 4.0 and callback.epsilon > 0.95 * 4.0  # calibrated to 4 steps
+    assert any(not torch.equal(a, b) for a, b in zip(before, module.parameters(), strict=True))
+    with open(next(tmp_path.glob("logs/*/metrics.csv"))) as f:
+        logged = [(int(r["step"]), float(r["epsilon"])) for r in csv.DictReader(f) if r.get("epsilon")]
+    assert [s for s, _ in logged] == [2, 4]
+    assert logged[-1][1] == pytest.approx(callback.epsilon)
+    report = json.loads((tmp_path / "veil" / "report.json").read_text())
+    assert report["steps"] == 4 and report["framework"] == "PyTorch Lightning"
+    assert report["epsilon_spent"] == pytest.approx(callback.epsilon)
+    assert report["sampling_rate"] == pytest.approx(16 / 64)
+    registry = open_registry()
+    try:
+        status = registry.status(dataset_identity(dataset_id="toy-table"), per_run=True)
+    finally:
+        registry.close()
+    assert [r.job for r in status.runs] == ["lightning"]
+    assert status.spent_epsilon == pytest.approx(callback.epsilon, rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("setting", "match"),
+    [({"gradient_clip_val": 1.0}, "gradient_clip_val"), ({"accumulate_grad_batches": 2}, "accumulate")],
+)
+def test_refuses_before_training(tmp_path: Path, setting: dict[str, Any], match: str) -> None:
+    callback = _dp()
+    with pytest.raises(ConfigError, match=match):
+        _trainer(tmp_path, callback, **setting).fit(Classifier(), _loader())
+    assert callback.run is None and not (tmp_path / "veil").exists()

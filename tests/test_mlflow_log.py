@@ -1,0 +1,89 @@
+"""``--mlflow``: a finished job's report read back from MLflow with ``mlflow.search_runs``."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from _docs_examples import code_blocks
+
+mlflow = pytest.importorskip("mlflow")
+
+from veil.accounting.calibrate import dpsgd_event, epsilon_of  # noqa: E402
+from veil.accounting.events import SelfComposed  # noqa: E402
+from veil.cli._mlflow import with_default_uri  # noqa: E402
+from veil.cli.main import main  # noqa: E402
+from veil.mlflow_log import LOCAL, epsilon_points, params_of  # noqa: E402
+
+
+def test_bare_flag_means_the_local_store() -> None:
+    assert with_default_uri(["train", "--mlflow"]) == ["train", "--mlflow", LOCAL]
+    assert with_default_uri(["train", "--mlflow", "--json"]) == ["train", "--mlflow", LOCAL, "--json"]
+    assert with_default_uri(["train", "--mlflow", "http://h:5000"]) == ["train", "--mlflow", "http://h:5000"]
+
+
+def test_train_run_read_back_from_mlflow(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/integrations.md's command, then its read-back with ``mlflow.search_runs``."""
+    monkeypatch.chdir(tmp_path)
+    (command,) = code_blocks("integrations.md", "bash")
+    argv = shlex.split(command.strip())
+    assert argv[:2] == ["veil", "train"] and argv[-1] == "--mlflow"
+    assert main([*argv[1:-1], "--json", "--mlflow"]) == 0  # a bare --mlflow before another option
+    report = json.loads(capsys.readouterr().out)
+    read_back = code_blocks("integrations.md", "python")[-1]
+    previous = mlflow.get_tracking_uri()
+    namespace: dict[str, Any] = {}
+    try:  # the default store, next to the run folder; found by MLflow's own search
+        exec(compile(read_back, "docs/integrations.md", "exec"), namespace)
+    finally:
+        mlflow.set_tracking_uri(previous)
+    capsys.readouterr()
+    store = f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
+    run = namespace["run"]
+    params = run.data.params
+    assert float(params["target_epsilon"]) == report["target_epsilon"] == 3.0
+    assert float(params["delta"]) == report["delta"]
+    assert float(params["noise_multiplier"]) == pytest.approx(report["noise_multiplier"])
+    assert int(params["steps"]) == report["steps"] and params["accountant"] == "pld"
+    assert params["privacy_unit"] == "one record" and params["job"] == "train"
+    client = mlflow.MlflowClient(tracking_uri=store)
+    history = client.get_metric_history(run.info.run_id, "epsilon")
+    assert len(history) > 2 and history[0].step == 0 and history[0].value == 0
+    assert history[-1].step == report["steps"]
+    assert history[-1].value == pytest.approx(report["epsilon_spent"], rel=1e-3)
+    assert run.data.metrics["non_private.test_accuracy"] == pytest.approx(
+        report["non_private"]["test_accuracy"]
+    )
+    assert "non_private.test_accuracy" in run.data.tags["non_private_metrics"]
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"report.html", "report.json"} <= artifacts
+    local = Path(client.download_artifacts(run.info.run_id, "report.json", str(tmp_path / "back")))
+    assert json.loads(local.read_text())["epsilon_spent"] == report["epsilon_spent"]
+
+
+def test_params_and_curve_of_an_external_run_report() -> None:
+    """A framework adapter's report (veil.pipeline.external): its own curve, its privacy unit."""
+    report = {
+        "target_epsilon": 3.0,
+        "delta": 1e-5,
+        "noise_multiplier": 1.1,
+        "sampling_rate": 0.01,
+        "steps": 20,
+        "accountant": "pld",
+        "privacy_unit": "one training example",
+        "dataset": {"id": "tweets", "n_train": 1000},
+        "epsilon_curve": [{"step": 10, "epsilon": 1.0}, {"step": 20, "epsilon": 1.5}],
+    }
+    assert epsilon_points(report) == [(10, 1.0), (20, 1.5)]
+    params = params_of(report, "hf-trainer")
+    assert params["dataset"] == "tweets" and params["privacy_unit"] == "one training example"
+    del report["epsilon_curve"]  # no curve: the plan's, from the accountant, to the steps taken
+    points = epsilon_points(report)
+    assert points[-1][0] == 20
+    assert points[-1][1] == pytest.approx(epsilon_of([SelfComposed(dpsgd_event(0.01, 1.1), 20)], 1e-5))
