@@ -108,3 +108,15 @@ def test_device_keystream_is_never_carried_across_a_fork_or_pickled(monkeypatch:
     monkeypatch.setattr(os, "getpid", lambda: -1)  # as in a forked child
     with pytest.raises(RuntimeError, match="fork"):
         stream.words(4)
+
+
+def test_gpu_noise_bench_runs_its_checks_on_the_cpu() -> None:
+    """``bench/secure_noise_gpu.py`` (for a session with a GPU) runs: here on the CPU, tiny settings."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "bench" / "secure_noise_gpu.py"
+    cmd = [sys.executable, str(script), "--device", "cpu", "--sizes", "1000", "--rounds", "1", "--steps", "0"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    assert "keystream checks: all passed" in out and "| 1,000 | torch.randn |" in out
