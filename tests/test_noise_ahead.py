@@ -21,14 +21,16 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from veil.engine import PrivacyEngine
 from veil.mechanisms import SecureSource, SeededSource
-from veil.noise_ahead import NoiseAhead
+from veil.noise_ahead import NoiseAhead, worth_drawing_ahead
 from veil.optimizer import release_grid
 
 N, BATCH = 40, 8
 KEY = (torch.float64, torch.device("cpu"))
 
 
-def _private(secure: bool, sigma: float = 1.3) -> tuple[PrivacyEngine, nn.Module, Any, Any]:
+def _private(
+    secure: bool, sigma: float = 1.3, default_ahead: bool = False
+) -> tuple[PrivacyEngine, nn.Module, Any, Any]:
     torch.manual_seed(0)
     model = nn.Linear(30, 20).to(torch.float64)
     data = TensorDataset(torch.randn(N, 30, dtype=torch.float64), torch.zeros(N, dtype=torch.long))
@@ -40,6 +42,8 @@ def _private(secure: bool, sigma: float = 1.3) -> tuple[PrivacyEngine, nn.Module
         noise_multiplier=sigma,
         max_grad_norm=1.0,
     )
+    if not default_ahead:
+        optimizer.draw_ahead = secure  # the default depends on the machine's free cores (tested below)
     return engine, model, optimizer, loader
 
 
@@ -104,6 +108,8 @@ def test_a_buffered_draw_of_another_size_or_key_is_discarded() -> None:
 def test_no_draw_ahead_when_it_must_not_happen(case: str) -> None:
     """Seeded: its stream order is what makes a research run reproducible, so it never draws ahead."""
     _, model, optimizer, loader = _private(secure=case != "seeded", sigma=0.0 if case == "sigma 0" else 1.3)
+    if case == "seeded":
+        optimizer.draw_ahead = True  # even when asked: a seeded source is drawn at the step
     if case == "switched off":
         optimizer.draw_ahead = False
     for _ in range(4):
@@ -162,3 +168,16 @@ def test_a_failed_draw_ahead_fails_the_step_that_takes_it() -> None:
     buffer.prepare(KEY, 8, 1.0, background=True)
     with pytest.raises(OSError, match="no entropy"):
         buffer.take(KEY, 8, 1.0)
+
+
+def test_drawing_ahead_is_the_default_where_a_core_or_device_is_free(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu, cores = torch.device("cpu"), len(os.sched_getaffinity(0))
+    assert worth_drawing_ahead([torch.device("cuda", 0)])  # the host is free while the device computes
+    monkeypatch.setattr(torch, "get_num_threads", lambda: cores)
+    assert not worth_drawing_ahead([cpu])  # every core busy with the step: the thread would compete
+    _, _, optimizer, _ = _private(secure=True, default_ahead=True)
+    assert optimizer.draw_ahead is False
+    monkeypatch.setattr(torch, "get_num_threads", lambda: cores - 1)
+    assert worth_drawing_ahead([cpu]) == (cores > 1)
+    _, _, optimizer, _ = _private(secure=True, default_ahead=True)
+    assert optimizer.draw_ahead is (cores > 1)

@@ -20,6 +20,12 @@ Both keep their draws here, under the same rules:
 * **secure sources only**: the callers never draw ahead from a seeded source, whose stream order is
   what makes a research run reproducible (results identical to drawing at the step).
 
+When it pays (:func:`worth_drawing_ahead`, the one-process default): a worker thread only saves time
+if something can run it while the step computes. Parameters on an accelerator leave the host's
+cores free; on the CPU, only cores torch's thread pool does not use. On a 2-core machine with torch
+on both, the measured effect was none for a 22M-parameter model and a loss for a 92k-parameter MLP
+(the thread and its hand-off cost more than the 0.5 ms draw), so there it is off by default.
+
 Each draw is one release of the source (a secure source keys a fresh keystream for it), so a draw
 made on a worker thread shares no key or bytes with draws made meanwhile on the main thread.
 """
@@ -37,7 +43,7 @@ import torch
 if TYPE_CHECKING:
     from veil.mechanisms.rng import RandomSource
 
-__all__ = ["NoiseAhead", "NoiseKey"]
+__all__ = ["NoiseAhead", "NoiseKey", "worth_drawing_ahead"]
 
 NoiseKey = tuple[torch.dtype, torch.device]
 
@@ -119,3 +125,11 @@ class NoiseAhead:
     def clear(self) -> None:
         """Discard every buffered draw."""
         self._ahead.clear()
+
+
+def worth_drawing_ahead(devices: list[torch.device]) -> bool:
+    """Whether a worker thread can draw noise while a step on ``devices`` computes (see module)."""
+    if any(d.type != "cpu" for d in devices):
+        return True
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return torch.get_num_threads() < cores

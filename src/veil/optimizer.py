@@ -28,7 +28,7 @@ import torch
 from torch.optim import Optimizer
 
 from veil.errors import ConfigError
-from veil.noise_ahead import NoiseAhead, NoiseKey
+from veil.noise_ahead import NoiseAhead, NoiseKey, worth_drawing_ahead
 
 if TYPE_CHECKING:
     from veil.clipping import PerSampleClipper
@@ -81,9 +81,11 @@ class DPOptimizer(Optimizer):
         self.pending_chunks = 0
         self.adaptive: Any = None  # a veil.clipping.adaptive.AdaptiveClipping hook, when enabled
         # The next step's noise, drawn on a worker thread while the next forward/backward run (secure
-        # sources only: a seeded stream is drawn at the step, in order). See veil.noise_ahead.
+        # sources only: a seeded stream is drawn at the step, in order), where a core is free for it.
+        # See veil.noise_ahead.
         self.noise_ahead = NoiseAhead(noise_source)
-        self.draw_ahead = bool(noise_source.secure)
+        devices = [p.device for p in clipper.parameters]
+        self.draw_ahead = bool(noise_source.secure) and worth_drawing_ahead(devices)
 
     @property
     def noise_draws(self) -> int:
