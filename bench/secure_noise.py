@@ -3,9 +3,12 @@
 1. One Gaussian noise draw: each source draws ``N(0, 1)`` float32 noise of the sizes below (the CNN
    and MLP of ``bench/engine.py`` need 54,314 and 92,162 coordinates a step): secure (ChaCha20
    keystream, the default), the previous secure sampler (``os.urandom``, two draws; see
-   ``legacy_noise.py``) and seeded (``torch.Generator``).
+   ``legacy_noise.py``) and seeded (``torch.Generator``'s ``normal_``: what ``torch.randn`` runs,
+   so "vs seeded" is the ratio to ``torch.randn``). 10⁷ coordinates with the others; 10⁸ (a
+   full fine-tune's worth) with ``--large-rounds`` rounds and without the previous sampler.
 2. One DP-SGD step of ``bench/engine.py``'s MLP and CNN (batch 256, σ = 1, C = 1, fixed batch) in
-   the modes plain, veil (secure), veil-urandom (the previous secure sampler) and veil-seeded.
+   the modes plain, veil (secure: its noise drawn ahead on a worker thread), veil-urandom (the
+   previous secure sampler) and veil-seeded.
 
 Everything runs in one process with rounds interleaved (one draw, or one step, of every source or
 mode per round), so load drift hits every source alike. Reported: the median and the best of the
@@ -15,13 +18,14 @@ one to trust when the machine is shared.
 
 Usage::
 
-    python bench/secure_noise.py                # sizes 54314,92162,1000000; 30 draw rounds, 100 steps
+    python bench/secure_noise.py                # 54314 … 10⁷: 30 draw rounds; 10⁸: 3; 100 steps
     python bench/secure_noise.py --rounds 100 --sizes 92162 --steps 0
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -35,20 +39,25 @@ from legacy_noise import UrandomSource
 from veil.mechanisms import SecureSource, SeededSource
 
 MODES = ("plain", "veil", "veil-urandom", "veil-seeded")
+BASELINE = "seeded (torch.Generator)"  # torch.randn's sampler, on a generator of its own
 
 
-def _steps(config: str, rounds: int) -> list[list[object]]:
+def step_rows(
+    config: str, rounds: int, modes: tuple[str, ...] = MODES, device: Any = "cpu"
+) -> list[list[object]]:
     """Rows of the step table for one model: each mode's step timed once per round, rounds interleaved."""
     import torch
 
     from engine import BATCH, build, make_mode
 
     torch.manual_seed(0)
+    dev = torch.device(device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     steps = {}
-    for mode in MODES:
+    for mode in modes:
         model, data, loss = build(config)
-        model, optimizer, _, loss = make_mode(mode, model, data(BATCH[config]), loss, BATCH[config])
-        x, y = data(BATCH[config]).tensors
+        model, optimizer, _, loss = make_mode(mode, model.to(dev), data(BATCH[config]), loss, BATCH[config])
+        x, y = (t.to(dev) for t in data(BATCH[config]).tensors)
 
         def step(model: Any = model, opt: Any = optimizer, loss: Any = loss, x: Any = x, y: Any = y) -> None:
             opt.zero_grad()
@@ -56,11 +65,13 @@ def _steps(config: str, rounds: int) -> list[list[object]]:
             opt.step()
 
         steps[mode] = step
-    times: dict[str, list[float]] = {mode: [] for mode in MODES}
+    times: dict[str, list[float]] = {mode: [] for mode in modes}
     for i in range(rounds + 3):
         for mode, step in steps.items():
+            sync()
             start = time.perf_counter()
             step()
+            sync()
             if i >= 3:
                 times[mode].append(time.perf_counter() - start)
     plain_med, plain_best = statistics.median(times["plain"]), min(times["plain"])
@@ -72,45 +83,72 @@ def _steps(config: str, rounds: int) -> list[list[object]]:
     return rows
 
 
+def draw_rows(sources: dict[str, Any], size: int, rounds: int) -> list[list[object]]:
+    """Rows of the draw table for one size: each source's draw timed once per round, interleaved."""
+    times: dict[str, list[float]] = {name: [] for name in sources}
+    for src in sources.values():
+        src.normal((size,), 1.0)  # warm-up (imports, first key)
+    for _ in range(rounds):
+        for name, src in sources.items():
+            start = time.perf_counter()
+            src.normal((size,), 1.0)
+            times[name].append(time.perf_counter() - start)
+    base = statistics.median(times[BASELINE])
+    rows: list[list[object]] = []
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        rows.append([f"{size:,}", name, med * 1e3, min(ts) * 1e3, f"{med / base:.2f}×"])
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--sizes", default="54314,92162,1000000")
+    parser.add_argument("--sizes", default="54314,92162,1000000,10000000")
     parser.add_argument("--rounds", type=int, default=30, help="interleaved rounds of noise draws")
+    parser.add_argument(
+        "--large", default="100000000", help="sizes drawn with --large-rounds rounds only (empty: none)"
+    )
+    parser.add_argument("--large-rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=100, help="interleaved rounds of steps (0: skip)")
     parser.add_argument("--configs", default="mlp,cnn")
+    parser.add_argument("--no-urandom", action="store_true", help="leave out the previous secure sampler")
     args = parser.parse_args(argv)
-    sources = {
+    load_before = _load()
+    sources: dict[str, Any] = {
         "secure (ChaCha20, one draw)": SecureSource(),
         "previous secure (os.urandom, two draws)": UrandomSource(),
-        "seeded (torch.Generator)": SeededSource(0),
+        BASELINE: SeededSource(0),
     }
-    rows = []
-    for size in (int(s) for s in args.sizes.split(",") if s):
-        times: dict[str, list[float]] = {name: [] for name in sources}
-        for src in sources.values():
-            src.normal((size,), 1.0)  # warm-up (imports, first key)
-        for _ in range(args.rounds):
-            for name, src in sources.items():
-                start = time.perf_counter()
-                src.normal((size,), 1.0)
-                times[name].append(time.perf_counter() - start)
-        seeded = statistics.median(times["seeded (torch.Generator)"])
-        for name, ts in times.items():
-            med = statistics.median(ts)
-            rows.append([f"{size:,}", name, med * 1e3, min(ts) * 1e3, f"{med / seeded:.2f}×"])
-    print(f"# Gaussian noise draw, float32, median / best of {args.rounds} interleaved rounds\n")
+    if args.no_urandom:
+        del sources["previous secure (os.urandom, two draws)"]
+    rows = [row for size in _sizes(args.sizes) for row in draw_rows(sources, size, args.rounds)]
+    large = {k: v for k, v in sources.items() if "os.urandom" not in k}  # the old sampler: minutes
+    rows += [row for size in _sizes(args.large) for row in draw_rows(large, size, args.large_rounds)]
+    print(f"# Gaussian noise draw, float32, median / best of {args.rounds} interleaved rounds")
+    print(f"({args.large_rounds} rounds for {args.large or 'no'} coordinates)\n")
     print(markdown_table(["coordinates", "source", "median ms", "best ms", "vs seeded"], rows))
     if args.steps > 0:
         print(f"\n# DP-SGD step, median / best of {args.steps} interleaved rounds (3 warm-up)\n")
-        rows = [row for config in args.configs.split(",") if config for row in _steps(config, args.steps)]
+        modes = tuple(m for m in MODES if not (args.no_urandom and m == "veil-urandom"))
+        configs = [c for c in args.configs.split(",") if c]
+        rows = [row for config in configs for row in step_rows(config, args.steps, modes)]
         header = ["model", "mode", "median ms", "best ms", "ex/s (median)", "vs plain (median)"]
         header.append("vs plain (best)")
         print(markdown_table(header, rows))
+    print(f"\nLoad average (1, 5, 15 min) before: {load_before}; after: {_load()}")
     print("\nMachine:\n")
     print(describe_machine("cpu"))
     return 0
+
+
+def _sizes(text: str) -> list[int]:
+    return [int(s) for s in text.split(",") if s]
+
+
+def _load() -> str:
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
 if __name__ == "__main__":

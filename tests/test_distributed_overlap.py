@@ -76,10 +76,10 @@ def test_each_step_adds_the_draw_made_during_the_previous_all_reduce_once(group:
     seen: list[torch.Tensor] = [_noise_step(model, optimizer, loader)]  # step 1: nothing buffered yet
     assert optimizer.noise_draws == 2  # this step's draw, then the next step's, while in flight
     for step in range(2, 7):
-        buffered = optimizer._ahead[key][1].clone()
+        buffered = optimizer.noise_ahead.peek(key)[1].clone()
         noise = _noise_step(model, optimizer, loader)
         assert torch.equal(noise, _rounded(buffered, std)), step  # the buffered draw was the one added
-        assert not torch.equal(optimizer._ahead[key][1], buffered)  # ... and replaced by a new one
+        assert not torch.equal(optimizer.noise_ahead.peek(key)[1], buffered)  # ... and replaced by a new one
         assert optimizer.noise_draws == step + 1  # one draw per step (plus the one ahead)
         seen.append(noise)
     # no draw was added to two steps: two independent rounded draws agree on ~0.1 % of coordinates
@@ -93,13 +93,13 @@ def test_a_buffered_draw_of_another_std_is_discarded(group: None) -> None:
     model, optimizer, loader = _private(secure=True)
     key = (torch.float64, torch.device("cpu"))
     _noise_step(model, optimizer, loader)
-    old = optimizer._ahead[key][1].clone()
+    old = optimizer.noise_ahead.peek(key)[1].clone()
     optimizer.noise_multiplier = 2.6  # what adaptive clipping does to σΔ between steps
     noise = _noise_step(model, optimizer, loader)
     assert not torch.equal(noise, _rounded(old, 1.3 / BATCH))
     assert not torch.equal(noise, _rounded(old, 2.6 / BATCH))
     assert optimizer.noise_draws == 4  # step 1 + ahead, then a fresh one (the old one dropped) + ahead
-    assert optimizer._ahead[key][0] == pytest.approx(2.6 / BATCH)
+    assert optimizer.noise_ahead.peek(key)[0] == pytest.approx(2.6 / BATCH)
 
 
 @pytest.mark.parametrize("case", ["seeded", "switched off", "sigma 0"])
@@ -110,7 +110,7 @@ def test_no_draw_ahead_when_it_must_not_happen(group: None, case: str) -> None:
         optimizer.overlap_noise = False
     for _ in range(4):
         _noise_step(model, optimizer, loader)
-    assert optimizer._ahead == {}
+    assert len(optimizer.noise_ahead) == 0
     assert optimizer.noise_draws == (0 if case == "sigma 0" else 4)
     assert optimizer.reductions == 4
 
@@ -123,7 +123,7 @@ def test_the_buffered_draw_is_not_in_a_checkpoint(group: None) -> None:
     model, optimizer, loader = _private(secure=True)
     for _ in range(2):
         _noise_step(model, optimizer, loader)
-    ((_, buffered),) = optimizer._ahead.values()
+    _, buffered = optimizer.noise_ahead.peek((torch.float64, torch.device("cpu")))
     needle = buffered[:16].contiguous().numpy().tobytes()  # 16 float64 noise values, 128 bytes
 
     def saved(obj: Any) -> bytes:

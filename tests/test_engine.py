@@ -344,6 +344,9 @@ def _steps_that_consume_global_rng(engine: PrivacyEngine, steps: int = 3) -> lis
     global generator when an iterator starts; that is not noise), and the model has no dropout, so
     only the engine's noise and clipping run inside it."""
     _, (model, optimizer, loader) = _private(_mlp(), engine=engine, physical_batch_size=3)
+    # Every draw inside the window: a draw made ahead runs on a worker thread after the step (the same
+    # source method, at a time the window cannot pin down).
+    optimizer.draw_ahead = False
     crit = nn.CrossEntropyLoss()
     consumed, done = [], 0
     for x, y in loader:

@@ -1,11 +1,15 @@
 """The secure Gaussian stream: ChaCha20 keystream, Box–Muller transform, tails, forks, key hygiene.
 
+Two transforms are checked alike: the float64 one (64-bit words, float64 noise) and the float32 one
+(32-bit words; float32/bf16/fp16 noise, on the host in numpy and on a device in torch, run here on the
+CPU through the torch ChaCha20).
+
 Statistical tests. Every check in :func:`misfits` is at α = 1e-7 and there are 13 of them, so one
-call on a correct sampler fails with probability ≤ 1.3e-6. This file makes four such calls on fresh
+call on a correct sampler fails with probability ≤ 1.3e-6. This file makes six such calls on fresh
 secure draws and two uniformity tests of keystream bytes at 1e-7 (the other statistical tests use
-seeded words and are deterministic): it fails spuriously with probability < 6e-6 per run. The same
-checks are run on deliberately broken samplers (built from seeded words, so deterministic) and must
-reject every one: the tests can fail.
+seeded words and are deterministic): it fails spuriously with probability < 1e-5 per run. The same
+checks are run on deliberately broken samplers (built from seeded words, so deterministic), for both
+transforms, and must reject every one (a std off by 2 % among them): the tests can fail.
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ import pytest
 import torch
 from scipy import stats
 
-from veil.mechanisms import SecureSource, keystream
+from veil.mechanisms import SecureSource, box_muller, keystream
 from veil.mechanisms import rng as rng_module
+from veil.mechanisms.box_muller import angle_from_words32, exponential_from_words32
 from veil.mechanisms.keystream import ChaChaKeystream
 from veil.mechanisms.rng import angle_from_words, exponential_from_words
 
@@ -72,13 +77,21 @@ def misfits(z: np.ndarray, std: float) -> list[str]:
     return failed
 
 
-def _seeded_words(seed: int) -> Callable[[int], np.ndarray]:
+def _seeded_words(seed: int, width: int = 64) -> Callable[[int], np.ndarray]:
+    """Seeded keystream stand-ins: uint64 words (the float64 transform) or int32 (the float32 one)."""
     gen = np.random.Generator(np.random.PCG64(seed))
+    if width == 32:
+        return lambda k: (
+            np.asarray(gen.bit_generator.random_raw(k), dtype=np.uint64).astype(np.uint32).view(np.int32)
+        )
     return lambda k: np.asarray(gen.bit_generator.random_raw(k), dtype=np.uint64)
 
 
-def _pairs(words: Callable[[int], np.ndarray], m: int) -> tuple[np.ndarray, np.ndarray]:
+def _pairs(words: Callable[[int], np.ndarray], m: int, width: int = 64) -> tuple[np.ndarray, np.ndarray]:
     w = words(2 * m)
+    if width == 32:
+        e, theta = exponential_from_words32(w[:m], words), angle_from_words32(w[m:])
+        return e.astype(np.float64), theta.astype(np.float64)
     return exponential_from_words(w[:m], words), angle_from_words(w[m:])
 
 
@@ -96,12 +109,23 @@ def test_secure_normal_is_gaussian(dtype: torch.dtype) -> None:
     assert misfits(z.double().numpy(), std) == []
 
 
-def test_secure_normal_is_gaussian_across_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_secure_normal_is_gaussian_across_chunks(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype) -> None:
     monkeypatch.setattr(SecureSource, "_NORMAL_CHUNK", 1001)  # odd chunks: pairs split at every boundary
-    z = SecureSource().normal((2, 100_000), 0.25).flatten().double().numpy()
+    monkeypatch.setattr(box_muller, "CHUNK", 1001)
+    z = SecureSource().normal((2, 100_000), 0.25, dtype=dtype).flatten().double().numpy()
     # The chunked layout interleaves cos and sin halves per chunk; the moment, CDF and tail checks
     # are layout-free (the pair checks then compare arbitrary halves, still independent).
     assert misfits(z, 0.25) == []
+
+
+def test_device_keystream_path_is_gaussian(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The accelerator path (torch ChaCha20 and the torch spelling of the transform), run on the CPU."""
+    monkeypatch.setattr(rng_module, "uses_device_keystream", lambda device: True)
+    src = SecureSource()
+    z = src.normal((N,), 1.5)
+    assert z.dtype == torch.float32 and src.release_keys == 1
+    assert misfits(z.double().numpy(), 1.5) == []
 
 
 def test_secure_standard_normal_is_gaussian() -> None:
@@ -120,8 +144,9 @@ def test_secure_normal_edge_shapes_and_scales() -> None:
 
 
 # -- the checks have power: each deliberate error is rejected -------------------------------------
-def test_the_checks_accept_the_transform_on_seeded_words() -> None:
-    assert misfits(_box_muller(*_pairs(_seeded_words(1), N // 2)), 1.0) == []
+@pytest.mark.parametrize("width", [64, 32])
+def test_the_checks_accept_the_transform_on_seeded_words(width: int) -> None:
+    assert misfits(_box_muller(*_pairs(_seeded_words(1, width), N // 2, width)), 1.0) == []
 
 
 @pytest.mark.parametrize(
@@ -134,10 +159,12 @@ def test_the_checks_accept_the_transform_on_seeded_words() -> None:
         ("both halves share one angle", "pair correlation of squares"),
     ],
 )
-def test_the_checks_reject_a_slightly_wrong_sampler(mutant: str, expected: str) -> None:
-    words = _seeded_words(2)
+@pytest.mark.parametrize("width", [64, 32])
+def test_the_checks_reject_a_slightly_wrong_sampler(mutant: str, expected: str, width: int) -> None:
+    """Each planted error, in the float64 (64-bit words) and the float32 (32-bit words) transform."""
+    words = _seeded_words(2, width)
     m = N // 2
-    e, theta = _pairs(words, m)
+    e, theta = _pairs(words, m, width)
     if mutant == "std x 1.02":
         z = 1.02 * _box_muller(e, theta)
     elif mutant == "radius from a biased uniform u^1.02":
@@ -147,7 +174,7 @@ def test_the_checks_reject_a_slightly_wrong_sampler(mutant: str, expected: str) 
     elif mutant == "angle on half the circle":
         z = _box_muller(e, theta / 2.0)
     else:  # both halves share one angle
-        r1, r2 = np.sqrt(2.0 * e), np.sqrt(2.0 * _pairs(words, m)[0])
+        r1, r2 = np.sqrt(2.0 * e), np.sqrt(2.0 * _pairs(words, m, width)[0])
         z = np.concatenate([r1 * np.cos(theta), r2 * np.cos(theta)])
     # (A radius truncated at 6.66σ, as 32-bit uniforms give, moves 2e-10 of the mass: no sample of
     # the output can see it. test_a_truncated_radius_fails_the_tail_check is the test for that.)
@@ -155,37 +182,46 @@ def test_the_checks_reject_a_slightly_wrong_sampler(mutant: str, expected: str) 
 
 
 # -- the radius far into the tail ------------------------------------------------------------------
+@pytest.mark.parametrize("width", [64, 32])
 @pytest.mark.parametrize("levels", [1, 3, 8, 40])
-def test_radius_is_exact_far_into_the_tail(levels: int) -> None:
-    """Condition on ``U < 2^(−12·levels)`` by feeding words whose top 12 bits are zero: by the memoryless
-    property ``E − 12·levels·ln 2`` is again ``Exp(1)`` (KS, seeded, α = 1e-7). ``levels = 40`` is the
-    radius beyond 25.8σ, past any fixed-width uniform (64 bits stop at 9.42σ)."""
-    assert _tail_excess_pvalue(levels) > ALPHA
-    assert np.sqrt(2.0 * (_tail_excess(levels) + 12 * levels * LN2)).min() >= math.sqrt(24 * levels * LN2)
+def test_radius_is_exact_far_into_the_tail(levels: int, width: int) -> None:
+    """Condition on ``U < 2^(−b·levels)`` by feeding words whose top ``b`` bits are zero (b = 12 for
+    64-bit words, 9 for 32-bit): by the memoryless property ``E − b·levels·ln 2`` is again ``Exp(1)``
+    (KS, seeded, α = 1e-7). ``levels = 40`` is the radius beyond 25.8σ (22.3σ), past any fixed-width
+    uniform (64 bits stop at 9.42σ, 32 bits at 6.66σ)."""
+    bits = 12 if width == 64 else 9
+    assert _tail_excess_pvalue(levels, width) > ALPHA
+    radius = np.sqrt(2.0 * (_tail_excess(levels, width) + bits * levels * LN2))
+    assert radius.min() >= math.sqrt(2 * bits * levels * LN2) * (1 - 1e-6)
 
 
-def _tail_excess(levels: int, n: int = 20_000) -> np.ndarray:
-    raw = _seeded_words(100 + levels)
+def _tail_excess(levels: int, width: int = 64, n: int = 20_000) -> np.ndarray:
+    raw = _seeded_words(100 + levels, width)
     calls = 0
+    bits = 12 if width == 64 else 9
 
-    def low(k: int) -> np.ndarray:  # words whose top 12 bits are zero
-        return raw(k) & np.uint64((1 << 52) - 1)
+    def low(k: int) -> np.ndarray:  # words whose top `bits` bits are zero
+        w = raw(k)
+        return w & w.dtype.type((1 << (width - bits)) - 1)
 
     def more(k: int) -> np.ndarray:
         nonlocal calls
         calls += 1
         return low(k) if calls < levels else raw(k)
 
-    return exponential_from_words(low(n), more) - 12 * levels * LN2
+    transform = exponential_from_words if width == 64 else exponential_from_words32
+    return transform(low(n), more).astype(np.float64) - bits * levels * LN2
 
 
-def _tail_excess_pvalue(levels: int) -> float:
-    return float(stats.kstest(_tail_excess(levels), "expon").pvalue)
+def _tail_excess_pvalue(levels: int, width: int = 64) -> float:
+    return float(stats.kstest(_tail_excess(levels, width), "expon").pvalue)
 
 
-def test_a_truncated_radius_fails_the_tail_check(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rng_module, "_MAX_EXTRA_WORDS", 2)  # a radius word of 36 bits at most
-    assert _tail_excess_pvalue(8) < ALPHA
+@pytest.mark.parametrize("width", [64, 32])
+def test_a_truncated_radius_fails_the_tail_check(monkeypatch: pytest.MonkeyPatch, width: int) -> None:
+    # a radius word of 36 (27) bits at most
+    monkeypatch.setattr(rng_module if width == 64 else box_muller, "_MAX_EXTRA_WORDS", 2)
+    assert _tail_excess_pvalue(8, width) < ALPHA
 
 
 # -- the keystream ---------------------------------------------------------------------------------
@@ -212,11 +248,14 @@ def test_keystream_rekeys_per_volume_and_per_release(monkeypatch: pytest.MonkeyP
     assert stream.rekeys == 1
     stream.read(1 << 19)  # crosses the lowered limit four times: a fresh key each time
     assert stream.rekeys == 5
-    src = SecureSource()
-    before = src._stream.rekeys
-    for _ in range(3):
-        src.normal((10,), 1.0)
-    assert src._stream.rekeys == before + 3  # one key per Gaussian release
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        src = SecureSource()
+        keys = _count_keys(monkeypatch)
+        for _ in range(3):
+            src.normal((10,), 1.0, dtype=dtype)
+        assert keys == [32] * 3 and src.release_keys == 3  # one fresh OS key per Gaussian release
+        monkeypatch.undo()
+        monkeypatch.setattr(keystream, "REKEY_BYTES", 1 << 17)
     assert len(first) == 1 << 16
     # Small reads (served from a buffered block) stay whole across re-keys by volume and by release.
     small = ChaChaKeystream()
@@ -228,6 +267,20 @@ def test_keystream_rekeys_per_volume_and_per_release(monkeypatch: pytest.MonkeyP
     assert [len(g) for g in got] == [1 + i % 37 for i in range(200)]
     long_reads = [g for g in got if len(g) >= 8]
     assert small.rekeys == 1 + 4 and len(set(long_reads)) == len(long_reads)
+
+
+def _count_keys(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The sizes of the ``os.urandom`` calls that draw 32-byte keys from now on."""
+    keys: list[int] = []
+    real = os.urandom
+
+    def counting(n: int) -> bytes:
+        if n == 32:
+            keys.append(n)
+        return real(n)
+
+    monkeypatch.setattr(os, "urandom", counting)
+    return keys
 
 
 def test_keystream_bytes_are_uniform() -> None:
@@ -318,26 +371,58 @@ def test_import_veil_does_not_import_cryptography() -> None:
     assert out.stdout.strip() == "False"
 
 
+class _FedStream:
+    """A stand-in keystream that hands out given words, in the order asked, and checks the sizes."""
+
+    def __init__(self, words: list[np.ndarray]) -> None:
+        self.words = words
+
+    def fill(self, out: np.ndarray) -> None:
+        given = self.words.pop(0)
+        assert given.size == out.size and given.dtype.itemsize == out.dtype.itemsize
+        out[:] = given.view(out.dtype)
+
+
 def test_transform_matches_its_closed_form(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Known words through ``SecureSource.normal``: (u = ½, θ = π/2), (u = 2⁻¹², θ = 0), then a radius
-    word with 12 leading zeros continued by a fresh word (u = 2⁻¹²·¾, θ = 0), against the closed form
-    ``std·√(−2 ln u)·(cos θ, sin θ)``."""
+    """Known words through ``SecureSource.normal`` (float64): (u = ½, θ = π/2), (u = 2⁻¹², θ = 0), then a
+    radius word with 12 leading zeros continued by a fresh word (u = 2⁻¹²·¾, θ = 0), against the closed
+    form ``std·√(−2 ln u)·(cos θ, sin θ)``."""
     half = np.uint64(1 << 63)  # top 12 bits 1000…: no leading zero, mantissa 0 → u = ½
     tiny = np.uint64(1 << 52)  # top 12 bits 0…01: 11 leading zeros → u = 2⁻¹²
     quarter_turn, zero_turn = np.uint64((1 << 51) << 11), np.uint64(0)
     words = [np.array([half, tiny, 0, quarter_turn, zero_turn, zero_turn], dtype=np.uint64)]
     words.append(np.array([(1 << 63) | (1 << 51)], dtype=np.uint64))  # continues the third radius: u' = ¾
-
-    def feed(n: int) -> np.ndarray:
-        assert n == len(words[0])
-        return words.pop(0)
-
     src = SecureSource()
-    monkeypatch.setattr(src, "_raw_uint64", feed)
+    monkeypatch.setattr(src, "_release_stream", lambda: _FedStream(words))
     z = src.normal((6,), 2.0, dtype=torch.float64).numpy()
     r = 2.0 * np.sqrt(-2.0 * np.log([0.5, 2.0**-12, 0.75 * 2.0**-12]))
     expected = np.concatenate([r * np.cos([math.pi / 2, 0.0, 0.0]), r * np.sin([math.pi / 2, 0.0, 0.0])])
     np.testing.assert_allclose(z, expected, rtol=1e-14, atol=1e-15)
+
+
+@pytest.mark.parametrize("path", ["host", "device"])
+def test_float32_transform_matches_its_closed_form(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+    """The float32 transform on known 32-bit words, in numpy (host) and in torch (the device path):
+    (u = ½, θ = π/2), (u = 2⁻⁹, θ = 0), then a radius word with 9 leading zeros continued by a fresh
+    word (u = 2⁻⁹·¾, θ = π), against the closed form to float32 accuracy."""
+    half, tiny = np.uint32(1 << 31), np.uint32(1 << 23)  # top 9 bits 1…: u = ½; 0…01: u = 2⁻⁹
+    quarter_turn, half_turn = np.uint32(1 << 30), np.uint32(1 << 31)  # j = 2²² and 2²³ of 2²⁴
+    words = [np.array([half, tiny, 0, quarter_turn, 0, half_turn], dtype=np.uint32)]
+    words.append(np.array([(1 << 31) | (1 << 22)], dtype=np.uint32))  # continues the third radius: u' = ¾
+
+    def feed(k: int) -> object:
+        given = words.pop(0).view(np.int32)
+        assert given.size == k
+        return given if path == "host" else torch.from_numpy(given.copy())
+
+    src = SecureSource()
+    monkeypatch.setattr(rng_module, "uses_device_keystream", lambda device: path == "device")
+    monkeypatch.setattr(src, "_release_words", lambda device: feed)
+    z = src.normal((6,), 2.0).numpy()
+    r = 2.0 * np.sqrt(-2.0 * np.log([0.5, 2.0**-9, 0.75 * 2.0**-9]))
+    angles = [math.pi / 2, 0.0, math.pi]
+    expected = np.concatenate([r * np.cos(angles), r * np.sin(angles)])
+    np.testing.assert_allclose(z, expected, rtol=3e-6, atol=3e-6)
 
 
 def test_secure_noise_bench_runs() -> None:

@@ -28,6 +28,7 @@ import torch
 from torch.optim import Optimizer
 
 from veil.errors import ConfigError
+from veil.noise_ahead import NoiseAhead, NoiseKey, worth_drawing_ahead
 
 if TYPE_CHECKING:
     from veil.clipping import PerSampleClipper
@@ -80,6 +81,17 @@ class DPOptimizer(Optimizer):
         self.pending_chunks = 0
         self.adaptive: Any = None  # a veil.clipping.adaptive.AdaptiveClipping hook, when enabled
         self.loss_guard: Any = None  # a veil.per_example_loss.LoopLossGuard, set by the engine
+        # The next step's noise, drawn on a worker thread while the next forward/backward run (secure
+        # sources only: a seeded stream is drawn at the step, in order), where a core is free for it.
+        # See veil.noise_ahead.
+        self.noise_ahead = NoiseAhead(noise_source)
+        devices = [p.device for p in clipper.parameters]
+        self.draw_ahead = bool(noise_source.secure) and worth_drawing_ahead(devices)
+
+    @property
+    def noise_draws(self) -> int:
+        """Noise draws made so far (ahead or at the step), for tests and logs."""
+        return self.noise_ahead.draws
 
     @property
     def noise_std(self) -> float:
@@ -129,6 +141,7 @@ class DPOptimizer(Optimizer):
             self.adaptive.release()  # the noisy count and the next C, after this step's clipping
         self.clipper.reset()
         self.pending_chunks = 0
+        self._draw_next_noise_ahead()
         return loss
 
     def noisy_count(self, centred: float, std: float) -> float:
@@ -136,6 +149,19 @@ class DPOptimizer(Optimizer):
         source (adaptive clipping's released count; a distributed optimizer sums the ranks' counts
         and draws the noise once)."""
         return centred + float(self._noise.normal((1,), std, dtype=torch.float64)[0])
+
+    def _draw_next_noise_ahead(self) -> None:
+        """Start drawing the next step's noise on a worker thread, at the σΔ/B known now.
+
+        Taken by the next step only if it still fits (same σΔ/B, parameters, dtype and device; see
+        :mod:`veil.noise_ahead`); a seeded source never draws ahead.
+        """
+        std = self.noise_std / self._denominator
+        if not (self.draw_ahead and self._noise.secure) or std == 0:
+            return
+        for key, members in self._noise_groups().items():
+            numel = sum(self.clipper.parameters[i].numel() for i in members)
+            self.noise_ahead.prepare(key, numel, std, background=True)
 
     @torch.no_grad()
     def _write_private_grads(self) -> None:
@@ -145,7 +171,9 @@ class DPOptimizer(Optimizer):
         ``N(0, (σΔ/B)²)`` for all the group's coordinates (at float32 for bfloat16/float16
         parameters, else at the parameter's dtype), whose slices become the gradients after the
         clipped sum, scaled by ``1/B``, is added to them; each coordinate therefore carries noise
-        of std ``σΔ/B``, independent across coordinates and steps.
+        of std ``σΔ/B``, independent across coordinates and steps. With a secure source the draw
+        is made ahead, on a worker thread while this step's forward and backward ran, and used here
+        only if it still fits (:mod:`veil.noise_ahead`); with a seeded source, here, in order.
 
         The noisy gradient is then rounded to a fixed grid (a power of two near ``σΔ/B / 256``, see
         :func:`release_grid`): a post-processing, so no privacy is lost. Without it, float32
@@ -156,6 +184,7 @@ class DPOptimizer(Optimizer):
         std = self.noise_std
         sums = self.clipper.clipped_sum()
         if std == 0:
+            self.noise_ahead.clear()
             for p, summed in zip(self.clipper.parameters, sums, strict=True):
                 # A new tensor: the clipper's accumulator keeps Σ clip(g_i) until reset() (an
                 # auditor reads it); low-precision parameters are divided at float32, cast once.
@@ -165,16 +194,16 @@ class DPOptimizer(Optimizer):
             return
         inverse = 1.0 / self._denominator
         grid = release_grid(std * inverse)
-        for (work, device), members in self._noise_groups().items():
+        for key, members in self._noise_groups().items():
             numels = [self.clipper.parameters[i].numel() for i in members]
-            flat = self._noise.normal((sum(numels),), std * inverse, dtype=work, device=device)
+            flat = self.noise_ahead.take(key, sum(numels), std * inverse)  # drawn ahead, or now
             for i, piece in zip(members, flat.split(numels), strict=True):
                 p = self.clipper.parameters[i]
                 g = piece.view(p.shape).add_(sums[i], alpha=inverse)
                 g.div_(grid).round_().mul_(grid)  # exact: grid is a power of two
                 p.grad = g if g.dtype == p.dtype else g.to(p.dtype)
 
-    def _noise_groups(self) -> dict[tuple[torch.dtype, torch.device], list[int]]:
+    def _noise_groups(self) -> dict[NoiseKey, list[int]]:
         """Indices of the clipped parameters per (noise dtype, device): ≥ float32, the parameter's own."""
         groups: dict[tuple[torch.dtype, torch.device], list[int]] = {}
         for i, p in enumerate(self.clipper.parameters):

@@ -27,13 +27,13 @@ stay identical.
 Overlap (secure source only). The all-reduce is started asynchronously; while it is in flight —
 time a rank otherwise spends waiting for its peers and for the transport — the rank draws its noise
 slice for the *next* step (same shape, same standard deviation, same dtype and device), and the next
-step adds that draw instead of drawing one then. The draw is independent of all data and is used for
-exactly one step: it is taken out of the buffer when it is added, and a buffered draw whose
-standard deviation no longer matches (adaptive clipping changed C) is discarded and replaced by a
-fresh one, so every coordinate of every step still carries exactly one N(0, σ²Δ²) draw. Nothing of
-the buffer is checkpointed (a resumed secure run draws fresh noise, as it always did). The seeded
-source never draws ahead: its stream order is what lets a 2-rank run reproduce the 1-process run
-and a resumed run reproduce an uninterrupted one. Why no per-layer buckets: on gloo several
+step adds that draw instead of drawing one then. The draw is independent of all data and is kept in
+the single-process optimizer's buffer, :class:`~veil.noise_ahead.NoiseAhead`, under its rules: used
+for exactly one step, discarded when its standard deviation or size no longer matches (adaptive
+clipping changed C), never checkpointed, never carried into a forked child, never drawn from a
+seeded source (whose stream order is what lets a 2-rank run reproduce the 1-process run and a
+resumed run reproduce an uninterrupted one). Here the draw is made on the calling thread during the
+all-reduce, not on a worker thread after the step. Why no per-layer buckets: on gloo several
 concurrent all-reduces of the pieces cost more than one of the whole buffer (measured in
 ``docs/distributed.md``), so each step reduces one flat buffer per parameter dtype/device group.
 
@@ -72,10 +72,10 @@ class DistributedDPOptimizer(DPOptimizer):
         self.world_size = int(world_size)
         self.group = group
         self.reductions = 0  # all-reduce calls made, for tests and logs
-        # Draw the next step's noise slice while the all-reduce is in flight (secure source only).
+        # Draw the next step's noise slice while the all-reduce is in flight (secure source only),
+        # instead of on a worker thread after the step as one process does.
         self.overlap_noise = True
-        self.noise_draws = 0  # noise draws made (prefetched or not), for tests
-        self._ahead: dict[tuple[torch.dtype, torch.device], tuple[float, torch.Tensor]] = {}
+        self.draw_ahead = False
 
     @property
     def shares_noise(self) -> bool:
@@ -87,20 +87,6 @@ class DistributedDPOptimizer(DPOptimizer):
         if not self.shares_noise:
             return (0, numel) if self.rank == 0 else (0, 0)
         return numel * self.rank // self.world_size, numel * (self.rank + 1) // self.world_size
-
-    def _draw(self, numel: int, std: float, work: torch.dtype, device: torch.device) -> torch.Tensor:
-        self.noise_draws += 1
-        return self._noise.normal((numel,), std, dtype=work, device=device)
-
-    def _slice_noise(self, key: tuple[torch.dtype, torch.device], numel: int, std: float) -> torch.Tensor:
-        """This step's noise for this rank's slice of group ``key``: the buffered draw if it fits, else new.
-
-        A buffered draw leaves the buffer here, so it is added to exactly one step.
-        """
-        ahead = self._ahead.pop(key, None)
-        if ahead is not None and ahead[0] == std and ahead[1].numel() == numel:
-            return ahead[1]
-        return self._draw(numel, std, *key)
 
     @torch.no_grad()
     def noisy_count(self, centred: float, std: float) -> float:
@@ -145,7 +131,7 @@ class DistributedDPOptimizer(DPOptimizer):
             flat.mul_(inverse)
             lo, hi = self.noise_slice(flat.numel())
             if std > 0 and hi > lo:
-                flat[lo:hi].add_(self._slice_noise(key, hi - lo, std * inverse))
+                flat[lo:hi].add_(self.noise_ahead.take(key, hi - lo, std * inverse))
                 if self.overlap_noise and self.shares_noise:
                     ahead.append((key, hi - lo))
             work_handle = dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
@@ -153,7 +139,7 @@ class DistributedDPOptimizer(DPOptimizer):
             in_flight.append((work_handle, flat, members, numels))
         try:
             for key, numel in ahead:  # while the reductions are in flight: the next step's noise
-                self._ahead[key] = (std * inverse, self._draw(numel, std * inverse, *key))
+                self.noise_ahead.prepare(key, numel, std * inverse, background=False)
         finally:  # a failed draw ahead still completes this step's collectives on every rank
             for work_handle, *_ in in_flight:
                 work_handle.wait()

@@ -304,6 +304,7 @@ class SecureSource(RandomSource):
 
     def __init__(self) -> None:
         self._stream = ChaChaKeystream()
+        self.release_keys = 0  # keys drawn for Gaussian releases (one each; tests check it, no secret)
 
     def __repr__(self) -> str:
         return "SecureSource()"
@@ -325,10 +326,20 @@ class SecureSource(RandomSource):
         nbytes = (k + 7) // 8
         return int.from_bytes(self._stream.read(nbytes), "little") >> (8 * nbytes - k)
 
-    def _polar_pairs(self, m: int) -> tuple[np.ndarray, np.ndarray]:
-        """``m`` Box–Muller pairs ``(E, θ)`` from the keystream: ``E ~ Exp(1)``, ``θ`` uniform on [0, 2π)."""
-        words = self._raw_uint64(2 * m)
-        return exponential_from_words(words[:m], self._raw_uint64), angle_from_words(words[m:])
+    def _polar_pairs(
+        self, m: int, raw: Callable[[int], np.ndarray] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``m`` Box–Muller pairs ``(E, θ)`` from ``raw`` (default: this source's stream): ``E ~ Exp(1)``,
+        ``θ`` uniform on [0, 2π)."""
+        raw = self._raw_uint64 if raw is None else raw
+        words = raw(2 * m)
+        return exponential_from_words(words[:m], raw), angle_from_words(words[m:])
+
+    def _release_stream(self) -> ChaChaKeystream:
+        """A keystream of its own for one Gaussian release: a fresh OS key, shared with no other
+        release and no other thread (a draw made ahead on a worker thread included)."""
+        self.release_keys += 1
+        return ChaChaKeystream()
 
     def standard_normal(self, size: int | tuple[int, ...]) -> np.ndarray:
         """float64 ``N(0, 1)`` by the Box–Muller transform of :meth:`normal` (fresh key per call)."""
@@ -348,13 +359,23 @@ class SecureSource(RandomSource):
         dtype: torch.dtype | None = None,
         device: torch.device | str = "cpu",
     ) -> torch.Tensor:
-        """CSPRNG Gaussian noise: one float64 Box–Muller draw per coordinate, scaled, then cast.
+        """CSPRNG Gaussian noise: one Box–Muller draw per coordinate, scaled (float32 or float64).
+
+        Two transforms, both below: ``dtype=torch.float64`` gets the float64 transform described
+        here (8 keystream bytes a coordinate, on the host); float32, bfloat16 and float16 get the
+        float32 transform of :mod:`veil.mechanisms.box_muller` (4 bytes a coordinate, torch ops,
+        several times faster; its docstring gives the argument why float32 arithmetic keeps this
+        guarantee for noise that ends in float32 or coarser), made on ``device``: from the host
+        keystream for the CPU, from the ChaCha20 of :mod:`veil.mechanisms.chacha_torch` run on the
+        accelerator otherwise.
 
         **What is protected.** The noise of a Gaussian release (a DP-SGD step's ``N(0, σ²Δ²I)``,
         an adaptive-clipping count) must be (i) unpredictable: not recomputable from anything the
         run writes or any seed, and (ii) Gaussian at the resolution the release exposes. (i) is the
-        keystream's job: a fresh OS key for every call (so one key never spans two releases), for
-        every forked process, and nothing of it in :meth:`state_dict` or a pickle. The guarantee
+        keystream's job: a fresh OS key for every call (a keystream of the call's own, so one key
+        never spans two releases, even when a worker thread draws the next step's noise while
+        another release is drawn), for every forked process, and nothing of it in
+        :meth:`state_dict` or a pickle. The guarantee
         therefore rests on ChaCha20's keystream being indistinguishable from uniform bytes to a
         computationally bounded adversary: it is a *computational* DP guarantee, as is every
         CSPRNG-based DP library's (``os.urandom`` itself is a ChaCha20 generator on Linux).
@@ -405,18 +426,49 @@ class SecureSource(RandomSource):
         dims = _check_size(shape)
         n = math.prod(dims)
         dev = torch.device(device)
+        if out_dtype != torch.float64:  # float32, and bfloat16/float16 made at float32 and rounded once
+            from veil.mechanisms.box_muller import normal_from_words
+
+            noise = torch.empty(n, dtype=torch.float32, device=dev)
+            on_device = uses_device_keystream(dev)
+            normal_from_words(noise if on_device else noise.numpy(), self._release_words(dev), std)
+            return (noise if out_dtype == torch.float32 else noise.to(out_dtype)).reshape(dims)
         out = torch.empty(n, dtype=out_dtype, device=dev)
-        self._stream.rekey()  # one key per release: the next release's noise is independent of this key
+        stream = self._release_stream()  # one key per release: the next release is independent of it
+        raw = _words64(stream)
         for start in range(0, n, self._NORMAL_CHUNK):  # bounded memory for model-sized tensors
             k = min(self._NORMAL_CHUNK, n - start)
             m = (k + 1) // 2
-            e, theta = self._polar_pairs(m)
+            e, theta = self._polar_pairs(m, raw)
             r = torch.from_numpy(e).to(dev).mul_(2.0).sqrt_().mul_(std)
             angle = torch.from_numpy(theta).to(dev)
             seg = out[start : start + k]
             seg[:m].copy_(torch.cos(angle).mul_(r))
             seg[m:].copy_(angle.sin_().mul_(r)[: k - m])
         return out.reshape(dims)
+
+    def _release_words(self, device: torch.device) -> Callable[[int], Any]:
+        """int32 keystream words for one release, made where the noise is needed, under a fresh key.
+
+        On the host: numpy words from the ``cryptography`` ChaCha20 of :meth:`_release_stream`. On
+        an accelerator (:func:`uses_device_keystream`): tensors from the same cipher in torch ops on
+        the device (:mod:`veil.mechanisms.chacha_torch`), keyed from ``os.urandom`` on the host, so
+        the noise is never drawn on the host and copied.
+        """
+        if uses_device_keystream(device):
+            from veil.mechanisms.chacha_torch import DeviceKeystream
+
+            self.release_keys += 1
+            return DeviceKeystream(device).words
+        stream = self._release_stream()
+
+        def words(k: int) -> np.ndarray:
+            buf = np.empty(k, dtype=np.int32)
+            if k:
+                stream.fill(buf)
+            return buf
+
+        return words
 
     def state_dict(self) -> dict[str, Any]:
         return {"secure": True}
@@ -477,6 +529,23 @@ def angle_from_words(words: np.ndarray) -> np.ndarray:
     """``θ = 2π·j·2⁻⁵³`` (float64) with ``j`` the top 53 bits of each uint64 word."""
     j = np.asarray(words, dtype=np.uint64) >> np.uint64(11)
     return j.astype(np.float64) * _ANGLE_STEP
+
+
+def uses_device_keystream(device: torch.device) -> bool:
+    """Whether secure noise for ``device`` is made there (torch ChaCha20) rather than on the host."""
+    return device.type != "cpu"
+
+
+def _words64(stream: ChaChaKeystream) -> Callable[[int], np.ndarray]:
+    """``k ↦`` the next ``k`` uint64 words of ``stream``."""
+
+    def raw(k: int) -> np.ndarray:
+        out = np.empty(k, dtype=np.uint64)
+        if k:
+            stream.fill(out)
+        return out
+
+    return raw
 
 
 def make_source(secure: bool, seed: int | None = None) -> RandomSource:

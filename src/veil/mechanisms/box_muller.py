@@ -1,0 +1,193 @@
+"""Keystream words to float32 Gaussian noise, in torch ops on any device (the fast secure path).
+
+:meth:`veil.mechanisms.rng.SecureSource.normal` makes noise for float32, bfloat16 and float16
+parameters here: from 32-bit keystream words, whether they come from the ``cryptography`` package's
+ChaCha20 on the host (:mod:`veil.mechanisms.keystream`) or from the same cipher in torch ops on an
+accelerator (:mod:`veil.mechanisms.chacha_torch`). The float64 transform of
+:mod:`veil.mechanisms.rng` stays the path for float64 parameters.
+
+**The transform** (one pair of 32-bit words ``(a, b)`` per two coordinates, 4 bytes a coordinate):
+
+* radius: ``u ∈ (0, 1)`` is the float32 just below an exact uniform. Its exponent is the number
+  ``z`` of leading zero bits among the top 9 bits of ``a`` (when all 9 are zero, probability 2⁻⁹,
+  9 more come from a fresh word, and so on: the exponential is memoryless, so a fresh word is
+  exactly the conditional law); its mantissa is the low 23 bits of ``a``:
+  ``u = 2⁻ᶻ·(1 + m·2⁻²³)/2``. So ``u`` has full float32 relative precision at every scale and
+  ``E = −ln u = z·ln 2 − ln((1 + m·2⁻²³)/2)`` (two non-negative terms: no cancellation) is an
+  ``Exp(1)`` variate to float32 rounding far into the tail. The radius ``r = √(2E)`` is **not
+  truncated** where a fixed-width uniform would stop it (6.66σ for 32 bits): the continuation
+  reaches 37σ before a safety cap of 1008 exponent bits, the float64 path's cap, hit with
+  probability 2⁻¹⁰⁰⁸.
+* angle: ``θ = 2π·j·2⁻²⁴`` with ``j`` the top 24 bits of ``b``; the pair gives ``r·cos θ`` and
+  ``r·sin θ``, two independent ``N(0, 1)``, times ``std``.
+
+**Why float32 keeps the guarantee of the float64 transform** (for noise that ends in float32 or
+coarser). What DP-SGD releases is the noisy gradient rounded to the power-of-two grid of
+:func:`veil.optimizer.release_grid` (step ``g > σ/512``), so two properties matter:
+(i) *reachability* — every grid cell is reachable from either neighbouring input, which needs the
+transform's output values to be far denser than ``g``: consecutive radii here are at most
+``2⁻²³·r`` apart beyond ``r = 1`` and the smallest non-zero radius is ``3.5e-4`` (both ≪ 1/512),
+and the angle steps ``2π·2⁻²⁴·r ≤ 1.4e-5`` at ``r ≤ 37``; (ii) *the law of a cell* — each cell's
+probability must be the Gaussian's up to an error below what is already accepted. The float64
+sampler's output is rounded to float32 before it is added (a shift of each value by up to half an
+ulp32), and the addition of the clipped sum rounds again; here ``log``, ``sqrt``, ``cos``, ``sin``
+and the products each add at most a few float32 ulps (torch's vectorised float32 functions are
+accurate to ≤ 1–4 ulp), the same order as those roundings, and the 2²⁴-point angle grid integrates a
+smooth periodic function, whose error is negligible. So a cell's probability moves by a relative
+``O(ulp32(z)/g) ≈ 6e-5·|z|/σ``: the order the float64 sampler's final cast already had, and below
+what the statistical tests (which do reject a std off by 2 %) can see. Float64 parameters keep the
+float64 transform (its ulp is 2²⁹ times finer, and so is the release's).
+
+The tail argument of :mod:`veil.mechanisms.rng` (a truncated sampler certifies an input whenever its
+output lands beyond the truncation point) is unchanged: the radius is unbounded up to 37σ here too.
+
+One transform, two array libraries: on the host it runs in numpy (single-threaded SIMD ``log``,
+``cos``, ``sin``: no thread-pool barriers, which on a shared or loaded machine cost more than the
+arithmetic, and it releases the GIL, so a worker thread can draw while the step runs), on an
+accelerator in torch; :class:`_NumpyOps` and :class:`_TorchOps` are the only difference. This module
+imports numpy only; torch is imported when words arrive as tensors.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+__all__ = ["CHUNK", "angle_from_words32", "exponential_from_words32", "normal_from_words"]
+
+#: Coordinates transformed at a time (bounded temporaries: ~4 MiB of words on the host).
+CHUNK = 1 << 20
+_LN2 = math.log(2.0)
+_EXP_BITS = 9  # leading bits of a radius word that set the exponent of u
+_MANTISSA_MASK = (1 << 23) - 1
+_HALF_BITS = 0x3F000000  # float32 0.5: OR-ing in 23 mantissa bits gives (1 + m·2⁻²³)/2
+_ANGLE_STEP = 2.0 * math.pi * 2.0**-24
+_MAX_EXTRA_WORDS = 111  # 9 + 111·9 = 1008 exponent bits: u ≥ 2⁻¹⁰⁰⁹, r ≤ 37.4
+
+#: ``k ↦ k`` fresh int32 keystream words: a numpy array (host) or a tensor (any torch device).
+Words = Callable[[int], Any]
+
+
+class _NumpyOps:
+    """The few operations where numpy and torch spell things differently: numpy's spelling."""
+
+    @staticmethod
+    def float32(x: Any) -> Any:
+        return x.astype(np.float32)
+
+    @staticmethod
+    def bits_as_float32(x: Any) -> Any:
+        return x.view(np.float32)
+
+    @staticmethod
+    def float32_bits(x: Any) -> Any:
+        return x.view(np.int32)
+
+    @staticmethod
+    def at_most(x: Any, bound: int) -> Any:
+        return np.minimum(x, bound)
+
+    @staticmethod
+    def indices(mask: Any) -> Any:
+        return np.flatnonzero(mask)
+
+    log, sqrt, cos, sin, multiply = np.log, np.sqrt, np.cos, np.sin, np.multiply
+
+
+class _TorchOps:
+    """torch's spelling of :class:`_NumpyOps` (any device)."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.torch = torch
+        self.log, self.sqrt, self.cos, self.sin = torch.log, torch.sqrt, torch.cos, torch.sin
+        self.multiply = torch.mul
+
+    @staticmethod
+    def float32(x: Any) -> Any:
+        return x.float()
+
+    def bits_as_float32(self, x: Any) -> Any:
+        return x.view(self.torch.float32)
+
+    def float32_bits(self, x: Any) -> Any:
+        return x.view(self.torch.int32)
+
+    @staticmethod
+    def at_most(x: Any, bound: int) -> Any:
+        return x.clamp(max=bound)
+
+    @staticmethod
+    def indices(mask: Any) -> Any:
+        return mask.nonzero().squeeze(1)
+
+
+def _ops(words: Any) -> Any:
+    return _NumpyOps if isinstance(words, np.ndarray) else _TorchOps()
+
+
+def exponential_from_words32(words: Any, more: Words) -> Any:
+    """``E = −ln u`` (float32, ``Exp(1)``) per int32 word; ``more(k)``: ``k`` fresh words (same kind).
+
+    See the module docstring for ``u``; words whose top 9 bits are zero continue with fresh words.
+    """
+    ops = _ops(words)
+    e, zero_top = _exponential_parts(ops, words)
+    pending = ops.indices(zero_top)
+    depth = 0
+    while len(pending) and depth < _MAX_EXTRA_WORDS:
+        depth += 1
+        e_extra, again = _exponential_parts(ops, more(len(pending)))
+        e[pending] = e_extra + _EXP_BITS * depth * _LN2
+        pending = pending[again]
+    return e
+
+
+def _exponential_parts(ops: Any, words: Any) -> tuple[Any, Any]:
+    """``(−ln u, whether the word's top 9 bits were all zero)`` for each int32 word on its own."""
+    top = (words >> (32 - _EXP_BITS)) & ((1 << _EXP_BITS) - 1)  # 0 … 511 (masked: >> is arithmetic)
+    # The biased float32 exponent of `top` is 127 + ⌊log₂ top⌋ (0 for top = 0): leading zeros.
+    zeros = ops.at_most((_EXP_BITS - 1 + 127) - (ops.float32_bits(ops.float32(top)) >> 23), _EXP_BITS)
+    half_to_one = ops.bits_as_float32((words & _MANTISSA_MASK) | _HALF_BITS)  # [0.5, 1), exact
+    e = ops.log(half_to_one)
+    e *= -1.0
+    e += ops.float32(zeros) * _LN2
+    return e, top == 0
+
+
+def angle_from_words32(words: Any) -> Any:
+    """``θ = 2π·j·2⁻²⁴`` (float32) with ``j`` the top 24 bits of each int32 word."""
+    ops = _ops(words)
+    theta = ops.float32((words >> 8) & 0xFFFFFF)
+    theta *= _ANGLE_STEP
+    return theta
+
+
+def normal_from_words(out: Any, words: Words, std: float) -> None:
+    """Fill the 1-d float32 array or tensor ``out`` with i.i.d. ``N(0, std²)`` noise from ``words``.
+
+    ``words(k)`` returns ``k`` fresh int32 keystream words of ``out``'s kind (numpy for a numpy
+    ``out``, a tensor on ``out``'s device for a tensor). ``out`` is filled in chunks of :data:`CHUNK`
+    coordinates on the host (bounded temporaries) and at once on an accelerator; within a chunk of
+    ``k`` the first ``⌈k/2⌉`` values are the pairs' cosines and the rest their sines.
+    """
+    ops = _NumpyOps if isinstance(out, np.ndarray) else _TorchOps()
+    n = len(out)
+    on_host = isinstance(out, np.ndarray) or out.device.type == "cpu"
+    chunk = CHUNK if on_host else max(n, 1)
+    for start in range(0, n, chunk):
+        k = min(chunk, n - start)
+        m = (k + 1) // 2
+        w = words(2 * m)
+        r = exponential_from_words32(w[:m], words)
+        r *= 2.0
+        r = ops.sqrt(r)
+        r *= std
+        theta = angle_from_words32(w[m:])
+        seg = out[start : start + k]
+        ops.multiply(ops.cos(theta), r, out=seg[:m])
+        seg[m:] = (ops.sin(theta) * r)[: k - m]
