@@ -197,6 +197,14 @@ def test_refusals_before_training(tmp_path: Path) -> None:
             privacy_args=_privacy(),
         )
 
+    with pytest.raises(ConfigError, match="torch_compile"):
+        DPTrainer(
+            model=_model(),
+            args=_args(tmp_path, torch_compile=True),
+            train_dataset=data,
+            privacy_args=_privacy(),
+        )
+
     class MixingTrainer(DPTrainer):
         def compute_loss(self, model: Any, inputs: Any, return_outputs: bool = False, **kw: Any) -> Any:
             return model(**inputs).loss
