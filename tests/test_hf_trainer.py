@@ -156,6 +156,7 @@ def test_trainer_path_clips_like_a_per_example_loop(tmp_path: Path, monkeypatch:
     trainer.training_step = record_batch  # type: ignore[method-assign]
     trainer.train()
     assert len(sums) == len(batches) == 3
+    assert trainer.privacy.engine is not None and trainer.privacy.engine.forward_probe == "passed"
     assert max(b["labels"].shape[0] for b in batches) > 2, "no logical batch spanned several chunks"
     named = dict(model.named_parameters())
     names = {id(p): n for n, p in named.items()}
@@ -193,6 +194,14 @@ def test_refusals_before_training(tmp_path: Path) -> None:
         DPTrainer(
             model=_model(),
             args=_args(tmp_path, train_sampling_strategy="group_by_length"),
+            train_dataset=data,
+            privacy_args=_privacy(),
+        )
+
+    with pytest.raises(ConfigError, match="torch_compile"):
+        DPTrainer(
+            model=_model(),
+            args=_args(tmp_path, torch_compile=True),
             train_dataset=data,
             privacy_args=_privacy(),
         )
@@ -253,3 +262,27 @@ def test_empty_poisson_batch_is_a_noise_only_step_and_no_step_past_the_plan(tmp_
         trainer.training_step(trainer.model, dict(empty))
     report = trainer.privacy.finish(framework="test")
     assert report is not None and report["steps"] == 1
+
+
+def test_forward_mixing_probe_takes_keyword_batches() -> None:
+    """The engine's forward-mixing probe runs on Hugging Face batches (dicts, passed as keywords):
+    BERT passes; a forward that subtracts the batch mean is refused before training."""
+    from torch.utils.data import DataLoader
+
+    from veil.mixing_probe import probe_forward
+
+    collate = transformers.default_data_collator
+    loader = DataLoader(_data(8), batch_size=4, collate_fn=collate)
+    assert probe_forward(_model(), loader) == "passed"
+
+    class Mixing(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(VOCAB, 4)
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: Any = None) -> Any:
+            h = self.embed(input_ids).mean(1)
+            return {"logits": h - h.mean(0)}
+
+    problem = probe_forward(Mixing(), loader)
+    assert not isinstance(problem, str) and "mixes examples" in str(problem)

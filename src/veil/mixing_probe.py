@@ -9,7 +9,7 @@ A passing probe is evidence, not a proof: static validation (:func:`veil.validat
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -33,14 +33,34 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
             yield from _tensors(v)
 
 
-def _model_input(batch: Any, device: torch.device, dtype: torch.dtype | None) -> torch.Tensor | None:
-    """The input part of a collated batch: the batch itself, or the first field of a tuple/list."""
-    x = batch[0] if isinstance(batch, (list, tuple)) and batch else batch
-    if not isinstance(x, torch.Tensor):
-        return None
+def _to(x: torch.Tensor, device: torch.device, dtype: torch.dtype | None) -> torch.Tensor:
     if dtype is not None and x.is_floating_point():
         return x.to(device=device, dtype=dtype)
     return x.to(device=device)
+
+
+def _model_input(batch: Any, device: torch.device, dtype: torch.dtype | None) -> Any:
+    """The input part of a collated batch: the batch itself, the first field of a tuple/list, or a
+    dict of keyword inputs (a Hugging Face batch: ``module(**batch)``); None if none of these."""
+    if isinstance(batch, Mapping):
+        if not any(isinstance(v, torch.Tensor) for v in batch.values()):
+            return None
+        return {k: _to(v, device, dtype) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    x = batch[0] if isinstance(batch, (list, tuple)) and batch else batch
+    if not isinstance(x, torch.Tensor):
+        return None
+    return _to(x, device, dtype)
+
+
+def _rows(x: Any) -> tuple[int, ...]:
+    """The leading dimension of the input (of its first tensor, for keyword inputs)."""
+    if isinstance(x, Mapping):
+        x = next((v for v in x.values() if isinstance(v, torch.Tensor)), None)
+    return tuple(x.shape[:1]) if isinstance(x, torch.Tensor) else ()
+
+
+def _call(module: nn.Module, x: Any) -> Any:
+    return module(**x) if isinstance(x, Mapping) else module(x)
 
 
 def refuse_example_mixing(module: nn.Module, x: np.ndarray, y: np.ndarray) -> None:
@@ -65,7 +85,8 @@ def probe_forward(module: nn.Module, loader: DataLoader) -> Problem | str:
     submodule's own mode is restored afterwards), under ``no_grad``, from the same RNG state each
     time so dropout masks agree, buffers restored afterwards, on a batch of ≤ 3 dataset items, then
     on the same batch with the first and with the last item replaced, and compares the outputs of
-    the unchanged examples. Returns a :class:`Problem` if they move (or a floating-point buffer
+    the unchanged examples. A batch that is a dict of tensors (a Hugging Face batch) is passed as
+    keywords. Returns a :class:`Problem` if they move (or a floating-point buffer
     changed), else a string saying it passed or why it was skipped (fewer than 2 examples, no tensor
     input first in the batch, a forward that needs more than the first batch field).
     """
@@ -92,7 +113,7 @@ def probe_forward(module: nn.Module, loader: DataLoader) -> Problem | str:
             changed_inputs.append((j, _model_input(loader.collate_fn(batch), device, dtype)))
     except Exception as exc:  # best effort: static validation already ran
         return f"skipped: could not collate a probe batch ({type(exc).__name__})"
-    if base is None or base.shape[:1] != (k,) or any(x is None for _, x in changed_inputs):
+    if base is None or _rows(base) != (k,) or any(x is None for _, x in changed_inputs):
         return "skipped: the batch has no tensor input with the batch dimension first"
     saved = {name: b.detach().clone() for name, b in module.named_buffers()}
     modes = [(m, m.training) for m in module.modules()]
@@ -103,11 +124,11 @@ def probe_forward(module: nn.Module, loader: DataLoader) -> Problem | str:
             cpu_state = torch.get_rng_state()
             cuda_state = torch.cuda.get_rng_state(device) if devices else None
 
-            def outputs(x: torch.Tensor) -> list[torch.Tensor]:
+            def outputs(x: Any) -> list[torch.Tensor]:
                 torch.set_rng_state(cpu_state)
                 if cuda_state is not None:
                     torch.cuda.set_rng_state(cuda_state, device)
-                return [t.double() for t in _tensors(module(x)) if t.shape[:1] == (k,)]
+                return [t.double() for t in _tensors(_call(module, x)) if t.shape[:1] == (k,)]
 
             reference = outputs(base)
             moved = [

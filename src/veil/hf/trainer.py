@@ -26,9 +26,10 @@ Guarantee: that of :mod:`veil.pipeline.external` (add/remove-one on the train se
 The logged training loss (mean per example) is not private: it is logged as ``non_private_loss``.
 Refused before any row is read, each with one line (:mod:`veil.errors`): ``group_by_length`` or
 any non-random train sampling; a ``compute_loss`` override or ``compute_loss_func`` (a loss veil
-cannot check may mix examples); several processes (DDP, DeepSpeed, FSDP: use :mod:`veil.lightning`
-or ``veil train --nproc-per-node``); resuming from a checkpoint (the accountant would restart); a
-dataset without length; a model head veil has no per-example loss for.
+cannot check may mix examples); several processes or GPUs (DDP, DeepSpeed, FSDP, DataParallel:
+use :mod:`veil.lightning` or ``veil train --nproc-per-node``); ``torch_compile``; resuming from a
+checkpoint (the accountant would restart); a dataset without length; a model head veil has no
+per-example loss for.
 """
 
 from __future__ import annotations
@@ -215,17 +216,19 @@ class DPTrainer(Trainer):
         return_outputs: bool = False,
         num_items_in_batch: Any = None,
     ) -> Any:
-        """Cross-entropy of each example, **summed** in training (ignored labels, -100, count 0)."""
+        """Cross-entropy of each example (with ``label_smoothing_factor``), **summed** in training
+        (ignored labels, -100, count 0); the mean in evaluation."""
         features = dict(inputs)
         labels = features.pop("labels")
         outputs = model(**features)
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
         reduction = "sum" if model.training else "mean"
-        loss = F.cross_entropy(
+        loss = F.cross_entropy(  # label smoothing is per example too: each term stays its own
             logits.reshape(-1, logits.shape[-1]).to(torch.promote_types(logits.dtype, torch.float32)),
             labels.reshape(-1).long(),
             ignore_index=-100,
             reduction=reduction,
+            label_smoothing=float(self.args.label_smoothing_factor or 0.0),
         )
         return (loss, outputs) if return_outputs else loss
 
@@ -276,11 +279,20 @@ def _refuse_unsupported(trainer: Any) -> None:
             "custom loss may mix examples (a batch mean over tokens, in-batch negatives, ...)",
             "use DPTrainer's loss (each example's cross-entropy), or train with veil.PrivacyEngine",
         )
-    if args.world_size > 1:
+    if getattr(args, "torch_compile", False):
+        raise ConfigError(
+            "torch_compile",
+            True,
+            "veil's per-sample clipping hooks observe each layer's inputs and output gradients, which a "
+            "compiled graph does not expose layer by layer",
+            "drop torch_compile",
+        )
+    if args.world_size > 1 or args.n_gpu > 1:
         raise ConfigError(
             "world_size",
-            args.world_size,
-            "DPTrainer runs in one process; several would each add their own noise and sample apart",
+            max(args.world_size, args.n_gpu),
+            "DPTrainer runs in one process on one device; several would each add their own noise and "
+            "sample apart (or, with DataParallel, clip on replicas veil does not see)",
             "run one process, or use veil.lightning.DifferentialPrivacy or veil train --nproc-per-node",
         )
     head = _head_name(trainer.model)
