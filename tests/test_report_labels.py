@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import markupsafe
 import pytest
 
 from _job_runs import keys_outside, run_job
@@ -67,4 +68,4 @@ def test_train_files_label_the_fingerprint_and_checkpoints_non_private(
     assert "non-private" in ledger and "SHA-256" in ledger  # the plain fingerprint in its header
     assert "non-private" in checkpoints and "test" in checkpoints  # the test history they hold
     page = (out / "report.html").read_text()
-    assert ledger in page and checkpoints in page
+    assert str(markupsafe.escape(ledger)) in page and str(markupsafe.escape(checkpoints)) in page

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from veil.accounting.events import Neighbouring, PrivacyEvent
 from veil.errors import BudgetExhaustedError, ConfigError
@@ -28,7 +28,10 @@ from veil.registry.identity import DatasetIdentity, dataset_identity
 if TYPE_CHECKING:
     from veil.registry.store import BudgetRegistry
 
-__all__ = ["DatasetCharge", "open_registry"]
+__all__ = ["DatasetCharge", "budget_section_for", "open_registry"]
+
+_OPEN: dict[str, DatasetCharge] = {}
+"""The charges with a reservation in this process, by run id: a report finds its run's account here."""
 
 
 def open_registry(db: str | os.PathLike[str] | None = None) -> BudgetRegistry:
@@ -110,6 +113,7 @@ class DatasetCharge:
             neighbouring=neighbouring,
         )
         self.run_id = run_id
+        _OPEN[run_id] = self
 
     def resume(self, run_id: str, events: Sequence[PrivacyEvent], delta: float) -> None:
         """Continue a run with ``events`` as its whole plan (a run the registry never saw is reserved)."""
@@ -120,6 +124,25 @@ class DatasetCharge:
 
         transactions.reopen(self.registry.db, run_id, events)
         self.run_id = run_id
+        _OPEN[run_id] = self
+
+    def budget_section(
+        self, events: Sequence[PrivacyEvent] | None, report: Path | str | None
+    ) -> dict[str, Any]:
+        """The report's ``dataset_budget`` section, this run counted with ``events`` (what it released;
+        ``None``: its plan); notes the run's user and report folder for ``veil budget report``."""
+        import getpass
+
+        from veil.registry.reporting import budget_section
+
+        if self.run_id is not None:
+            try:
+                user: str | None = getpass.getuser()
+            except (KeyError, OSError):  # no user name in the environment or passwd
+                user = None
+            self.registry.note_run(self.run_id, user, None if report is None else str(report))
+        status = self.registry.status(self.identity, per_run=False)
+        return budget_section(status, self.run_id, events, self.registry.run_notes())
 
     def settle(self, events: Sequence[PrivacyEvent]) -> None:
         """Charge what the job actually released (its ledger's events) in place of the plan."""
@@ -127,6 +150,7 @@ class DatasetCharge:
             from veil.registry import transactions
 
             transactions.commit(self.registry.db, self.run_id, events)
+            _OPEN.pop(self.run_id, None)
             self.run_id = None
 
     def release(self) -> None:
@@ -135,6 +159,7 @@ class DatasetCharge:
             from veil.registry import transactions
 
             transactions.release(self.registry.db, self.run_id)
+            _OPEN.pop(self.run_id, None)
             self.run_id = None
 
     def finish(self, events: Sequence[PrivacyEvent] | None) -> None:
@@ -149,4 +174,14 @@ class DatasetCharge:
             self.close()
 
     def close(self) -> None:
+        if self.run_id is not None:
+            _OPEN.pop(self.run_id, None)
         self.registry.close()
+
+
+def budget_section_for(
+    run_id: str | None, events: Sequence[PrivacyEvent] | None, report: Path | str | None
+) -> dict[str, Any] | None:
+    """The ``dataset_budget`` section of the run ``run_id`` reserved in this process (None: none is)."""
+    charge = _OPEN.get(run_id or "")
+    return None if charge is None else charge.budget_section(events, report)

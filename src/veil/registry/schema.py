@@ -5,13 +5,15 @@ and neighbouring relation its runs are composed under, a label (the spec as type
 ``veil_budget_runs``: one row per run: its dataset, job, status and events (JSON, as the ledger
 writes them), the run's own δ, timestamps. Nothing else: no row, statistic or path of the data
 beyond the label. Timestamps are ISO 8601 UTC strings, identical on both databases.
+``veil_budget_run_info``: who ran a run and where its report is (for ``veil budget report``); a table
+of its own, so that a registry made before it gains it by ``create_all`` (no column to migrate).
 """
 
 from __future__ import annotations
 
 from sqlalchemy import Column, Float, ForeignKey, Index, MetaData, String, Table, Text
 
-__all__ = ["SCHEMA_VERSION", "datasets", "metadata", "runs"]
+__all__ = ["SCHEMA_VERSION", "datasets", "metadata", "run_info", "runs"]
 
 SCHEMA_VERSION = 1
 
@@ -45,4 +47,12 @@ runs = Table(
     Column("created_at", String(32), nullable=False),
     Column("finished_at", String(32), nullable=True),
     Index("ix_veil_budget_runs_dataset", "dataset_id"),
+)
+
+run_info = Table(
+    "veil_budget_run_info",
+    metadata,
+    Column("run_id", String(255), primary_key=True),
+    Column("user", String(255), nullable=True),
+    Column("report", String(4000), nullable=True),
 )
