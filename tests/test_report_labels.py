@@ -14,28 +14,22 @@ from typing import Any
 import markupsafe
 import pytest
 
-from _job_runs import keys_outside, run_job
-from veil.accounting.tuning import TrialCount
+from _job_runs import keys_outside
 
 
-@pytest.fixture(scope="module")
-def pate_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    return run_job("pate", tmp_path_factory.mktemp("pate"))
+@pytest.fixture
+def pate_run(job_runs: Any) -> tuple[Path, dict[str, Any]]:
+    return job_runs("pate")  # type: ignore[no-any-return]
 
 
-@pytest.fixture(scope="module")
-def tune_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    mp = pytest.MonkeyPatch()
-    mp.setattr(TrialCount, "sample", lambda self: 1)  # one trial: the accounting is of the stated law
-    try:
-        return run_job("tune", tmp_path_factory.mktemp("tune"))
-    finally:
-        mp.undo()
+@pytest.fixture
+def tune_run(job_runs: Any) -> tuple[Path, dict[str, Any]]:
+    return job_runs("tune")  # type: ignore[no-any-return]
 
 
-@pytest.fixture(scope="module")
-def train_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    return run_job("train", tmp_path_factory.mktemp("train"))
+@pytest.fixture
+def train_run(job_runs: Any) -> tuple[Path, dict[str, Any]]:
+    return job_runs("train")  # type: ignore[no-any-return]
 
 
 def _leaf_names(report: dict[str, Any]) -> set[str]:

@@ -131,16 +131,10 @@ class DatasetCharge:
     ) -> dict[str, Any]:
         """The report's ``dataset_budget`` section, this run counted with ``events`` (what it released;
         ``None``: its plan); notes the run's user and report folder for ``veil budget report``."""
-        import getpass
-
         from veil.registry.reporting import budget_section
 
         if self.run_id is not None:
-            try:
-                user: str | None = getpass.getuser()
-            except (KeyError, OSError):  # no user name in the environment or passwd
-                user = None
-            self.registry.note_run(self.run_id, user, None if report is None else str(report))
+            self.registry.note_run(self.run_id, _user(), None if report is None else str(report))
         status = self.registry.status(self.identity, per_run=False)
         return budget_section(status, self.run_id, events, self.registry.run_notes())
 
@@ -180,8 +174,34 @@ class DatasetCharge:
 
 
 def budget_section_for(
-    run_id: str | None, events: Sequence[PrivacyEvent] | None, report: Path | str | None
+    run_id: str | None,
+    events: Sequence[PrivacyEvent] | None,
+    report: Path | str | None,
+    dataset_id: str | None = None,
+    db: str | os.PathLike[str] | None = None,
 ) -> dict[str, Any] | None:
-    """The ``dataset_budget`` section of the run ``run_id`` reserved in this process (None: none is)."""
+    """The ``dataset_budget`` section of the run ``run_id``: through its open charge in this process,
+    else (a run already settled, or a job that charges nothing) from the registry's record of
+    ``dataset_id``; None when neither is known."""
     charge = _OPEN.get(run_id or "")
-    return None if charge is None else charge.budget_section(events, report)
+    if charge is not None:
+        return charge.budget_section(events, report)
+    if not dataset_id:
+        return None
+    from veil.registry.reporting import budget_section
+
+    with open_registry(db) as registry:
+        if run_id and registry.run(run_id) is not None:
+            registry.note_run(run_id, _user(), None if report is None else str(report))
+        return budget_section(
+            registry.status(dataset_id, per_run=False), run_id, events, registry.run_notes()
+        )
+
+
+def _user() -> str | None:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no user name in the environment or passwd
+        return None

@@ -232,6 +232,8 @@ class ReportBuilder:
         """The report's dict (``report.json``), the job's keys also at the top level as deprecated aliases."""
         from veil.pipeline.outputs import finite
 
+        if not self.summary.strip():
+            raise ValueError("a report needs its plain summary (ReportBuilder.summary) before it is built")
         non_private = {"note": _NOTE, "test_accuracy": None, **self._non_private}
         report: dict[str, Any] = {
             "schema": SCHEMA_ID,
