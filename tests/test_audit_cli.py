@@ -96,7 +96,7 @@ def test_audit_of_a_finished_train_run(tmp_path: Path, capsys: pytest.CaptureFix
         capsys, "audit", "--run", str(run_dir), "--attack", "all", "--shadow-models", "2",
         "--out", str(tmp_path / "lira"), "--json",
     )  # fmt: skip
-    assert code == 0 and set(json.loads(stdout)["mia"]["attacks"]) == {"loss", "lira"}
+    assert code == 0 and set(json.loads(stdout)["non_private"]["mia"]["attacks"]) == {"loss", "lira"}
     # A second audit into the same folder is refused rather than overwriting the first.
     code, _, err = run(capsys, "audit", "--run", str(run_dir))
     assert code == 2 and "not empty" in err and err.count("\n") == 1

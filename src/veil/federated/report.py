@@ -272,6 +272,8 @@ def render_report(report: dict[str, Any]) -> str:
         guarantee=guarantee_text(report),
         checks=report["checks"],
         files=report["files"],
+        summary=report.get("summary", ""),
+        dataset_budget=report.get("dataset_budget"),
     )
 
 
