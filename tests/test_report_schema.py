@@ -50,6 +50,9 @@ def test_every_report_validates_against_the_one_schema(job_run: tuple[str, Path,
     public = json.loads((out / "release" / "report.json").read_text())
     jsonschema.validate(public, SCHEMA)
     assert "non_private" not in public and "out_dir" not in public
+    assert all(
+        set(r) & {"user", "report"} == set() for r in (public["dataset_budget"] or {"runs": []})["runs"]
+    )
     # Nothing computed without noise reaches the public report, wherever it would sit.
     assert not {p.rsplit(".", 1)[-1] for p in keys_outside(public)} & NON_PRIVATE_NAMES
     # The deprecated aliases repeat the job's section, nothing else.

@@ -290,7 +290,8 @@ def _paths(key: str, value: Any) -> Iterable[str]:
 
 def public_view(report: Mapping[str, Any]) -> dict[str, Any]:
     """What ``release/report.json`` holds: the report without ``non_private``, without the paths it
-    labels non-private elsewhere (``non_private.labelled_elsewhere``) and without local paths."""
+    labels non-private elsewhere (``non_private.labelled_elsewhere``), without local paths and without
+    the users and report folders of the dataset's runs."""
     out = copy.deepcopy(dict(report))
     labelled = (out.pop("non_private", None) or {}).get("labelled_elsewhere") or {}
     job = out.get("job")
@@ -302,7 +303,17 @@ def public_view(report: Mapping[str, Any]) -> dict[str, Any]:
             root.pop("out_dir", None)
     released = set((out.get("release") or {}).get("files") or [])
     out["files"] = {k: v for k, v in (out.get("files") or {}).items() if k in released}
+    out["files"].update(_PUBLIC_FILES)
+    budget = out.get("dataset_budget")
+    if isinstance(budget, dict):  # who ran what, and where on this machine: for the DPO only
+        budget["runs"] = [{k: v for k, v in r.items() if k not in ("user", "report")} for r in budget["runs"]]
     return out
+
+
+_PUBLIC_FILES = {
+    "report.json": "this report without its non_private section, machine-readable",
+    "report.html": "this report without its non_private section, as a page",
+}
 
 
 def _drop(root: Any, parts: list[str]) -> None:
