@@ -75,7 +75,11 @@ def public_page(report: Mapping[str, Any]) -> str:
 
     job = str(report.get("job"))
     section = report.get(job) or {}
-    settings = {k: v for k, v in section.items() if isinstance(v, (str, int, float, bool)) or v is None}
+    settings = {  # the job's plain settings; its texts are in the guarantee box already
+        k: v
+        for k, v in section.items()
+        if v is not None and (isinstance(v, (int, float, bool)) or (isinstance(v, str) and len(v) <= 120))
+    }
     return render_page(
         "release.html.j2",
         {},
