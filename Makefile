@@ -24,6 +24,7 @@ demo: setup
 
 test: setup
 	sh .ci/install-postgres.sh
+	sh .ci/install-chromium.sh
 	$(BIN)/python -m pytest -q
 
 # Benchmarks also read Fashion-MNIST (Debian's dataset-fashion-mnist), the tweets and MiniLM weights

@@ -24,3 +24,27 @@ def _session_budget_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterat
 @pytest.fixture(autouse=True)
 def _own_budget_registry(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("VEIL_BUDGET_DB", str(tmp_path / "veil-budget.db"))
+
+
+@pytest.fixture(scope="session")
+def job_runs(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """``job_runs(job)``: one small run of ``job`` through the CLI under umask 022, made once per session
+    (``tests/_job_runs.py``), with a registry of its own: ``(run folder, report.json)``."""
+    from _job_runs import run_job
+    from veil.accounting.tuning import TrialCount
+
+    done: dict[str, tuple[Path, dict]] = {}
+
+    def get(job: str) -> tuple[Path, dict]:
+        if job not in done:
+            patch = pytest.MonkeyPatch()
+            folder = tmp_path_factory.mktemp(job)
+            patch.setenv("VEIL_BUDGET_DB", str(folder / "registry" / "budget.db"))  # created by this run
+            patch.setattr(TrialCount, "sample", lambda self: 1)  # tune: one trial, the stated law accounted
+            try:
+                done[job] = run_job(job, folder)
+            finally:
+                patch.undo()
+        return done[job]
+
+    return get

@@ -37,16 +37,25 @@ def test_audit_writes_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[s
     report = json.loads(stdout)
     assert report == json.loads((out / "report.json").read_text())
     assert report["epsilon_theoretical"] is None  # σ = 0 promises nothing
-    assert report["epsilon_lower_bound"] >= 0 and report["confidence"] == 0.95
-    assert report["canaries"]["count"] == 100 and report["canaries"]["gradient"]["bound"]["canaries"] == 100
+    assert report["non_private"]["epsilon_lower_bound"] >= 0 and report["confidence"] == 0.95
+    assert (
+        report["non_private"]["canaries"]["count"] == 100
+        and report["non_private"]["canaries"]["gradient"]["bound"]["canaries"] == 100
+    )
     for key in ("auc", "tpr_at_0.1pct_fpr", "tpr_at_1pct_fpr"):
-        assert 0 <= report["mia"][key] <= 1
-    assert set(report["mia"]["attacks"]) == {"loss", "lira"} and report["mia"]["attack"] == "lira"
-    assert report["run"]["non_private"] is True and report["run"]["noise_multiplier"] == 0
+        assert 0 <= report["non_private"]["mia"][key] <= 1
+    assert (
+        set(report["non_private"]["mia"]["attacks"]) == {"loss", "lira"}
+        and report["non_private"]["mia"]["attack"] == "lira"
+    )
+    assert (
+        report["non_private"]["run"]["non_private"] is True
+        and report["non_private"]["run"]["noise_multiplier"] == 0
+    )
     for name in ("report.html", "roc.png", "canaries.png"):
         assert (out / name).stat().st_size > 0
     html = (out / "report.html").read_text()
-    assert "promised ε" in html and "∞ (no noise)" in html and report["reading"][:40] in html
+    assert "promised ε" in html and "∞ (no noise)" in html and report["non_private"]["reading"][:40] in html
 
 
 def test_audit_config_file_with_audit_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -57,10 +66,10 @@ def test_audit_config_file_with_audit_table(tmp_path: Path, capsys: pytest.Captu
     code, stdout, _ = run(capsys, "audit", str(cfg), "--out", str(tmp_path / "a"), "--json")
     assert code == 0
     report = json.loads(stdout)
-    assert report["confidence"] == 0.9 and report["canaries"]["count"] == 60
+    assert report["confidence"] == 0.9 and report["non_private"]["canaries"]["count"] == 60
     assert report["epsilon_theoretical"] <= 2.0 + 1e-9
-    assert report["epsilon_lower_bound"] <= report["epsilon_theoretical"]
-    assert report["verdict"] == "consistent"
+    assert report["non_private"]["epsilon_lower_bound"] <= report["epsilon_theoretical"]
+    assert report["non_private"]["verdict"] == "consistent"
 
 
 def test_audit_of_a_finished_train_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -74,17 +83,20 @@ def test_audit_of_a_finished_train_run(tmp_path: Path, capsys: pytest.CaptureFix
     assert code == 0
     report = json.loads(stdout)
     assert report["epsilon_theoretical"] == pytest.approx(trained.epsilon_spent)
-    assert report["epsilon_lower_bound"] is None and report["verdict"] == "not_audited"
-    assert report["mia"]["attack"] == "loss"
-    assert report["mia"]["members"] == trained.dataset.n_train
-    assert report["mia"]["nonmembers"] == trained.dataset.n_test
+    assert (
+        report["non_private"]["epsilon_lower_bound"] is None
+        and report["non_private"]["verdict"] == "not_audited"
+    )
+    assert report["non_private"]["mia"]["attack"] == "loss"
+    assert report["non_private"]["mia"]["members"] == trained.dataset.n_train
+    assert report["non_private"]["mia"]["nonmembers"] == trained.dataset.n_test
     assert (run_dir / "audit" / "report.html").is_file()
     # LiRA needs shadow models only (the run's own settings and σ), not the run's training again.
     code, stdout, _ = run(
         capsys, "audit", "--run", str(run_dir), "--attack", "all", "--shadow-models", "2",
         "--out", str(tmp_path / "lira"), "--json",
     )  # fmt: skip
-    assert code == 0 and set(json.loads(stdout)["mia"]["attacks"]) == {"loss", "lira"}
+    assert code == 0 and set(json.loads(stdout)["non_private"]["mia"]["attacks"]) == {"loss", "lira"}
     # A second audit into the same folder is refused rather than overwriting the first.
     code, _, err = run(capsys, "audit", "--run", str(run_dir))
     assert code == 2 and "not empty" in err and err.count("\n") == 1

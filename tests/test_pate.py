@@ -137,7 +137,9 @@ def test_end_to_end_on_digits_through_the_cli(tmp_path: Path, capsys: pytest.Cap
         assert key in r["non_private"] and key not in private  # non-private figures only there
     assert r["randomness"] == "secure" and r["release_ready"] is True
     assert r["label_set"]["source"] == "declared" and r["label_set"]["classes"] == [str(d) for d in range(10)]
-    assert r["guarantee"] == "data-independent" and r["epsilon"] == r["epsilon_data_independent"] <= 8.0
+    assert (
+        r["pate"]["guarantee"] == "data-independent" and r["epsilon"] == r["epsilon_data_independent"] <= 8.0
+    )
     assert 0 < r["queries_answered"] <= 150 and r["teachers"] == 20
     assert r["non_private"]["label_accuracy"] > 0.6 and r["non_private"]["student_test_accuracy"] > 0.6
     assert "whatever the data" in r["guarantee_statement"] and "stratified" in r["dataset"]["split"]

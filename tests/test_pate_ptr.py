@@ -216,7 +216,7 @@ def test_a_failed_ptr_run_reports_the_ptr_guarantee_and_trains_no_student(
     argv += ["--queries", "40", "--budget", "ptr", "--no-semi-supervised", "--out", str(out), "--json"]
     assert main(argv) == 0
     r = json.loads(capsys.readouterr().out)
-    assert r["guarantee"] == "ptr" and r["epsilon"] == pytest.approx(8.0) and r["budget"] == "ptr"
+    assert r["pate"]["guarantee"] == "ptr" and r["epsilon"] == pytest.approx(8.0) and r["budget"] == "ptr"
     assert r["ptr"]["passed"] is False and r["queries_answered"] == 0
     assert r["non_private"]["student_test_accuracy"] is None
     assert not (out / "student.model").exists() and "no label was released" in r["guarantee_statement"]

@@ -170,3 +170,20 @@ def test_every_job_page_has_the_same_skeleton_from_one_environment() -> None:
         assert page.lstrip().startswith("<!DOCTYPE html>") and "<script" not in page
     assert "consistent &lt;with&gt; the promise" in audit_page  # escaped like every value
     assert environment() is environment()  # one Environment, cached
+
+
+def test_plain_summary_comes_first_and_labelled_rows_show_their_value() -> None:
+    report = _report(
+        non_private=NonPrivate(
+            test_accuracy=0.94,
+            baseline_test_accuracy=None,
+            utility_drop=None,
+            history={"dp": [], "baseline": []},
+            labelled_elsewhere={"dataset.sha256": "a fingerprint", "dataset.n_test": "held-out rows"},
+        )
+    )
+    page = render_html(report, {}, summary="Anyone who sees the model cannot tell <much>.")
+    assert page.index("In plain words") < page.index("Anyone who sees") < page.index("The guarantee</h2>")
+    assert "&lt;much&gt;" in page  # escaped like every value
+    assert "<code>" + "ab" * 32 + "</code>" in page and "<code>359</code>" in page  # not empty rows
+    assert "split and initialisation seed" in page and report.to_dict()["seed_role"].startswith("the split")

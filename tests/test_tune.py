@@ -59,10 +59,10 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
 
 def test_report_has_the_total_and_the_chosen_model(tuned: tuple[Path, dict]) -> None:
     out, r = tuned
-    assert r["trials"] == 2 and len(r["non_private"]["trials"]) == 2
-    assert 0.0 <= r["test_accuracy"] <= 1.0
-    assert r["epsilon"] <= 3.0
-    assert {"trials", "test_accuracy"} <= set(r["non_private_fields"])
+    assert r["non_private"]["trials_run"] == 2 and len(r["non_private"]["trials"]) == 2
+    assert 0.0 <= r["non_private"]["test_accuracy"] <= 1.0
+    assert r["epsilon"] <= 3.0 and r["guarantee"]["epsilon"] == r["epsilon"]
+    assert "trials" not in r and "test_accuracy" not in r  # K and test accuracy: only in non_private
     chosen = r["chosen"]
     best = max(r["non_private"]["trials"], key=lambda t: t["noisy_score"])
     assert chosen["noisy_validation_accuracy"] == best["noisy_score"]

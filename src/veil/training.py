@@ -53,6 +53,7 @@ from veil.pipeline.seeds import Purpose, derive_seed
 from veil.pipeline.units import unit_covers, unit_section
 from veil.registry.charge import DatasetCharge
 from veil.report import DatasetInfo, NonPrivate, Report
+from veil.report.train_report import file_table
 
 if TYPE_CHECKING:
     from torch import nn
@@ -262,7 +263,7 @@ def _execute(
         audit=audit,
         clipping=_clipping(cfg, s.optimizer),
     )
-    _write_outputs(report, run_dir, s.full, curve, plan.data.encoder)
+    _write_outputs(report, run_dir, s.full, curve, plan.data.encoder, ledger)
     return report
 
 
@@ -286,17 +287,16 @@ def _event_records(ledger: Ledger) -> list[dict[str, Any]]:
     return [r for r in ledger.records if "event" in r]
 
 
-_FILES = {
-    "report.json": "this report, machine-readable",
-    "report.html": "this report as a page",
-    "epsilon.png": "ε spent against the step",
-    "curves.png": "INTERNAL, non-private: test loss and accuracy per epoch, DP and baseline",
-    "model.pt": "the DP model's state_dict (torch.load(path, "
-    "weights_only=True)); preprocessing included as buffers",
-    "config.toml": "the resolved configuration",
-    LEDGER: "the privacy ledger: every charged event, hash-chained",
-    CHECKPOINTS: "the last checkpoints (resume with --resume)",
-}
+_FILES = (
+    "report.json",
+    "report.html",
+    "epsilon.png",
+    "curves.png",
+    "model.pt",
+    "config.toml",
+    LEDGER,
+    CHECKPOINTS,
+)
 
 
 def _report(plan: RunPlan, run_dir: Path, ledger: Ledger, model: nn.Module, **result: Any) -> Report:
@@ -306,13 +306,12 @@ def _report(plan: RunPlan, run_dir: Path, ledger: Ledger, model: nn.Module, **re
     cfg, data, steps = plan.cfg, plan.data, plan.steps
     assert cfg.max_grad_norm is not None and cfg.batch_size is not None
     assert cfg.epochs is not None and cfg.lr is not None
-    files = dict(_FILES)
+    names = [*_FILES, "release"]
     if not plan.prep.public:
-        files["preprocessing.json"] = "the released DP preprocessing statistic"
+        names.append("preprocessing.json")
     if data.encoder is not None:
-        files["encoder.json"] = (
-            "the table encoder (schema and feature layout): veil predict encodes new rows with it"
-        )
+        names.append("encoder.json")
+    files = file_table(names)
     baseline_acc, test_acc = result["baseline_acc"], result["test_acc"]
     randomness = randomness_of(cfg.reproducible)
     units = unit_section(cfg, data, _max_rows(plan))
@@ -440,13 +439,27 @@ def _max_rows(plan: RunPlan) -> int:
 
 
 def _write_outputs(
-    report: Report, run_dir: Path, model: nn.Module, curve: list[tuple[int, float]], encoder: Any = None
+    report: Report,
+    run_dir: Path,
+    model: nn.Module,
+    curve: list[tuple[int, float]],
+    encoder: Any = None,
+    ledger: Ledger | None = None,
 ) -> None:
     """``model.pt`` (and a table's ``encoder.json``), the plots, ``report.html`` and last ``report.json``,
-    each written atomically."""
+    each written atomically; then ``release/`` (the model and the public report) and the folder sealed
+    owner-only (:func:`veil.report.publish.publish`)."""
+    import json
+
+    from veil.registry.charge import budget_section_for
     from veil.report.html import render_html
     from veil.report.plots import curves_png, epsilon_png
+    from veil.report.publish import publish
+    from veil.report.train_report import train_report
 
+    events = ledger.events() if ledger is not None else []
+    run_id = ledger.header.get("budget_run_id") if ledger is not None else None
+    full = train_report(report, events, budget_section_for(run_id, events, run_dir))
     eps_png = epsilon_png(curve, report.target_epsilon, report.steps, report.delta)
     curves = curves_png(report.history["dp"], report.history["baseline"])
     page = render_html(
@@ -456,18 +469,25 @@ def _write_outputs(
             "Internal, non-private (not covered by the guarantee): test loss and accuracy per epoch, "
             "DP model against the non-private baseline": curves,
         },
+        summary=full["summary"],
+        dataset_budget=full["dataset_budget"],
     )
+    weights = model_bytes(model)
+    extra: dict[str, bytes | str] = {"encoder.json": encoder.to_json()} if encoder is not None else {}
+    if "preprocessing.json" in report.files and (run_dir / "preprocessing.json").is_file():
+        extra["preprocessing.json"] = (run_dir / "preprocessing.json").read_bytes()
     write_files(
         run_dir,
         {
-            "model.pt": model_bytes(model),
-            **({"encoder.json": encoder.to_json()} if encoder is not None else {}),
+            "model.pt": weights,
+            **({"encoder.json": extra["encoder.json"]} if "encoder.json" in extra else {}),
             "epsilon.png": eps_png,
             "curves.png": curves,
             "report.html": page,
-            "report.json": report.to_json(),
+            "report.json": json.dumps(full, indent=2, allow_nan=False) + "\n",
         },
     )
+    publish(run_dir, full, {"model.pt": weights, **extra})
 
 
 # ----------------------------------------------------------------------------------------------

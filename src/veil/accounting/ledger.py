@@ -85,12 +85,13 @@ def _umask() -> int:
 _FILE_MODE = 0o666 & ~_umask()
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` all-or-nothing: temp file in the same folder, fsync, rename."""
+def atomic_write_bytes(path: Path, data: bytes, mode: int | None = None) -> None:
+    """Write ``data`` to ``path`` all-or-nothing: temp file in the same folder, fsync, rename.
+    ``mode``: the file's permission bits (default: what the umask at import allows)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.chmod(tmp, _FILE_MODE)
+        os.chmod(tmp, _FILE_MODE if mode is None else mode)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()

@@ -148,6 +148,7 @@ def render_html(report: Mapping[str, Any], images: Mapping[str, bytes]) -> str:
     from veil.report import Check
     from veil.report.render import render_page
 
+    report = {**report, **(report.get("non_private") or {})}  # the measured figures are non-private
     theo = report.get("epsilon_theoretical")
     lb = report.get("epsilon_lower_bound")
     mia = report.get("mia") or {}
@@ -171,4 +172,6 @@ def render_html(report: Mapping[str, Any], images: Mapping[str, bytes]) -> str:
         source=report.get("source", ""),
         checks=checks,
         files=report.get("files") or {},
+        summary=report.get("summary", ""),
+        dataset_budget=report.get("dataset_budget"),
     )

@@ -81,7 +81,8 @@ def _write(report: AuditReport, out: Path, images: Mapping[str, tuple[str, bytes
     files.update({name: title for name, (title, _) in images.items()})
     report.files = files
     report.out_dir = str(out)
-    html = render_html(finite(report.to_dict()), {title: png for title, png in images.values()})
+    full = finite(report.to_dict())
+    html = render_html(full, {title: png for title, png in images.values()})
     # Everything is computed before the first file is written; the report last.
     write_files(
         out,
@@ -91,6 +92,27 @@ def _write(report: AuditReport, out: Path, images: Mapping[str, tuple[str, bytes
             "report.json": report.to_json(),
         },
     )
+    from veil.report.publish import publish
+
+    publish(out, full, {})
+
+
+def _dataset_budget(cfg: TrainConfig, out: Path) -> dict[str, Any] | None:
+    """The audited dataset's ``dataset_budget`` from the registry (an audit itself charges nothing)."""
+    from veil.registry.charge import budget_section_for
+    from veil.registry.identity import dataset_identity
+
+    try:
+        identity = dataset_identity(
+            cfg.dataset,
+            dataset_id=cfg.dataset_id,
+            table=getattr(cfg, "table", None),
+            query=getattr(cfg, "query", None),
+            data_dir=cfg.data_dir,
+        )
+    except (DataError, InvalidParameterError):  # read already: cannot happen short of a race
+        return None
+    return budget_section_for(None, None, out, dataset_id=identity.id)
 
 
 def _version() -> str:
@@ -278,6 +300,7 @@ def audit(
         randomness=randomness_of(cfg.reproducible),
     )
     if write:
+        report.dataset_budget = _dataset_budget(cfg, out_dir)
         _write(report, out_dir, plots(attacks, groups))
     return report
 
@@ -433,5 +456,6 @@ def audit_run(
         randomness=randomness_of(cfg.reproducible),
     )
     if write:
+        report.dataset_budget = _dataset_budget(cfg, out_dir)
         _write(report, out_dir, plots(attacks, {}))
     return report

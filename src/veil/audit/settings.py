@@ -109,6 +109,7 @@ class AuditReport:
     out_dir: str | None = None
     veil_version: str = ""
     randomness: str = "secure"
+    dataset_budget: dict[str, Any] | None = None
 
     NON_PRIVATE_NOTE: ClassVar[str] = (
         "every figure of an audit (bounds, attack scores, accuracy) is computed from the private data "
@@ -116,25 +117,65 @@ class AuditReport:
     )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "epsilon_lower_bound": self.epsilon_lower_bound,
-            "confidence": self.confidence,
-            "epsilon_theoretical": self.epsilon_theoretical,
-            "delta": self.delta,
-            "verdict": self.verdict,
-            "reading": self.reading,
-            "canaries": self.canaries,
-            "mia": self.mia,
-            "source": self.source,
-            "run": self.run,
-            "timing": self.timing,
-            "files": self.files,
-            "out_dir": self.out_dir,
-            "veil_version": self.veil_version,
-            "randomness": self.randomness,
-            "release_ready": False,
-            "non_private": {"covers": "the whole report", "note": self.NON_PRIVATE_NOTE},
-        }
+        """``report.json`` in the common report schema (:mod:`veil.report.schema`): an audit releases
+        nothing under a guarantee, so every measured figure is in ``non_private``."""
+        from veil.report.publish import plain_summary
+        from veil.report.schema import Guarantee, ReportBuilder
+
+        guarantee = Guarantee(
+            epsilon=None,
+            delta=self.delta,
+            unit="row",
+            neighbouring="add_or_remove_one",
+            accountant="none: an audit measures, it releases nothing under a guarantee",
+            covers="nothing: every figure of an audit is computed from the private data without noise",
+            randomness="secure" if self.randomness == "secure" else "seeded",
+            release_ready=False,
+            statement="An audit attacks a training run to measure how much it leaks (a lower bound on "
+            "its ε); it is a check, not a release: keep the whole report internal.",
+            evidence=None,
+            extra={"promised_epsilon": self.epsilon_theoretical},
+        )
+        b = ReportBuilder("audit", guarantee)
+        b.public_fields(
+            {
+                "confidence": self.confidence,
+                "epsilon_theoretical": self.epsilon_theoretical,
+                "delta": self.delta,
+                "source": self.source,
+                "timing": self.timing,
+                "out_dir": self.out_dir,
+                "veil_version": self.veil_version,
+                "randomness": self.randomness,
+                "release_ready": False,
+            }
+        )
+        b.non_private_fields(
+            {
+                "covers": "the whole report",
+                "note": self.NON_PRIVATE_NOTE,
+                "test_accuracy": (self.run or {}).get("test_accuracy"),
+                "epsilon_lower_bound": self.epsilon_lower_bound,
+                "verdict": self.verdict,
+                "reading": self.reading,
+                "canaries": self.canaries,
+                "mia": self.mia,
+                "run": self.run,
+            }
+        )
+        for name, what in self.files.items():
+            b.file(name, what, non_private=name not in ("report.json", "report.html"))
+        b.file("release", "the public part of this report (the guarantee statement: nothing released)")
+        b.release_file("report.json").release_file("report.html")
+        b.check(
+            "measured_within_promise",
+            self.verdict != "violation",
+            f"verdict: {self.verdict.replace('_', ' ')} (the measured lower bound must not exceed the "
+            "accountant's ε)",
+        )
+        b.dataset_budget = self.dataset_budget
+        b.summary = plain_summary(guarantee.to_dict(), self.dataset_budget, "this audit")
+        return b.build()
 
     def to_json(self) -> str:
         return json.dumps(finite(self.to_dict()), indent=2, allow_nan=False) + "\n"

@@ -85,6 +85,7 @@ AUDIT_KEYS = (
 
 def summary(report: dict[str, Any]) -> str:
     """The lines `veil audit` prints without --json."""
+    report = {**report, **(report.get("non_private") or {})}  # the measured figures are non-private
     lb, theo = report["epsilon_lower_bound"], report["epsilon_theoretical"]
     lines = [
         f"ε lower bound {'—' if lb is None else f'{lb:.4f}'} at {report['confidence']:.0%} confidence; "

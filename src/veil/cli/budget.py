@@ -1,4 +1,4 @@
-"""``veil budget set|show``: a dataset's total privacy budget across runs, and what was spent on it.
+"""``veil budget set|show|report``: a dataset's total privacy budget across runs, and what was spent on it.
 
 The registry (``veil.registry``) is a database: ``--db URL`` or ``VEIL_BUDGET_DB`` (a path or a
 SQLAlchemy URL), by default a SQLite file in the user's data directory. Needs the ``tables`` extra.
@@ -84,6 +84,31 @@ def show_budget(
         else:
             statuses = [registry.status(_identity(dataset, dataset_id, table, query, data_dir))]
         return {"registry": registry.shown_url, "datasets": [s.to_dict() for s in statuses]}
+
+
+def report_budget(
+    out: str,
+    dataset: str | None = None,
+    *,
+    dataset_id: str | None = None,
+    table: str | None = None,
+    query: str | None = None,
+    data_dir: str | None = None,
+    db: str | None = None,
+) -> dict[str, Any]:
+    """The work of ``veil budget report``: ``out/index.html`` and ``out/budget.json``; returns the JSON."""
+    from pathlib import Path
+
+    from veil.registry.charge import open_registry
+    from veil.report.budget_page import budget_report, write_budget_report
+
+    identity = None
+    if dataset is not None or dataset_id is not None:
+        identity = _identity(dataset, dataset_id, table, query, data_dir)
+    with open_registry(db) as registry:
+        content = budget_report(registry, identity)
+    write_budget_report(content, Path(out))
+    return content
 
 
 def _eps(value: float | None) -> str:
@@ -217,5 +242,27 @@ def register(app: typer.Typer) -> None:
             sys.stdout.write(f"no dataset recorded in {result['registry']}\n")
         for status in result["datasets"]:
             _print_status(status)
+
+    @budget_app.command("report")
+    def report_command(
+        out: str = typer.Option(..., "--out", help="Folder for index.html and budget.json."),
+        dataset: str = DATASET,
+        dataset_id: str = DATASET_ID,
+        table: str = TABLE,
+        query: str = QUERY,
+        data_dir: str = DATA_DIR,
+        db: str = DB,
+        json_output: bool = JSON_OUTPUT,
+    ) -> None:
+        """A page for a data-protection officer: every dataset's budget, spend over time and runs.
+
+        Example: veil budget report --out budget-report   (then open budget-report/index.html)"""
+        result = report_budget(
+            out, dataset, dataset_id=dataset_id, table=table, query=query, data_dir=data_dir, db=db
+        )
+        if json_output:
+            sys.stdout.write(json.dumps(_jsonable(result)) + "\n")
+            return
+        sys.stdout.write(f"{len(result['datasets'])} dataset(s): {out}/index.html, {out}/budget.json\n")
 
     app.add_typer(budget_app, name="budget")

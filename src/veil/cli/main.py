@@ -66,11 +66,13 @@ def fail(message: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns (and, as a script, exits with) the exit status."""
     from veil.cli._mlflow import with_default_uri
+    from veil.pipeline.run_folder import owner_only
 
     command = typer.main.get_command(build_app())
     args = with_default_uri(sys.argv[1:] if argv is None else argv)
     try:
-        status = command.main(args=args, prog_name="veil", standalone_mode=False)
+        with owner_only():  # what a job writes outside release/ is owner-only, whatever the umask
+            status = command.main(args=args, prog_name="veil", standalone_mode=False)
     except VeilError as exc:
         fail(str(exc))
         return EXIT_BAD_INPUT

@@ -119,7 +119,7 @@ def register(app: typer.Typer) -> None:
             emit(report, True)
             return
         folder = Path(report["out_dir"])
-        acc = report["test_accuracy"]
+        acc = report["non_private"]["test_accuracy"]
         sys.stdout.write(
             f"tuning spent ε = {report['epsilon']:.3f} in total (target {report['target_epsilon']:g}), "
             f"δ = {report['delta']:g}; chosen model test accuracy "

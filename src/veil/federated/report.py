@@ -276,16 +276,19 @@ def render_report(report: dict[str, Any]) -> str:
         guarantee=guarantee_text(report),
         checks=report["checks"],
         files=report["files"],
+        summary=report.get("summary", ""),
+        dataset_budget=report.get("dataset_budget"),
     )
 
 
 def write_report(run_dir: Path, duration_s: float | None = None) -> dict[str, Any]:
-    """Build the report from the run folder and write ``report.json`` and ``report.html`` atomically."""
+    """Build the report from the run folder and write ``report.json`` and ``report.html`` atomically,
+    then ``release/`` (the global model and the public report) and the folder sealed owner-only."""
     from veil.pipeline.outputs import finite
     from veil.pipeline.run_folder import write_files
+    from veil.report.publish import publish
 
-    report = finite(build_report(run_dir, duration_s))
-    report["files"] |= {"report.json": "this report, machine-readable", "report.html": "this report"}
+    report = envelope(Path(run_dir), finite(build_report(run_dir, duration_s)))
     write_files(
         Path(run_dir),
         {
@@ -293,4 +296,55 @@ def write_report(run_dir: Path, duration_s: float | None = None) -> dict[str, An
             "report.html": render_report(report),
         },
     )
+    model = Path(run_dir) / MODEL
+    publish(Path(run_dir), report, {MODEL: model.read_bytes()} if model.is_file() else {})
     return dict(report)
+
+
+def envelope(run_dir: Path, old: dict[str, Any]) -> dict[str, Any]:
+    """The report in the common schema (:mod:`veil.report.schema`): the former ``guarantee`` object's
+    fields stay in the new one; the rest is the ``federated`` section."""
+    from veil.registry.charge import budget_section_for
+    from veil.report.publish import plain_summary
+    from veil.report.schema import Evidence, Guarantee, ReportBuilder
+
+    ledger = Ledger.open(run_dir / LEDGER)
+    events = ledger.events()
+    g = dict(old.pop("guarantee"))
+    client = g["mode"] == "client-level"
+    guarantee = Guarantee(
+        epsilon=g["epsilon_spent"],
+        delta=g["delta"],
+        unit="client" if client else "record of one silo",
+        neighbouring=g["neighbouring"],
+        accountant=g["accountant"],
+        covers=f"the released global model ({MODEL}); not the per-round evaluation (non_private)",
+        randomness="secure" if str(old["randomness"]).startswith("secure") else "seeded",
+        release_ready=bool(old["release_ready"]),
+        statement=guarantee_text({"guarantee": g}),
+        evidence=Evidence.of(LEDGER, events) if events else None,
+        extra=g,
+    )
+    b = ReportBuilder("federated", guarantee)
+    non_private = old.pop("non_private")
+    checks = old.pop("checks")
+    old.pop("files")
+    b.public_fields(old)
+    b.non_private_fields({**non_private, "test_accuracy": non_private.get("final_test_accuracy")})
+    b.file(LEDGER, "the privacy ledger (hash-chained, fsync'ed before each round)")
+    b.file(
+        MODEL,
+        "the released global model (the head's arrays; the front is fixed by a public seed)",
+        release=True,
+    )
+    b.file(HISTORY, "per-round evaluation of the global model on test rows", non_private=True)
+    b.file("report.json", "this report, machine-readable (the full internal one)")
+    b.file("report.html", "this report (the full internal one)")
+    b.file("release", "what the guarantee covers, publishable as is: the global model and the public report")
+    b.release_file("report.json").release_file("report.html").checks(checks)
+    header = ledger.header
+    b.dataset_budget = budget_section_for(
+        header.get("budget_run_id"), None, run_dir, dataset_id=header.get("budget_dataset_id")
+    )
+    b.summary = plain_summary(guarantee.to_dict(), b.dataset_budget, "the global model")
+    return b.build()

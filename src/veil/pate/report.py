@@ -1,8 +1,12 @@
 """The PATE run report: ``report.json`` (stable field names), ``report.html`` and two PNG plots.
 
 Field names are part of veil's interface: new fields may be added, existing ones keep their name
-and meaning. Figures computed from private data without privacy (label, teacher and student accuracy,
-the vote margins) sit in ``report.json``'s one ``non_private`` section (:data:`NON_PRIVATE`); the
+and meaning. ``report.json`` follows the common report schema (:mod:`veil.report.schema`): the
+``guarantee`` object, ``dataset_budget``, ``summary``, ``files``, the ``pate`` section (its former
+top-level keys repeated there as deprecated aliases for one release; the former ``guarantee`` string
+is ``pate.guarantee``). Figures computed from private data without privacy (label, teacher and student
+accuracy, the vote margins, the teachers' partition sizes, the private row count and the
+public/private duplicate count) sit only in the ``non_private`` section (:data:`NON_PRIVATE`); the
 Python attributes keep their names. ``release_ready``: secure randomness and every check passed.
 ``epsilon`` is always the ε of the stated guarantee (``guarantee``); both analyses are
 reported next to it.
@@ -31,8 +35,25 @@ __all__ = [
 ]
 
 
-NON_PRIVATE = ("label_accuracy", "teacher_accuracy", "student_test_accuracy", "vote_margins")
+NON_PRIVATE = ("label_accuracy", "teacher_accuracy", "student_test_accuracy", "vote_margins", "teacher_sizes")
 """Fields computed on private data without privacy: written under ``non_private`` in report.json."""
+
+_NON_PRIVATE_DATASET = ("n_private", "public_private_duplicates", "sha256")
+"""``dataset`` fields counted or hashed from the private data without noise: in ``non_private``."""
+
+_RELEASED = ("queries_answered", "stop_reason", "data_dependent", "epsilon_data_dependent", "ptr", "history")
+"""Fields that depend on the private votes, released under the run's guarantee (its charged event)."""
+
+_FILES = {
+    "report.json": ("this report, machine-readable (the full internal one)", False, False),
+    "report.html": ("this report as a page (the full internal one)", False, False),
+    "labels.npz": ("the released labels (public indices and labels)", True, False),
+    "student.model": ("the student model (pickled), trained on the released labels only", True, False),
+    "teachers/": ("the teachers and their votes, trained without noise on private partitions", False, True),
+    "epsilon.png": ("ε against queries answered", False, False),
+    "margins.png": ("vote margins of the teachers", False, True),
+    "release": ("what the guarantee covers, publishable as is: labels, student, public report", False, False),
+}
 
 _NON_PRIVATE_NOTE = (
     "computed on private data (teachers' votes, held-out labels) without privacy: keep internal, "
@@ -100,6 +121,8 @@ class PateReport(BaseModel):
     out_dir: str
     checks: list[Check] = Field(default_factory=list)
     """The verification checklist, each item recomputed from what the run did."""
+    dataset_budget: dict[str, Any] | None = None
+    """The dataset's budget and composed spend from the registry (the report's ``dataset_budget``)."""
 
     @property
     def secure_rng(self) -> bool:
@@ -107,12 +130,56 @@ class PateReport(BaseModel):
         return not self.reproducible
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (the content of ``report.json``), the non-private figures in ``non_private``."""
+        """A JSON-ready dict (the content of ``report.json``) in the common report schema, the
+        non-private figures only in ``non_private``."""
+        from veil.accounting.events import ApproximateDP
+        from veil.report.publish import plain_summary
+        from veil.report.schema import Evidence, Guarantee, ReportBuilder
+
         out = dict(finite(self.model_dump(mode="json")))
-        section: dict[str, Any] = {"note": _NON_PRIVATE_NOTE}
-        section.update({k: out.pop(k) for k in NON_PRIVATE})
-        out["non_private"] = section
-        return out
+        budget = out.pop("dataset_budget")
+        non_private = {k: out.pop(k) for k in NON_PRIVATE}
+        dataset = out.pop("dataset")
+        non_private["dataset"] = {k: dataset.pop(k) for k in _NON_PRIVATE_DATASET if k in dataset}
+        evidence = Evidence.of(
+            "the run's charge in the budget registry", [ApproximateDP(self.epsilon, self.delta)]
+        )
+        guarantee = Guarantee(
+            epsilon=self.epsilon,
+            delta=self.delta,
+            unit="group" if self.privacy_unit == "group" else "row",
+            neighbouring=self.neighbouring,
+            accountant=self.accountant,
+            covers="the released labels (labels.npz) and the student model trained on them (post-processing);"
+            " "
+            "not the teachers, their votes or any accuracy",
+            randomness="seeded" if self.reproducible else "secure",
+            release_ready=self.release_ready,
+            statement=self.guarantee_statement,
+            evidence=evidence,
+            extra={
+                "analysis": self.guarantee,
+                "target_epsilon": self.target_epsilon,
+                "epsilon_data_independent": self.epsilon_data_independent,
+                "epsilon_data_dependent": self.epsilon_data_dependent,
+            },
+        )
+        b = ReportBuilder("pate", guarantee)
+        b.non_private_fields(
+            {"note": _NON_PRIVATE_NOTE, "test_accuracy": non_private["student_test_accuracy"], **non_private}
+        )
+        checks = out.pop("checks")
+        out.pop("files")
+        for key in _RELEASED:
+            b.released(key, out.pop(key), evidence)
+        b.public_fields({**out, "dataset": dataset, "files": dict(self.files)})
+        for name, (what, release, internal) in _FILES.items():
+            if name != "student.model" or "student" in self.files:
+                b.file(name, what, release=release, non_private=internal)
+        b.release_file("report.json").release_file("report.html").checks(checks)
+        b.dataset_budget = budget
+        b.summary = plain_summary(guarantee.to_dict(), budget, "the released labels or the student model")
+        return b.build()
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
@@ -261,25 +328,18 @@ def margins_png(margins: Sequence[int], answered: Sequence[bool], num_teachers: 
     return png_bytes(plt, fig)
 
 
-def _page_files(r: PateReport) -> dict[str, str]:
-    """The run folder's files for the page: name → what it holds."""
-    what = {
-        "report_json": "this report, machine-readable",
-        "report_html": "this page",
-        "labels": "the released labels (public indices and labels)",
-        "student": "the student model (pickled)",
-        "teachers": "the teachers and their votes (as sensitive as the private data)",
-        "epsilon_plot": "ε against queries answered",
-        "margins_plot": "vote margins",
-    }
-    return {name: what.get(key, key) for key, name in r.files.items()}
-
-
 def render_html(r: PateReport, images: Mapping[str, bytes]) -> str:
     """The report page (``veil/report/templates/pate.html.j2``, the skeleton every job's page shares);
     ``images`` maps a title to PNG bytes (embedded, no external assets)."""
     from veil.report.render import render_page
 
     return render_page(
-        "pate.html.j2", images, r=r, caveats=_caveats(r), checks=r.checks, files=_page_files(r)
+        "pate.html.j2",
+        images,
+        r=r,
+        caveats=_caveats(r),
+        checks=r.checks,
+        files=r.to_dict()["files"],
+        summary=r.to_dict()["summary"],
+        dataset_budget=r.dataset_budget,
     )

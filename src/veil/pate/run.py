@@ -391,6 +391,10 @@ def _write_report(cfg: PateConfig, rep: PateReport, o: _Outcome, out: Path) -> N
         "report.json": rep.to_json(),  # last: marks the run complete
     }
     write_files(out, files)
+    from veil.report.publish import publish
+
+    released = {n: (out / n).read_bytes() for n in ("labels.npz", "student.model") if (out / n).is_file()}
+    publish(out, rep.to_dict(), released)
 
 
 def _factories(
@@ -449,6 +453,7 @@ def run_pate(
         margins = _margins(hist, result.queries_asked)
         outcome = _Outcome(privacy, data, part, votes, result, student, margins, models, started)
         rep = _build_report(cfg, outcome, out)
+        rep.dataset_budget = account.budget_section(out)
         _write_report(cfg, rep, outcome, out)
     finally:
         account.settle()
@@ -496,6 +501,14 @@ class _Account:
         planned = planned_epsilon(settings, plan_budget(settings, True, queries))
         self.charge.reserve([ApproximateDP(planned, self.cfg.delta)], uuid.uuid4().hex, self.cfg.delta)
         self.charge.reading()
+
+    def budget_section(self, out: Path) -> dict[str, Any] | None:
+        """The report's ``dataset_budget``: this run counted with what it released."""
+        from veil.accounting.events import ApproximateDP
+
+        released = self.released
+        events = None if released is None else [ApproximateDP(released.epsilon, self.cfg.delta)]
+        return self.charge.budget_section(events, out) if self.charge.run_id is not None else None
 
     def settle(self) -> None:
         from veil.accounting.events import ApproximateDP

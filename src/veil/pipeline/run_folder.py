@@ -4,24 +4,47 @@ A job checks its folder (:func:`check_out`) before it computes anything expensiv
 file atomically (:func:`write_files`: temp file, fsync, rename, from :mod:`veil.accounting.ledger`),
 so an interrupted or refused job never leaves a half-written file, and never overwrites another
 run. Checkpoints and resume live in :mod:`veil.pipeline.checkpoints`.
+
+A run folder a data-protection officer can act on: ``release/`` holds what the guarantee covers
+(the released model or table, and the public report page and JSON, without the ``non_private``
+section), publishable as is (folder 0755, files 0644); everything else beside it is internal and
+owner-only (folders 0700, files 0600) whatever the umask: the CLI runs every command under umask 077
+(:func:`owner_only`), :func:`write_files` writes 0600, and :func:`seal` sets the modes again once the
+job has written its report (for runs through the Python API).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 
 from veil.accounting.ledger import atomic_write_bytes
 from veil.errors import ConfigError
 
-__all__ = ["CHECKPOINTS", "CONFIG", "LEDGER", "check_out", "default_out", "write_files"]
+__all__ = [
+    "CHECKPOINTS",
+    "CONFIG",
+    "LEDGER",
+    "RELEASE",
+    "check_out",
+    "default_out",
+    "owner_only",
+    "seal",
+    "write_files",
+    "write_release",
+]
 
 LEDGER = "ledger.jsonl"
 CONFIG = "config.toml"
 CHECKPOINTS = "checkpoints"
+RELEASE = "release"
+_PRIVATE_FILE, _PRIVATE_DIR = 0o600, 0o700
+_PUBLIC_FILE, _PUBLIC_DIR = 0o644, 0o755
 
 
 def default_out(dataset: str, job: str = "") -> Path:
@@ -71,8 +94,51 @@ def check_out(out: Path) -> None:
         ) from None
 
 
-def write_files(folder: Path, files: Mapping[str, bytes | str]) -> None:
-    """Create ``folder`` if needed and write each file atomically (text as UTF-8), in order."""
-    folder.mkdir(parents=True, exist_ok=True)
+def write_files(folder: Path, files: Mapping[str, bytes | str], *, public: bool = False) -> None:
+    """Create ``folder`` if needed and write each file atomically (text as UTF-8), in order.
+
+    Owner-only (folder 0700 when created, files 0600) unless ``public`` (``release/``: 0755, 0644)."""
+    folder_mode, file_mode = (_PUBLIC_DIR, _PUBLIC_FILE) if public else (_PRIVATE_DIR, _PRIVATE_FILE)
+    if not folder.exists():
+        folder.mkdir(parents=True, mode=folder_mode)
+        os.chmod(folder, folder_mode)  # mkdir's mode is cut by the umask
     for name, content in files.items():
-        atomic_write_bytes(folder / name, content.encode("utf-8") if isinstance(content, str) else content)
+        data = content.encode("utf-8") if isinstance(content, str) else content
+        atomic_write_bytes(folder / name, data, mode=file_mode)
+
+
+def write_release(run_dir: Path, files: Mapping[str, bytes | str]) -> None:
+    """Write ``run_dir/release/``: what the guarantee covers, publishable as is (0755 / 0644)."""
+    folder = Path(run_dir) / RELEASE
+    write_files(folder, files, public=True)
+    os.chmod(folder, _PUBLIC_DIR)
+
+
+@contextlib.contextmanager
+def owner_only() -> Iterator[None]:
+    """Run the block under umask 077: every file and folder it creates is owner-only."""
+    before = os.umask(0o077)
+    try:
+        yield
+    finally:
+        os.umask(before)
+
+
+def seal(run_dir: Path) -> None:
+    """Make everything in ``run_dir`` but ``release/`` owner-only (folders 0700, files 0600).
+
+    Called once a job has written its report, whatever created the files (a ledger, a checkpoint, a
+    library's own writer); links are left alone."""
+    run_dir = Path(run_dir)
+    os.chmod(run_dir, _PRIVATE_DIR)
+    for root, dirs, names in os.walk(run_dir):
+        here = Path(root)
+        if here == run_dir and RELEASE in dirs:
+            dirs.remove(RELEASE)
+        for d in dirs:
+            if not (here / d).is_symlink():
+                os.chmod(here / d, _PRIVATE_DIR)
+        for n in names:
+            path = here / n
+            if not path.is_symlink() and stat.S_ISREG(path.lstat().st_mode):
+                os.chmod(path, _PRIVATE_FILE)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from veil.accounting.events import Neighbouring, PrivacyEvent
 from veil.errors import BudgetExhaustedError, ConfigError
@@ -35,7 +35,10 @@ from veil.registry.identity import DatasetIdentity, dataset_identity
 if TYPE_CHECKING:
     from veil.registry.store import BudgetRegistry
 
-__all__ = ["DatasetCharge", "open_registry"]
+__all__ = ["DatasetCharge", "budget_section_for", "open_registry"]
+
+_OPEN: dict[str, DatasetCharge] = {}
+"""The charges with a reservation in this process, by run id: a report finds its run's account here."""
 
 
 def open_registry(db: str | os.PathLike[str] | None = None) -> BudgetRegistry:
@@ -136,6 +139,7 @@ class DatasetCharge:
         self.run_id = run_id
         self._planned = list(events)
         self._rows_read = not before_reading
+        _OPEN[run_id] = self
 
     def reading(self) -> None:
         """The job is about to read its first private row: from now on the reservation stands."""
@@ -152,6 +156,19 @@ class DatasetCharge:
         self.run_id = run_id
         self._planned = list(events)
         self._rows_read = True
+        _OPEN[run_id] = self
+
+    def budget_section(
+        self, events: Sequence[PrivacyEvent] | None, report: Path | str | None
+    ) -> dict[str, Any]:
+        """The report's ``dataset_budget`` section, this run counted with ``events`` (what it released;
+        ``None``: its plan); notes the run's user and report folder for ``veil budget report``."""
+        from veil.registry.reporting import budget_section
+
+        if self.run_id is not None:
+            self.registry.note_run(self.run_id, _user(), None if report is None else str(report))
+        status = self.registry.status(self.identity, per_run=False)
+        return budget_section(status, self.run_id, events, self.registry.run_notes())
 
     def settle(self, events: Sequence[PrivacyEvent]) -> None:
         """Charge what the job actually released (its ledger's events) in place of the plan."""
@@ -159,6 +176,7 @@ class DatasetCharge:
             from veil.registry import transactions
 
             transactions.commit(self.registry.db, self.run_id, events)
+            _OPEN.pop(self.run_id, None)
             self.run_id = None
 
     def release(self) -> None:
@@ -172,6 +190,7 @@ class DatasetCharge:
         from veil.registry import transactions
 
         transactions.release(self.registry.db, self.run_id)
+        _OPEN.pop(self.run_id, None)
         self.run_id = None
 
     def finish(self, events: Sequence[PrivacyEvent] | None) -> None:
@@ -187,4 +206,40 @@ class DatasetCharge:
             self.close()
 
     def close(self) -> None:
+        if self.run_id is not None:
+            _OPEN.pop(self.run_id, None)
         self.registry.close()
+
+
+def budget_section_for(
+    run_id: str | None,
+    events: Sequence[PrivacyEvent] | None,
+    report: Path | str | None,
+    dataset_id: str | None = None,
+    db: str | os.PathLike[str] | None = None,
+) -> dict[str, Any] | None:
+    """The ``dataset_budget`` section of the run ``run_id``: through its open charge in this process,
+    else (a run already settled, or a job that charges nothing) from the registry's record of
+    ``dataset_id``; None when neither is known."""
+    charge = _OPEN.get(run_id or "")
+    if charge is not None:
+        return charge.budget_section(events, report)
+    if not dataset_id:
+        return None
+    from veil.registry.reporting import budget_section
+
+    with open_registry(db) as registry:
+        if run_id and registry.run(run_id) is not None:
+            registry.note_run(run_id, _user(), None if report is None else str(report))
+        return budget_section(
+            registry.status(dataset_id, per_run=False), run_id, events, registry.run_notes()
+        )
+
+
+def _user() -> str | None:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no user name in the environment or passwd
+        return None

@@ -114,6 +114,7 @@ class Database:
                         f"its folder cannot be created ({exc.strerror})",
                         "set VEIL_BUDGET_DB to a writable path",
                     ) from None
+            _create_owner_only(path)
         engine = self._wrap_create(url, connect_args={"timeout": _SQLITE_BUSY_TIMEOUT_S}, poolclass=NullPool)
 
         # pysqlite's own transaction handling starts transactions lazily (deferred) and would let two
@@ -169,6 +170,18 @@ class Database:
                 select(datasets).where(datasets.c.dataset_id == dataset_id).with_for_update()
             ).one_or_none()
             yield conn, row
+
+
+def _create_owner_only(path: Path) -> None:
+    """Create a new SQLite file as owner-only (0600) whatever the umask; an existing one is left as is
+    (a team may share it on purpose). SQLite gives its journal files the database file's mode."""
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        return
+    except OSError:
+        return  # the engine reports an unwritable location in its own words
+    os.chmod(path, 0o600)
 
 
 def _insert_ignore(conn: Connection, dataset_id: str, label: str) -> Any:

@@ -9,7 +9,7 @@ or without a budget at the sum of the charged runs' own δ.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,7 @@ __all__ = [
     "RESERVED",
     "DatasetStatus",
     "RunRecord",
+    "budget_section",
     "dataset_status",
     "empty_status",
     "run_record",
@@ -193,3 +194,64 @@ def dataset_status(row: Any, run_rows: Sequence[Any], per_run: bool = True) -> D
         spent_epsilon=spent,
         runs=records,
     )
+
+
+def budget_section(
+    status: DatasetStatus,
+    run_id: str | None = None,
+    events: Sequence[PrivacyEvent] | None = None,
+    info: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """A report's ``dataset_budget`` section: the dataset's budget, the composed spend of its charged
+    runs (``run_id`` counted with ``events``, what it released, in place of its plan) and each run's
+    own ε at its own δ. ``info``: who ran each run and where its report is (``veil_budget_run_info``).
+
+    ``spent_delta`` is the δ the total is stated at (the budget's, or without a budget the sum of the
+    runs' own δ); a DP preprocessing release (``veil schema infer --epsilon``) is one of the runs.
+    """
+    relation = Neighbouring(status.neighbouring)
+    runs = [r for r in status.runs if r.charged]
+    own = {
+        r.run_id: (list(events) if events is not None and r.run_id == run_id else list(r.events))
+        for r in runs
+    }
+    spent: float | None = status.spent_epsilon
+    if status.delta is not None and status.delta < 1.0 and runs:
+        spent = spent_epsilon(list(own.values()), status.delta, status.accountant, relation)
+    left = None
+    if status.epsilon_budget is not None and spent is not None:
+        left = max(status.epsilon_budget - spent, 0.0)
+    info = info or {}
+    rows = []
+    for r in runs:
+        eps = None
+        if r.delta is not None and 0.0 < r.delta < 1.0:
+            eps = spent_epsilon([own[r.run_id]], r.delta, status.accountant, relation)
+            eps = None if math.isnan(eps) else eps
+        extra = info.get(r.run_id, {})
+        rows.append(
+            {
+                "run_id": r.run_id,
+                "job": r.job,
+                "epsilon": eps,
+                "delta": r.delta,
+                "at": r.finished_at or r.created_at,
+                "status": r.status,
+                "this_run": r.run_id == run_id,
+                "user": extra.get("user"),
+                "report": extra.get("report"),
+            }
+        )
+    return {
+        "dataset_id": status.dataset_id,
+        "label": status.label,
+        "unit": "row",
+        "neighbouring": status.neighbouring,
+        "accountant": status.accountant,
+        "budget_epsilon": status.epsilon_budget,
+        "budget_delta": status.delta_budget,
+        "spent_epsilon": spent,
+        "spent_delta": status.delta,
+        "left_epsilon": left,
+        "runs": rows,
+    }

@@ -8,13 +8,15 @@ beyond the label. Timestamps are ISO 8601 UTC strings, identical on both databas
 ``veil_budget_units``: a dataset's privacy unit (the name of the column naming each row's person),
 for the datasets that declare one; a table of its own, so that a registry made before it gains it
 without a migration.
+``veil_budget_run_info``: who ran a run and where its report is (for ``veil budget report``); a table
+of its own, so that a registry made before it gains it by ``create_all`` (no column to migrate).
 """
 
 from __future__ import annotations
 
 from sqlalchemy import Column, Float, ForeignKey, Index, MetaData, String, Table, Text
 
-__all__ = ["SCHEMA_VERSION", "datasets", "metadata", "runs", "units"]
+__all__ = ["SCHEMA_VERSION", "datasets", "metadata", "run_info", "runs", "units"]
 
 SCHEMA_VERSION = 1
 
@@ -56,4 +58,12 @@ units = Table(
     Column("dataset_id", String(255), ForeignKey("veil_budget_datasets.dataset_id"), primary_key=True),
     Column("privacy_unit", String(255), nullable=False),
     Column("created_at", String(32), nullable=False),
+)
+
+run_info = Table(
+    "veil_budget_run_info",
+    metadata,
+    Column("run_id", String(255), primary_key=True),
+    Column("user", String(255), nullable=True),
+    Column("report", String(4000), nullable=True),
 )

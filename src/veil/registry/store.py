@@ -7,7 +7,8 @@ each: :mod:`~veil.registry.database` (connecting, the per-dataset lock), :mod:`~
 :mod:`~veil.registry.compose`'s.
 
 What is stored: dataset identities and labels, run ids, job names, statuses, events, δ values and
-timestamps; no row, statistic or file content of any dataset.
+timestamps, and who ran each run and where its report is; no row, statistic or file content of any
+dataset.
 """
 
 from __future__ import annotations
@@ -15,15 +16,16 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
 from veil.accounting.events import Neighbouring, PrivacyEvent
 from veil.registry import transactions
 from veil.registry.database import Database
 from veil.registry.identity import DatasetIdentity
 from veil.registry.reporting import DatasetStatus, RunRecord, dataset_status, empty_status, run_record
-from veil.registry.schema import datasets, runs
+from veil.registry.schema import datasets, run_info, runs
 
 __all__ = ["BudgetRegistry", "DatasetStatus", "RunRecord"]
 
@@ -131,3 +133,16 @@ class BudgetRegistry:
 
     def statuses(self) -> list[DatasetStatus]:
         return [self.status(d) for d in self.dataset_ids()]
+
+    # -- who ran a run and where its report is (``veil budget report``) -------------------------------
+    def note_run(self, run_id: str, user: str | None, report: str | None) -> None:
+        """Record ``run_id``'s user and report folder (replacing an earlier note)."""
+        with self.db.errors(), self.engine.begin() as conn:
+            conn.execute(delete(run_info).where(run_info.c.run_id == run_id))
+            conn.execute(run_info.insert().values(run_id=run_id, user=user, report=report))
+
+    def run_notes(self) -> dict[str, dict[str, Any]]:
+        """Every noted run: run id → ``{"user", "report"}``."""
+        with self.db.reading() as conn:
+            rows = conn.execute(select(run_info)).all()
+        return {r.run_id: {"user": r.user, "report": r.report} for r in rows}

@@ -126,6 +126,12 @@ class Report(BaseModel):
     seed: int
     """Seeds the data-independent choices (split key, initialisation, random features); the noise
     too in research mode only."""
+    seed_role: str = (
+        "the split and initialisation seed: it fixes the keyed train/test split, the initial weights and "
+        "any random features (choices that do not depend on the data); the noise and sampling come "
+        "from it only in research mode, otherwise from the OS CSPRNG, never stored"
+    )
+    """What ``seed`` seeds, in words (a seed of 0 is the default split/initialisation seed)."""
     veil_version: str
     duration_s: float
     resumes: int = 0

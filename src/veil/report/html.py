@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 from veil.report import Report
 
@@ -69,8 +70,14 @@ def _caveats(report: Report) -> list[str]:
     return out
 
 
-def render_html(report: Report, images: Mapping[str, bytes]) -> str:
-    """The report page (``templates/train.html.j2``); ``images`` maps a title to PNG bytes."""
+def render_html(
+    report: Report,
+    images: Mapping[str, bytes],
+    summary: str = "",
+    dataset_budget: Mapping[str, Any] | None = None,
+) -> str:
+    """The report page (``templates/train.html.j2``); ``images`` maps a title to PNG bytes; the plain
+    ``summary`` and the ``dataset_budget`` section come first when given."""
     from veil.report.render import render_page
 
     return render_page(
@@ -81,4 +88,19 @@ def render_html(report: Report, images: Mapping[str, bytes]) -> str:
         caveats=_caveats(report),
         checks=report.checks,
         files=report.files,
+        summary=summary,
+        dataset_budget=dataset_budget,
+        elsewhere=_labelled_elsewhere(report),
     )
+
+
+def _labelled_elsewhere(report: Report) -> list[tuple[str, Any, str]]:
+    """(path, its value, why it is non-private) for each path the non_private section labels."""
+    data = report.to_dict()
+    rows = []
+    for path, why in report.non_private.labelled_elsewhere.items():
+        value: Any = data
+        for part in path.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        rows.append((path, "–" if value is None else value, why))
+    return rows

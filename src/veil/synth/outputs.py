@@ -126,7 +126,7 @@ def build_report(
         "secure (OS CSPRNG)" if secure else f"seeded (research mode, not for release), seed {settings.seed}"
     )
     kinds = [e for _, e in fit.spend.events]
-    guarantee = (
+    statement = (
         f"({spent:.4g}, {settings.delta:g})-differential privacy for the synthetic table and this report's "
         "private sections, under adding or removing "
         + (
@@ -155,54 +155,116 @@ def build_report(
         "mean_tv": {str(k): mean_tv(real, fit.codes, sizes, k, limit) for k in (1, 2, 3)},
         "measured_tv": [marginal_tv(real, fit.codes, sizes, c) for c, _, _ in fit.measured],
     }
-    files = {name: "the synthetic table" for name in table_names}
-    files.update(
+    return _envelope(
+        out,
+        settings,
+        statement,
+        secure and checks[0]["passed"],
+        checks,
+        non_private,
+        table_names,
         {
-            "report.json": "this report (the non_private section is internal)",
-            "report.html": "the same, for people",
-            "ledger.jsonl": "every privacy event, hash-chained",
-        }
+            "veil_version": veil.__version__,
+            "mechanism": settings.mechanism,
+            "dataset": parse_source(settings.dataset, table=settings.table, query=settings.query).describe(),
+            "schema": str(settings.schema),
+            "out_dir": str(out),
+            "epsilon": spent,
+            "epsilon_target": settings.epsilon,
+            "delta": settings.delta,
+            "rho": rho,
+            "rho_spent": fit.spend.rho,
+            "accountant": "rdp",
+            "neighbouring": "add_or_remove_one"
+            if settings.privacy_unit is None
+            else "add_or_remove_one_unit",
+            "privacy_unit": settings.privacy_unit,
+            "randomness": randomness,
+            "secure_rng": secure,
+            "release_ready": secure and checks[0]["passed"],
+            "rows_written": int(fit.codes.shape[0]),
+            "rows_estimated": total,
+            "domain": {
+                "columns": [{"name": a.name, "kind": a.kind, "cells": a.size} for a in domain.attributes],
+                "cells": float(domain.cells),
+                "bins": settings.bins,
+            },
+            "model": {
+                "cliques": [[names[a] for a in c] for c in fit.model.tree.cliques],
+                "cells": int(sum(b.size for b in fit.model.theta)),
+            },
+            "events": [_event_row(label, e) for label, e in fit.spend.events],
+            "marginals": marginals,
+            "duration_s": seconds,
+        },
     )
-    return {
-        "job": "synth",
-        "veil_version": veil.__version__,
-        "mechanism": settings.mechanism,
-        "dataset": parse_source(settings.dataset, table=settings.table, query=settings.query).describe(),
-        "schema": str(settings.schema),
-        "out_dir": str(out),
-        "guarantee": guarantee,
-        "epsilon": spent,
-        "epsilon_target": settings.epsilon,
-        "delta": settings.delta,
-        "rho": rho,
-        "rho_spent": fit.spend.rho,
-        "accountant": "rdp",
-        "neighbouring": "add_or_remove_one" if settings.privacy_unit is None else "add_or_remove_one_unit",
-        "privacy_unit": settings.privacy_unit,
-        "randomness": randomness,
-        "secure_rng": secure,
-        "release_ready": secure and checks[0]["passed"],
-        "rows_written": int(fit.codes.shape[0]),
-        "rows_estimated": total,
-        "domain": {
-            "columns": [{"name": a.name, "kind": a.kind, "cells": a.size} for a in domain.attributes],
-            "cells": float(domain.cells),
-            "bins": settings.bins,
-        },
-        "model": {
-            "cliques": [[names[a] for a in c] for c in fit.model.tree.cliques],
-            "cells": int(sum(b.size for b in fit.model.theta)),
-        },
-        "events": [_event_row(label, e) for label, e in fit.spend.events],
-        "marginals": marginals,
-        "checks": checks,
-        "files": files,
-        "duration_s": seconds,
-        "non_private": non_private,
-    }
+
+
+_RELEASED = ("rows_estimated", "model", "marginals", "events")
+"""Fields computed from the noisy measurements (post-processing of the ledger's events)."""
+
+
+def _envelope(
+    out: Path,
+    settings: Any,
+    statement: str,
+    ready: bool,
+    checks: list[dict[str, Any]],
+    non_private: dict[str, Any],
+    table_names: list[str],
+    body: dict[str, Any],
+) -> dict[str, Any]:
+    """The report in the common schema (:mod:`veil.report.schema`)."""
+    from veil.accounting.ledger import Ledger
+    from veil.registry.charge import budget_section_for
+    from veil.report.publish import plain_summary
+    from veil.report.schema import Evidence, Guarantee, ReportBuilder
+
+    ledger = Ledger.open(out / "ledger.jsonl")
+    events = ledger.events()
+    evidence = Evidence.of("ledger.jsonl", events)
+    guarantee = Guarantee(
+        epsilon=body["epsilon"],
+        delta=body["delta"],
+        unit="row" if body["privacy_unit"] is None else "privacy unit",
+        neighbouring=body["neighbouring"],
+        accountant="rdp",
+        covers="the synthetic table and this report's private sections (post-processing of the noisy "
+        "measurements in the ledger); not the non_private section",
+        randomness="secure" if body["secure_rng"] else "seeded",
+        release_ready=ready,
+        statement=statement,
+        evidence=evidence,
+        extra={"target_epsilon": body["epsilon_target"]},
+    )
+    b = ReportBuilder("synth", guarantee)
+    for key in _RELEASED:
+        b.released(key, body.pop(key), evidence)
+    b.public_fields(body)
+    b.non_private_fields({**non_private, "test_accuracy": None})
+    for name in table_names:
+        b.file(name, "the synthetic table", release=True)
+    b.file("report.json", "this report (the full internal one: its non_private section is internal)")
+    b.file("report.html", "the same, for people")
+    b.file("ledger.jsonl", "every privacy event, hash-chained")
+    b.file(
+        "release", "what the guarantee covers, publishable as is: the synthetic table and the public report"
+    )
+    b.release_file("report.json").release_file("report.html").checks(checks)
+    b.dataset_budget = budget_section_for(ledger.header.get("budget_run_id"), events, out)
+    b.summary = plain_summary(guarantee.to_dict(), b.dataset_budget, "the synthetic table")
+    return b.build()
 
 
 def render_report(report: dict[str, Any]) -> str:
     from veil.report.render import render_page
 
-    return render_page("synth.html.j2", {}, r=report, checks=report["checks"], files=report["files"])
+    return render_page(
+        "synth.html.j2",
+        {},
+        r=report,
+        checks=report["checks"],
+        files=report["files"],
+        summary=report["summary"],
+        dataset_budget=report["dataset_budget"],
+    )

@@ -253,6 +253,7 @@ def _finish(
 ) -> dict[str, Any]:
     from veil.accounting.rdp import RDPAccountant
     from veil.pipeline.run_folder import write_files
+    from veil.report.publish import publish
     from veil.synth.outputs import build_report, render_report, table_files
 
     accountant = RDPAccountant()
@@ -268,6 +269,7 @@ def _finish(
     report = build_report(settings, domain, codes, fit, rho, spent, fit_seconds, out, list(files))
     write_files(out, {**files, "report.json": _json(report), "report.html": render_report(report)})
     ledger.append("end", epsilon=spent, files=sorted([*files, "report.json", "report.html"]))
+    publish(out, report, files)
     return report
 
 

@@ -1,9 +1,9 @@
 """The ``veil tune`` report: ``report.json`` and ``report.html`` (through the shared page stack).
 
-What is private (covered by the tuning guarantee) and what is not is kept apart: the chosen
-candidate and its noisy score sit at the top; K, every trial and every test accuracy are in the
-``non_private`` section (the top-level ``trials`` and ``test_accuracy`` repeat two of its figures
-for scripts, and are listed in ``non_private_fields``).
+What is private (covered by the tuning guarantee) and what is not is kept apart, in the common
+report schema (:mod:`veil.report.schema`): the chosen candidate and its noisy score are released in
+the ``tune`` section (the tuning ledger's event behind them); the number of trials K (releasing it
+voids the tuning bound), every trial and every test accuracy are only in ``non_private``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from veil.pipeline.outputs import finite
 from veil.pipeline.run_folder import write_files
 from veil.report import Check
 from veil.tune.budget import BudgetSplit
@@ -33,10 +32,12 @@ CAVEATS = [
     "short on a good score: the bound depends on it.",
 ]
 FILES = {
-    "report.json": "this report, machine-readable",
-    "report.html": "this report as a page",
+    "report.json": "this report, machine-readable (the full internal one)",
+    "report.html": "this report as a page (the full internal one)",
     "model.pt": "the chosen DP model's state_dict (torch.load(path, weights_only=True))",
-    "trials/": "every trial's run folder and ledger (internal: not covered by the guarantee)",
+    "trials/": "INTERNAL, non-private: every trial's run folder and ledger (their number is K)",
+    "ledger.jsonl": "the tuning ledger: the one charged event",
+    "release": "what the guarantee covers, publishable as is: the chosen model and the public report",
 }
 
 
@@ -100,22 +101,30 @@ def write_report(
     ``privacy_unit``: the unit column every trial and the score protect (``n_train`` and
     ``n_validation`` then count units); None: rows."""
     import veil
+    from veil.report.publish import publish
     from veil.report.render import render_page
 
     keys = ("lr", "epochs", "batch_size", "max_grad_norm", "model")
-    report: dict[str, Any] = {
-        "job": "tune",
-        "veil_version": veil.__version__,
-        "dataset": dataset,
-        "n_train": n_train,
-        "n_validation": n_validation,
-        "privacy_unit": privacy_unit,
-        "epsilon": split.epsilon,
-        "target_epsilon": target,
-        "delta": split.delta,
-        "accountant": "rdp (random-stopping tuning, Papernot & Steinke 2022)",
-        "neighbouring": "add_or_remove_one",
-        "chosen": None
+    report = _envelope(
+        out,
+        split,
+        {
+            "veil_version": veil.__version__,
+            "dataset": dataset,
+            "n_train": n_train,
+            "n_validation": n_validation,
+            "epsilon": split.epsilon,
+            "target_epsilon": target,
+            "delta": split.delta,
+            "accountant": "rdp (random-stopping tuning, Papernot & Steinke 2022)",
+            "privacy_unit": privacy_unit,
+            "neighbouring": "add_or_remove_one" if privacy_unit is None else "add_or_remove_one_unit",
+            "budget_split": _budget(split, score_noise),
+            "search_space": space.to_dict(),
+            "out_dir": str(out),
+            "duration_s": duration,
+        },
+        None
         if chosen is None
         else {
             **{k: chosen[k] for k in keys},
@@ -123,35 +132,74 @@ def write_report(
             "steps": chosen["steps"],
             "noisy_validation_accuracy": chosen["noisy_score"],
         },
-        "budget_split": _budget(split, score_noise),
-        "search_space": space.to_dict(),
-        "trials": len(trials),
-        "test_accuracy": None if chosen is None else chosen["test_accuracy"],
-        "non_private_fields": ["trials", "test_accuracy"],
-        "non_private": {
-            "note": CAVEATS[0],
+        {
             "trials_run": len(trials),
             "n_test": n_test,
             "test_accuracy": None if chosen is None else chosen["test_accuracy"],
             "trials": trials,
         },
-        "checks": [c.model_dump() for c in _checks(split, target, trials)],
-        "files": FILES if chosen is not None else {k: v for k, v in FILES.items() if k != "model.pt"},
-        "out_dir": str(out),
-        "duration_s": duration,
-    }
-    report = finite(report)
-    law = "truncated negative binomial" if split.count.law == "negative_binomial" else "Poisson"
+        _checks(split, target, trials),
+    )
     page = render_page(
         "tune.html.j2",
         {},
         r=report,
-        guarantee=GUARANTEE.format(eps=split.epsilon, delta=split.delta, law=law, mean=split.count.mean),
+        guarantee=report["guarantee"]["statement"],
         caveats=CAVEATS[1:],
         checks=report["checks"],
         files=report["files"],
+        summary=report["summary"],
+        dataset_budget=report["dataset_budget"],
     )
     import json
 
     write_files(out, {"report.html": page, "report.json": json.dumps(report, indent=2)})
+    model = out / "model.pt"
+    publish(out, report, {"model.pt": model.read_bytes()} if model.is_file() else {})
     return report
+
+
+def _envelope(
+    out: Path,
+    split: BudgetSplit,
+    settings: dict[str, Any],
+    chosen: dict[str, Any] | None,
+    non_private: dict[str, Any],
+    checks: list[Check],
+) -> dict[str, Any]:
+    """The report in the common schema: the chosen candidate released on the tuning event."""
+    from veil.accounting.ledger import Ledger
+    from veil.pipeline.run_folder import LEDGER
+    from veil.registry.charge import budget_section_for
+    from veil.report.publish import plain_summary
+    from veil.report.schema import Evidence, Guarantee, ReportBuilder
+
+    ledger = Ledger.open(out / LEDGER)
+    events = ledger.events()
+    evidence = Evidence.of(LEDGER, events)
+    law = "truncated negative binomial" if split.count.law == "negative_binomial" else "Poisson"
+    passed = all(c.passed for c in checks)
+    guarantee = Guarantee(
+        epsilon=split.epsilon,
+        delta=split.delta,
+        unit="row" if settings.get("privacy_unit") is None else "privacy unit",
+        neighbouring=str(settings["neighbouring"]),
+        accountant=str(settings["accountant"]),
+        covers="the chosen model (model.pt), its hyperparameters and its noisy validation score; not the "
+        "number of trials, the other trials or any test accuracy",
+        randomness="secure",
+        release_ready=passed and chosen is not None,
+        statement=GUARANTEE.format(eps=split.epsilon, delta=split.delta, law=law, mean=split.count.mean),
+        evidence=evidence,
+        extra={"target_epsilon": settings["target_epsilon"]},
+    )
+    b = ReportBuilder("tune", guarantee).public_fields(settings)
+    b.released("chosen", chosen, evidence)
+    b.non_private_fields({"note": CAVEATS[0], **non_private})
+    for name, what in FILES.items():
+        if name != "model.pt" or chosen is not None:
+            b.file(name, what, release=name == "model.pt")
+    b.release_file("report.json").release_file("report.html").checks(checks)
+    b.dataset_budget = budget_section_for(ledger.header.get("budget_run_id"), events, out)
+    b.summary = plain_summary(guarantee.to_dict(), b.dataset_budget, "the chosen model")
+    return b.build()

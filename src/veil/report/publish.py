@@ -1,0 +1,111 @@
+"""What every job does with its finished report: the plain summary, ``release/`` and the sealed folder.
+
+:func:`plain_summary` writes the one paragraph a reader who is not a privacy expert reads first (no
+jargon: no accountant, sampling or neighbouring relation; those stay in the technical statement).
+:func:`publish` writes ``release/`` — the released artefacts and the public report (``report.json``
+without the ``non_private`` section, and a page made from it alone) — then makes the rest of the run
+folder owner-only (:func:`veil.pipeline.run_folder.seal`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["plain_summary", "public_page", "publish"]
+
+_UNIT_WORDS = {
+    "row": "any one person's row",
+    "group": "any one group of rows (as given by the group ids)",
+    "client": "any one client, with everything it holds",
+    "record of one silo": "any one record of any one silo",
+}
+
+
+def _num(value: float | None) -> str:
+    if value is None:
+        return "unknown"
+    return "unlimited" if math.isinf(value) else f"{value:.3g}"
+
+
+def plain_summary(guarantee: Mapping[str, Any], budget: Mapping[str, Any] | None, what: str) -> str:
+    """One paragraph in plain words: what ``what`` (the released output) reveals about one person,
+    what this run cost and what the dataset has left."""
+    from veil.report.html import exp_factor
+
+    eps, delta = guarantee.get("epsilon"), guarantee.get("delta")
+    unit = _UNIT_WORDS.get(str(guarantee.get("unit")), "any one person's data")
+    if eps is None:
+        text = (
+            f"This run releases nothing under a privacy guarantee: everything it wrote about {what} "
+            "was computed from the private data directly and must stay inside the organisation."
+        )
+    else:
+        text = (
+            f"Anyone who sees {what} cannot tell, beyond a factor of e^{_num(eps)} ≈ {exp_factor(eps)} "
+            f"in the odds, whether {unit} was part of the data; there is a small chance, at most "
+            f"{delta:g}, that this promise fails. Smaller numbers mean stronger privacy."
+        )
+    if budget:
+        left = budget.get("left_epsilon")
+        total = budget.get("budget_epsilon")
+        spent = budget.get("spent_epsilon")
+        text += f" All runs on this dataset together have used {_num(spent)}"
+        text += (
+            f" of its budget of {_num(total)}, leaving {_num(left)}."
+            if total is not None
+            else ("; no total budget has been set for it.")
+        )
+    if guarantee.get("randomness") == "seeded":
+        text += (
+            " This run used replayable randomness for research: anyone who knows its seed could undo "
+            "the protection, so it must not be released."
+        )
+    elif eps is not None and not guarantee.get("release_ready"):
+        text += " A check failed, so it is not ready to release; see the checklist."
+    return text
+
+
+def public_page(report: Mapping[str, Any]) -> str:
+    """``release/report.html``: the page of the public report alone (``templates/release.html.j2``)."""
+    from veil.report.render import render_page
+
+    job = str(report.get("job"))
+    section = report.get(job) or {}
+    settings = {  # the job's plain settings; its texts are in the guarantee box already
+        k: v
+        for k, v in section.items()
+        if v is not None and (isinstance(v, (int, float, bool)) or (isinstance(v, str) and len(v) <= 120))
+    }
+    return render_page(
+        "release.html.j2",
+        {},
+        r=report,
+        summary=report.get("summary", ""),
+        g=report["guarantee"],
+        dataset_budget=report.get("dataset_budget"),
+        settings=settings,
+        checks=report.get("checks") or [],
+        files=report.get("files") or {},
+    )
+
+
+def publish(run_dir: Path, report: Mapping[str, Any], artefacts: Mapping[str, bytes | str]) -> None:
+    """Write ``run_dir/release/`` (``artefacts`` — the released model or table — and the public
+    ``report.json`` and ``report.html``), then make everything else in ``run_dir`` owner-only."""
+    from veil.pipeline.run_folder import seal, write_release
+    from veil.report.schema import public_view
+
+    public = public_view(report)
+    write_release(
+        Path(run_dir),
+        {
+            **artefacts,
+            "report.html": public_page(public),
+            "report.json": json.dumps(public, indent=2, allow_nan=False) + "\n",
+        },
+    )
+    seal(Path(run_dir))
