@@ -406,7 +406,11 @@ def test_synth_with_a_privacy_unit_says_so(
     assert code == 0, err
     report = json.loads(stdout)
     assert report["privacy_unit"] == "patient_id" and report["neighbouring"] == "add_or_remove_one_unit"
-    assert "each person (unit column `patient_id`), whatever number of rows they have" in report["guarantee"]
+    assert (
+        "each person (unit column `patient_id`), whatever number of rows they have"
+        in report["guarantee"]["statement"]
+    )
+    assert report["guarantee"]["unit"] == "privacy unit"
     assert 150 < report["rows_estimated"] < 250  # the model's total is the number of people (200)
     assert "PATIENT-" not in (out / "synthetic.csv").read_text()
 

@@ -111,6 +111,10 @@ class PrivateAccount:
         self.closed = True
         self.charge.finish(None if events is None else list(events))
 
+    def budget_section(self, events: Sequence[PrivacyEvent] | None, report: Any) -> dict[str, Any]:
+        """The report's ``dataset_budget`` section (:meth:`DatasetCharge.budget_section`)."""
+        return self.charge.budget_section(events, report)
+
     def close(self) -> None:
         """Close the registry (once; :meth:`finish` closes it too)."""
         if not self.closed:
