@@ -113,10 +113,10 @@ def load_text_dataset(
         raise DataError(
             "text_column", text_column, "it is also the target column", "name the text and label columns"
         )
+    texts = check_texts(columns[text_column], text_column)
     y, classes = encode_labels(columns[label], f"column {label}", classes)
     keep, rules = drop_unlabelled(y)  # an undeclared or missing label drops the row (docs/tables.md)
-    y = y[keep]
-    texts = check_texts([t for t, k in zip(columns[text_column], keep, strict=True) if k], text_column)
+    y, texts = y[keep], [t for t, k in zip(texts, keep, strict=True) if k]
     check_labels(y, classes, f"column {label}")
     x = tokenize(load_tokenizer(folder), texts, max_length)
     x_train, y_train, x_test, y_test = split(x, y, test_fraction, seed)
