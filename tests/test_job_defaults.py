@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from veil.accounting.calibrate import dpsgd_event
-from veil.errors import ConfigError, DataError
+from veil.errors import ConfigError
 from veil.pipeline.budget import StepPlan
 from veil.pipeline.checks import (
     clipping_check,
@@ -108,8 +108,10 @@ def test_a_unique_label_never_shows_in_the_output_width(tmp_path: Path) -> None:
     base = {"target": "label", "feature_bounds": [[0.0, 100.0]]}
     with pytest.raises(ConfigError, match="classes"):  # no declaration: refused, nothing read off the rows
         prepare(make_config({**base, "dataset": with_z}))
-    with pytest.raises(DataError, match=r"'z'.*not in the declared"):  # undeclared label: refused
-        prepare(make_config({**base, "dataset": with_z, "classes": ["x", "y"]}))
+    # An undeclared label drops its row (a per-record rule, issue 23 item 7): the data are those without it.
+    dropped = prepare(make_config({**base, "dataset": with_z, "classes": ["x", "y"]})).data
+    assert dropped.rules["rows_dropped_label_not_declared"] == 1
+    assert dropped.n_train + dropped.n_test == len(rows) and dropped.classes == ["x", "y"]
     widths = []
     for dataset in (with_z, without):
         prepared = prepare(make_config({**base, "dataset": dataset, "classes": ["x", "y", "z"]}))

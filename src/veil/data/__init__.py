@@ -32,6 +32,7 @@ __all__ = [
     "DEFAULT_DATA_DIRS",
     "Dataset",
     "check_labels",
+    "drop_unlabelled",
     "encode_labels",
     "load_dataset",
     "split",
@@ -115,28 +116,21 @@ def sha256_arrays(*arrays: np.ndarray) -> str:
     return h.hexdigest()
 
 
+NO_LABEL = -2
+"""The class index :func:`encode_labels` gives a row without a label (dropped by :func:`drop_unlabelled`)."""
+UNDECLARED = -1
+"""The class index :func:`encode_labels` gives a label outside the declared set (dropped too)."""
+
+
 def encode_labels(
     raw: list[Any] | np.ndarray, where: str, declared: list[str] | None = None
 ) -> tuple[np.ndarray, list[str]]:
-    """Class indices 0..K-1 in the order of the ``declared`` public label set.
+    """Class indices 0..K-1 in the order of the ``declared`` public label set; :data:`UNDECLARED` for a
+    label outside it and :data:`NO_LABEL` for a missing one (the caller drops those rows with
+    :func:`drop_unlabelled`: a per-record public rule, never a refusal on a value once rows are read).
 
     The label set is public by declaration: it fixes the model's output width, so reading it off the
-    private rows would reveal a row whose label is unique. Without a declaration the data is refused;
-    a row whose label is not declared is refused (nothing is dropped silently)."""
-    values = [
-        str(v).strip() if not isinstance(v, (int, np.integer)) else str(int(v))
-        for v in np.asarray(raw).ravel()
-    ]
-    for i, v in enumerate(values):
-        if v == "" or v.lower() in ("nan", "none", "null"):
-            raise DataError(
-                f"{where} row {i + 1}",
-                v,
-                "an example without a label cannot be trained "
-                "on, and dropping it silently changes the dataset",
-                "fill in or remove the rows without a label",
-            )
-
+    private rows would reveal a row whose label is unique. Without a declaration the data is refused."""
     if declared is None:
         raise ConfigError(
             "classes",
@@ -145,17 +139,28 @@ def encode_labels(
             "row whose label is unique, so veil never takes it from the data",
             "declare the public label set in class order: --classes a,b,c (config key classes)",
         )
+    values = [
+        str(v).strip() if not isinstance(v, (int, np.integer)) else str(int(v))
+        for v in np.asarray(raw).ravel()
+    ]
     index = {c: i for i, c in enumerate(declared)}
-    for i, v in enumerate(values):
-        if v not in index:
-            raise DataError(
-                f"{where} row {i + 1}",
-                v,
-                "this label is not in the declared public label set, and dropping the row or widening "
-                "the set from the data would change the output without accounting",
-                "add the label to --classes, or remove the row",
-            )
-    return np.array([index[v] for v in values], dtype=np.int64), list(declared)
+    missing = ("", "nan", "none", "null")
+    codes = [index.get(v, NO_LABEL if v.lower() in missing else UNDECLARED) for v in values]
+    return np.array(codes, dtype=np.int64), list(declared)
+
+
+def drop_unlabelled(y: np.ndarray, bad_rows: np.ndarray | None = None) -> tuple[np.ndarray, dict[str, int]]:
+    """Which rows to keep (a label in the declared set and, if given, not ``bad_rows``), and the counts
+    of what the per-record rules dropped (non-private)."""
+    keep = np.asarray(y) >= 0
+    rules = {
+        "rows_dropped_label_not_declared": int((np.asarray(y) == UNDECLARED).sum()),
+        "rows_dropped_label_missing": int((np.asarray(y) == NO_LABEL).sum()),
+    }
+    if bad_rows is not None:
+        rules["rows_dropped_feature_not_a_finite_number"] = int((bad_rows & keep).sum())
+        keep &= ~bad_rows
+    return keep, rules
 
 
 def check_labels(y: np.ndarray, classes: list[str], where: str) -> None:

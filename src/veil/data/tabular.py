@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from veil.accounting.ledger import file_sha256
-from veil.data import Dataset, check_labels, encode_labels, split
+from veil.data import Dataset, check_labels, drop_unlabelled, encode_labels, split
 from veil.errors import DataError
 
 __all__ = [
@@ -60,39 +60,32 @@ def require_target(target: str | None, scheme: str, columns: list[str]) -> str:
     return target
 
 
-def _feature_matrix(columns: dict[str, list[Any]], names: list[str], first_row: int) -> np.ndarray:
+def _feature_matrix(columns: dict[str, list[Any]], names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The features as float64, and which rows hold a cell that is not a finite number (missing, text,
+    NaN or infinity): without a schema there is no missing encoding, so such a row is dropped (a
+    per-record rule, counted; never a refusal on a value once rows are read)."""
     n = len(next(iter(columns.values()))) if columns else 0
-    x = np.empty((n, len(names)), dtype=np.float64)
+    x = np.zeros((n, len(names)), dtype=np.float64)
+    bad = np.zeros(n, dtype=bool)
     for j, name in enumerate(names):
         for i, cell in enumerate(columns[name]):
-            value: float
-            if isinstance(cell, bool) or cell is None:
-                value = math.nan if cell is None else float(cell)
-                if cell is None:
-                    _bad_cell(i + first_row, name, cell, "is missing")
-            elif isinstance(cell, (int, float, np.integer, np.floating)):
-                value = float(cell)
+            value = _number(cell)
+            if value is None or not math.isfinite(value):
+                bad[i] = True
             else:
-                text = str(cell).strip()
-                try:
-                    value = float(text)
-                except ValueError:
-                    _bad_cell(i + first_row, name, cell, "is not a number" if text else "is empty")
-            if not math.isfinite(value):
-                _bad_cell(i + first_row, name, cell, "is not finite (NaN or infinity)")
-            x[i, j] = value
-    return x
+                x[i, j] = value
+    return x, bad
 
 
-def _bad_cell(row: int, column: str, cell: Any, what: str) -> None:
-    raise DataError(
-        f"row {row} column '{column}'",
-        cell,
-        f"the feature {what}; veil does not impute or drop "
-        "rows, since either would use or change the private "
-        "data without accounting",
-        "clean the file so that every feature is a finite number",
-    )
+def _number(cell: Any) -> float | None:
+    if cell is None:
+        return None
+    if isinstance(cell, (bool, int, float, np.integer, np.floating)):
+        return float(cell)
+    try:
+        return float(str(cell).strip())
+    except ValueError:
+        return None
 
 
 def _from_columns(
@@ -112,8 +105,10 @@ def _from_columns(
         )
     if not columns[target]:
         raise DataError("dataset", name, "the file has no data rows", "provide a file with examples")
-    x = _feature_matrix(columns, features, first_row)
+    x, bad = _feature_matrix(columns, features)
     y, classes = encode_labels(columns[target], f"target '{target}'", declared)
+    keep, rules = drop_unlabelled(y, bad)
+    x, y = x[keep], y[keep]
     check_labels(y, classes, f"target '{target}'")
     x_tr, y_tr, x_te, y_te = split(x.astype(np.float32), y, test_fraction, seed, classes)
     return Dataset(
@@ -128,6 +123,7 @@ def _from_columns(
         preset="table",
         feature_names=features,
         classes_declared_by="--classes (public by declaration)",
+        rules=rules,
     )
 
 
@@ -206,16 +202,10 @@ def _load_npz(
         raise DataError(
             f"npz array '{feature_key}'", str(x.dtype), "features must be real numbers", "convert them"
         )
-    bad = ~np.isfinite(x.reshape(len(x), -1)) if np.issubdtype(x.dtype, np.floating) else None
-    if bad is not None and bad.any():
-        row, col = (int(v) for v in np.argwhere(bad)[0])
-        _bad_cell(
-            row,
-            f"{feature_key}[{col}]",
-            float(x.reshape(len(x), -1)[row, col]),
-            "is not finite (NaN or infinity)",
-        )
+    finite = np.isfinite(x.reshape(len(x), -1)).all(axis=1) if np.issubdtype(x.dtype, np.floating) else None
     y, classes = encode_labels(labels, f"npz array '{label_key}'", declared)
+    keep, rules = drop_unlabelled(y, None if finite is None else ~finite)
+    x, y = x[keep], y[keep]
     check_labels(y, classes, f"npz array '{label_key}'")
     image = x.ndim >= 3
     pixel_max = 255.0 if image and x.dtype == np.uint8 else None
@@ -236,6 +226,7 @@ def _load_npz(
         pixel_max=pixel_max,
         classes_declared_by="--classes (public by declaration)",
         notes=[] if pixel_max or not image else ["image values are used as given (not rescaled)"],
+        rules=rules,
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from veil.data import Dataset, check_labels, encode_labels, sha256_arrays, split
+from veil.data import Dataset, check_labels, drop_unlabelled, encode_labels, sha256_arrays, split
 from veil.errors import ConfigError, DataError
 
 __all__ = ["TEXT_SCHEMES", "load_text_dataset", "model_folder"]
@@ -115,6 +115,8 @@ def load_text_dataset(
         )
     texts = check_texts(columns[text_column], text_column)
     y, classes = encode_labels(columns[label], f"column {label}", classes)
+    keep, rules = drop_unlabelled(y)  # an undeclared or missing label drops the row (docs/tables.md)
+    y, texts = y[keep], [t for t, k in zip(texts, keep, strict=True) if k]
     check_labels(y, classes, f"column {label}")
     x = tokenize(load_tokenizer(folder), texts, max_length)
     x_train, y_train, x_test, y_test = split(x, y, test_fraction, seed)
@@ -131,4 +133,5 @@ def load_text_dataset(
         feature_names=[text_column],
         notes=[f"texts of column '{text_column}' tokenized by the model's tokenizer to {max_length} tokens"],
         classes_declared_by="--classes (public by declaration)",
+        rules=rules,
     )
