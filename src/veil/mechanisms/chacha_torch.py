@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["DeviceKeystream", "chacha20_blocks"]
+__all__ = ["DeviceKeystream", "block_function", "chacha20_blocks", "initial_state"]
 
 _SIGMA = struct.unpack("<4I", b"expand 32-byte k")  # RFC 8439 §2.3 constants
 _MAX_BLOCKS = 1 << 32
@@ -58,9 +58,13 @@ def chacha20_blocks(key: bytes, nonce: bytes, counter: int, blocks: int, device:
     """Keystream blocks ``counter … counter + blocks − 1`` as int32 words ``[blocks, 16]`` (little endian).
 
     ``key``: 32 bytes; ``nonce``: 12 bytes; the block counter is the 32-bit word 12 of the state
-    (RFC 8439 §2.3). The column rounds act on the state's four rows at once, the diagonal rounds on
-    the rows rotated by 1, 2, 3 (RFC 8439 §2.2 rewritten as row rotations).
+    (RFC 8439 §2.3).
     """
+    return block_function(initial_state(key, nonce, counter, blocks, device))
+
+
+def initial_state(key: bytes, nonce: bytes, counter: int, blocks: int, device: Any = "cpu") -> Tensor:
+    """The ChaCha20 input states ``[16, blocks]`` (int32) of consecutive block counters."""
     if len(key) != 32 or len(nonce) != 12:
         raise ValueError("ChaCha20 takes a 32-byte key and a 12-byte nonce")
     if counter < 0 or counter + blocks > _MAX_BLOCKS:
@@ -74,6 +78,16 @@ def chacha20_blocks(key: bytes, nonce: bytes, counter: int, blocks: int, device:
     state = fixed.unsqueeze(1).expand(16, blocks).clone()
     counters = torch.arange(counter, counter + blocks, dtype=torch.int64, device=dev)
     state[12] = torch.where(counters >= 1 << 31, counters - (1 << 32), counters).to(torch.int32)
+    return state
+
+
+def block_function(state: Tensor) -> Tensor:
+    """RFC 8439 §2.3 block function of every column of ``state`` ``[16, blocks]`` → ``[blocks, 16]``.
+
+    Tensor in, tensor out (no key as a Python value), so ``torch.compile`` can fuse it into one
+    kernel without recompiling per key. The column rounds act on the state's four rows at once, the
+    diagonal rounds on the rows rotated by 1, 2, 3 (RFC 8439 §2.2 rewritten as row rotations).
+    """
     a, b, c, d = state[0:4], state[4:8], state[8:12], state[12:16]
     for _ in range(10):  # 20 rounds: 10 × (column round, diagonal round)
         a, b, c, d = _quarter_rounds(a, b, c, d)
