@@ -47,6 +47,7 @@ from veil.pipeline.data import prepare
 from veil.pipeline.loop import RunPlan, evaluate_released, start, train_steps, trainable_view
 from veil.pipeline.model import assemble, build_net, evaluate
 from veil.pipeline.outputs import model_bytes
+from veil.pipeline.private_data import stand_in_plan
 from veil.pipeline.randomness import RESEARCH_CAVEAT, randomness_of, release_ready
 from veil.pipeline.run_folder import CHECKPOINTS, CONFIG, LEDGER, check_out, default_out, write_files
 from veil.pipeline.seeds import Purpose, derive_seed
@@ -582,15 +583,22 @@ def train(
             overrides = dict(make_config(config or {}).model_dump(exclude_unset=True))
         return _resume(Path(resume), overrides, progress, t0)
     cfg = config if isinstance(config, TrainConfig) else make_config(config or {})
+    _check_public(cfg)  # what needs no row is refused before anything is charged
     charge = _open_charge(cfg)  # refuses an exhausted dataset before a row is read
     try:
-        plan = _prepare(cfg, None)
-        curve = _curve(plan, None)  # before the folder exists: an accounting failure leaves nothing behind
         run_id = uuid.uuid4().hex
-        # Admission: the whole plan against the dataset's budget, before anything is written or released.
-        charge.reserve(_planned_events(plan), run_id, cfg.delta)
+        # Admission before reading: the stand-in (the target ε at δ; the plan itself needs N). Refused:
+        # nothing read, nothing recorded.
+        charge.reserve(stand_in_plan(cfg.epsilon, cfg.delta), run_id, cfg.delta, before_reading=True)
         ledger: Ledger | None = None
         try:
+            charge.reading()  # from here the run stays charged, whatever happens
+            plan = _prepare(cfg, None)
+            curve = _curve(
+                plan, None
+            )  # before the folder exists: an accounting failure leaves nothing behind
+            # The whole plan against the dataset's budget, before anything is written or released.
+            charge.replan(_planned_events(plan), cfg.delta)
             run_dir = plan.out
             run_dir.mkdir(parents=True, exist_ok=True)
             with RunLock(run_dir):
@@ -602,10 +610,19 @@ def train(
                 finally:
                     ledger.close()
         finally:
-            # What the ledger holds is what was released; no ledger: nothing was.
+            # What the ledger holds is what was released; no ledger: the plan (or the stand-in) stays.
             if ledger is None:
                 charge.release()
             else:
                 charge.settle(ledger.events())
     finally:
         charge.close()
+
+
+def _check_public(cfg: TrainConfig) -> None:
+    """The checks that need no private row (the device's precision, the output folder), run before
+    the run is charged: such bad input is refused for free."""
+    from veil.precision import autocast
+
+    autocast(cfg.device, cfg.precision)
+    check_out(Path(cfg.out or default_out(cfg.dataset)))

@@ -36,7 +36,15 @@ from veil.accounting.events import Neighbouring, PrivacyEvent
 if TYPE_CHECKING:
     from veil.registry.charge import DatasetCharge
 
-__all__ = ["DataRef", "PrivateAccount", "data_ref", "open_account", "record_mask", "record_positions"]
+__all__ = [
+    "DataRef",
+    "PrivateAccount",
+    "data_ref",
+    "open_account",
+    "record_mask",
+    "record_positions",
+    "stand_in_plan",
+]
 
 
 @dataclass(frozen=True)
@@ -104,6 +112,11 @@ class PrivateAccount:
         """Mark that private rows are being read: from now on the reservation is never released."""
         self.charge.reading()
 
+    def replan(self, events: Sequence[PrivacyEvent], delta: float) -> None:
+        """Replace the reserved stand-in (:func:`stand_in_plan`) by the job's real plan, once read
+        (:meth:`DatasetCharge.replan`)."""
+        self.charge.replan(events, delta)
+
     def finish(self, events: Sequence[PrivacyEvent] | None) -> None:
         """Settle with ``events`` (what the job released); with ``None`` (nothing released) the
         registry releases the reservation only if no private row was read, else settles it at the
@@ -120,6 +133,25 @@ class PrivateAccount:
         if not self.closed:
             self.closed = True
             self.charge.close()
+
+
+def stand_in_plan(epsilon: float, delta: float) -> list[PrivacyEvent]:
+    """The charge of a job whose plan needs N, reserved before a row is read: one Gaussian release
+    whose ε at ``delta`` is ``epsilon`` (public settings only). σ is calibrated with the PLD
+    accountant, the tightest for a Gaussian: whichever accountant composes the dataset, the stand-in
+    costs at least ``epsilon`` at ``delta``.
+
+    Why a stand-in. A DP-SGD plan's events need N (the sampling rate B/N), which is known only once
+    the rows are read; but a job with a target ε never spends more than that target at its δ (σ is
+    calibrated to it, or training stops before a step that would pass it). So the job reserves this
+    stand-in — a release of exactly (ε, δ) — before reading, and replaces it by its real plan
+    (:meth:`PrivateAccount.replan`) once it knows N. A job that stops in between (a refusal that
+    depends on the rows) is settled at the stand-in: reading is never free."""
+    from veil.accounting.calibrate import calibrate_noise
+    from veil.accounting.events import Gaussian
+
+    sigma = calibrate_noise(epsilon, delta, 1.0, 1, "pld")
+    return [Gaussian(sigma)]
 
 
 def open_account(

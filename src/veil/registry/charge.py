@@ -145,6 +145,18 @@ class DatasetCharge:
         """The job is about to read its first private row: from now on the reservation stands."""
         self._rows_read = True
 
+    def replan(self, events: Sequence[PrivacyEvent], delta: float) -> None:
+        """Replace this run's reservation (a stand-in reserved before reading, whose ε at δ is the
+        job's target) by its real plan, once the job knows it (a DP-SGD plan needs N).
+
+        Only after :meth:`reading`: from here the run stays charged, with the real plan if the
+        registry admits it, else (:class:`~veil.errors.BudgetExhaustedError`, nothing changed) with
+        the stand-in, which :meth:`release` then settles. The real plan spends at most the target
+        too, so the charge does not drop below what a job that stops here leaves."""
+        assert self.run_id is not None, "reserve before replanning"
+        self.reading()
+        self.resume(self.run_id, events, delta)
+
     def resume(self, run_id: str, events: Sequence[PrivacyEvent], delta: float) -> None:
         """Continue a run with ``events`` as its whole plan (a run the registry never saw is reserved)."""
         if self.registry.run(run_id) is None:

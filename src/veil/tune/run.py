@@ -126,15 +126,20 @@ def tune(
     out_dir = Path(out if out is not None else default_out(dataset, job="tune"))
     check_out(out_dir)
     account = TuneCharge(dataset, base)  # an exhausted dataset is refused before a row is read
-    full, _, _ = prepare_trial(make_config({**base, "epsilon": epsilon}), None)
-    mask = validation_mask(full.data, validation_fraction, seed)
-    n_train = records_outside(mask, full.data.units_train)  # rows, or units with a privacy unit
-    check_delta(delta, n_train)
-    for b in space.batch_size:
-        if b > n_train:
-            raise ConfigError("batch_size", b, "the sampling rate B/N must be ≤ 1", "lower it")
-    split = _plan(base, space, mask, epsilon, count, score_noise, n_train)
-    account.reserve(split.event(), delta)  # the whole procedure, before any trial or file
+    account.reserve_before_reading(epsilon, delta)  # reading is charged, whatever follows
+    try:
+        full, _, _ = prepare_trial(make_config({**base, "epsilon": epsilon}), None)
+        mask = validation_mask(full.data, validation_fraction, seed)
+        n_train = records_outside(mask, full.data.units_train)  # rows, or units with a privacy unit
+        check_delta(delta, n_train)
+        for b in space.batch_size:
+            if b > n_train:
+                raise ConfigError("batch_size", b, "the sampling rate B/N must be ≤ 1", "lower it")
+        split = _plan(base, space, mask, epsilon, count, score_noise, n_train)
+        account.reserve(split.event(), delta)  # the whole procedure, before any trial or file
+    except BaseException:
+        account.abandon()  # settled at the stand-in (or the plan): never released after reading
+        raise
 
     k = count.sample()
     account.start(out_dir)

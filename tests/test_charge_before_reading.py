@@ -1,0 +1,100 @@
+"""`veil train` and `veil tune` reserve budget before the first private row is read (finding F1).
+
+A refusal that happens after the rows are read (here: δ ≥ 1/N, known only once N is) depends on the
+data, so it must not be free: the run stays charged with its stand-in plan (the target ε at δ). An
+ordinary run still settles to exactly its ledger's events, and an over-budget run is still refused
+before a row is read.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("sqlalchemy")
+pytest.importorskip("pyarrow")
+
+from tables_support import gbsg2
+from test_tables_sources import GBSG2_SCHEMA
+from veil.accounting.ledger import Ledger
+from veil.cli.main import main
+from veil.pipeline.private_data import stand_in_plan
+from veil.registry.compose import spent_epsilon
+
+DATASET_ID = "gbsg2-f1"
+TOO_LARGE_DELTA = "0.01"
+"""≥ 1/N for the table's training split (~550 rows): refused by the δ check, which needs N, after reading."""
+
+
+def _table(tmp_path: Path) -> list[str]:
+    (tmp_path / "schema.toml").write_text(GBSG2_SCHEMA)
+    return [
+        "--dataset",
+        f"csv:{gbsg2()}",
+        "--schema",
+        str(tmp_path / "schema.toml"),
+        "--dataset-id",
+        DATASET_ID,
+    ]
+
+
+def _show(capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    capsys.readouterr()
+    assert main(["budget", "show", "--dataset-id", DATASET_ID, "--json"]) == 0
+    (status,) = json.loads(capsys.readouterr().out)["datasets"]
+    return status
+
+
+def test_a_train_refused_after_reading_stays_charged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [*_table(tmp_path), "--epochs", "1", "--no-baseline", "--epsilon", "1", "--delta", TOO_LARGE_DELTA]
+    code = main(["train", *args, "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and "δ ≥ 1/N" in err
+    status = _show(capsys)
+    assert [r["status"] for r in status["runs"]] == ["committed"]  # charged, never released
+    # The stand-in: a release of the target ε = 1 at the run's δ (σ calibrated to 0.5%).
+    assert status["runs"][0]["events"] == [e.to_dict() for e in stand_in_plan(1.0, float(TOO_LARGE_DELTA))]
+    assert status["spent_epsilon"] == pytest.approx(1.0, rel=0.01)
+
+
+def test_a_tune_refused_after_reading_stays_charged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [*_table(tmp_path), "--epochs", "1", "--model", "logreg", "--lr", "1.0,2.0"]
+    code = main(["tune", *args, "--epsilon", "1", "--delta", TOO_LARGE_DELTA, "--out", str(tmp_path / "t")])
+    err = capsys.readouterr().err
+    assert code == 2 and "δ ≥ 1/N" in err
+    status = _show(capsys)
+    assert [r["status"] for r in status["runs"]] == ["committed"]
+    assert status["spent_epsilon"] == pytest.approx(1.0, rel=0.01)  # the stand-in, in RDP
+
+
+def test_an_ordinary_train_settles_to_its_ledger_and_an_over_budget_one_reads_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    table = _table(tmp_path)
+    assert main(["budget", "set", "--dataset-id", DATASET_ID, "--epsilon", "1.2", "--delta", "1e-5"]) == 0
+    code = main(
+        ["train", *table, "--epochs", "1", "--no-baseline", "--epsilon", "1", "--out", str(tmp_path / "a")]
+    )
+    assert code == 0, capsys.readouterr().err
+    status = _show(capsys)
+    ledger = Ledger.open(tmp_path / "a" / "ledger.jsonl").events()
+    assert [r["status"] for r in status["runs"]] == ["committed"]
+    assert status["spent_epsilon"] == pytest.approx(spent_epsilon([ledger], 1e-5), rel=1e-9)
+
+    def no_reading(*_args: Any, **_kwargs: Any) -> None:
+        raise AssertionError("the data was read")
+
+    import veil.training
+
+    monkeypatch.setattr(veil.training, "_prepare", no_reading)
+    code = main(["train", *table, "--epochs", "1", "--epsilon", "1", "--out", str(tmp_path / "b")])
+    err = capsys.readouterr().err
+    assert code == 2 and "over its budget" in err and "data was read" not in err
+    assert len(_show(capsys)["runs"]) == 1 and not (tmp_path / "b").exists()
