@@ -22,6 +22,7 @@ pytest.importorskip("sqlalchemy")
 from veil.accounting.events import Gaussian, PoissonSampled, SelfComposed, event_from_dict
 from veil.cli.main import main
 from veil.errors import BudgetExhaustedError, RegistryError
+from veil.pipeline.private_data import stand_in_plan
 from veil.registry.charge import DatasetCharge
 from veil.registry.compose import spent_epsilon
 from veil.registry.store import BudgetRegistry
@@ -80,8 +81,9 @@ FAST = ["--dataset", "digits", "--model", "logreg", "--epochs", "1", "--no-basel
 
 
 def test_train_cli_boundary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Two identical runs under a declared id: the second is refused at 1.01× the budget the two
-    compose to, admitted at 0.99×."""
+    """Two runs under a declared id: the second, admitted before it reads a row with its stand-in
+    (the target ε at δ; its plan needs N), is refused at 1.01× the budget the first run and that
+    stand-in compose to, admitted at 0.99×."""
     args = ["train", *FAST, "--epsilon", "0.5", "--dataset-id", "edge"]
     assert main([*args, "--out", str(tmp_path / "first")]) == 0
     capsys.readouterr()
@@ -89,7 +91,8 @@ def test_train_cli_boundary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     (status,) = json.loads(capsys.readouterr().out)["datasets"]
     (first,) = status["runs"]
     events = [event_from_dict(e) for e in first["events"]]
-    both = spent_epsilon([events, events], DELTA)
+    both = spent_epsilon([events, stand_in_plan(0.5, DELTA)], DELTA)
+    assert both >= spent_epsilon([events, events], DELTA)  # the stand-in costs no less than the plan
     for factor, code in ((1.01, 2), (0.99, 0)):
         budget = ["budget", "set", "--dataset-id", "edge", "--epsilon", repr(both / factor)]
         budget += ["--delta", "1e-5"]
