@@ -1,10 +1,11 @@
 """``veil train`` as a function: :func:`train` runs one DP training job end to end, returns a :class:`Report`.
 
-Flow: config → data (load, check, split) → model (zoo or the user's factory) → validate/fix →
-preprocessing plan → σ calibrated so that the whole planned run (preprocessing included) fits the
-target (ε, δ) → run folder (lock, ``config.toml``, ledger) → DP preprocessing release → DP-SGD with
-Poisson sampling → evaluation → non-private baseline → ``report.json``, ``report.html``, plots,
-``model.pt``.
+Flow: config → budget (a stand-in of the target ε at δ reserved before a row is read: a refusal after
+reading stays charged) → data (load, check, split) → model (zoo or the user's factory) →
+validate/fix → preprocessing plan → σ calibrated so that the whole planned run (preprocessing
+included) fits the target (ε, δ) → the plan replaces the stand-in → run folder (lock,
+``config.toml``, ledger) → DP preprocessing release → DP-SGD with Poisson sampling → evaluation →
+non-private baseline → ``report.json``, ``report.html``, plots, ``model.pt``.
 
 Guarantee. The released weights (``model.pt``) are (ε_spent, δ)-DP for the training split under
 add/remove-one neighbouring, where ε_spent is the accountant's ε for *every* event in the run's

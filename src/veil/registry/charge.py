@@ -6,9 +6,10 @@ A job that spends privacy on a dataset (``veil train``, a DP schema release, ...
 1. :meth:`DatasetCharge.before_reading` — the dataset's identity (raw bytes hashed, nothing parsed) and
    a first check: a dataset whose recorded runs already spend its whole budget admits nothing, so the
    job is refused before it reads a row. (Composition never lowers ε, so no run can fit then.)
-2. :meth:`DatasetCharge.reserve` — the job's planned events, once it knows them (a DP-SGD plan needs N
-   for its sampling rate), *before* anything computed from the data is released or written: the
-   atomic admission of :func:`veil.registry.transactions.reserve`.
+2. :meth:`DatasetCharge.reserve` — the job's planned events (or a stand-in when the plan needs N, then
+   :meth:`DatasetCharge.replan`), before the first private row is read and *before* anything computed
+   from the data is released or written: the atomic admission of
+   :func:`veil.registry.transactions.reserve`.
 3. :meth:`DatasetCharge.settle` — the events the job's ledger holds, when it ends (normally or by an
    error after the first release); :meth:`DatasetCharge.release` instead when it ended before releasing
    anything. A job killed in between stays charged with its plan.
@@ -17,8 +18,10 @@ Charge before read, never un-charge after. Once a private row may have been read
 goes on can depend on that row, so un-charging then would make the recorded spend depend on the data.
 :meth:`DatasetCharge.release` therefore un-charges only a reservation made with
 ``before_reading=True`` and before :meth:`DatasetCharge.reading` was called; in every other case
-(a reservation after reading, as a DP-SGD plan that needs N is) it settles the *planned* events,
-at least what the job could have released.
+(a reservation after reading) it settles the *planned* events, at least what the job could have
+released. A job whose plan needs N (``veil train``, ``veil tune``) reserves a stand-in before reading
+(:func:`veil.pipeline.private_data.stand_in_plan`: its target ε at δ) and :meth:`DatasetCharge.replan`
+replaces it by the plan once it is known; a job that stops in between is settled at the stand-in.
 """
 
 from __future__ import annotations
