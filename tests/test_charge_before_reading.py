@@ -98,3 +98,19 @@ def test_an_ordinary_train_settles_to_its_ledger_and_an_over_budget_one_reads_no
     err = capsys.readouterr().err
     assert code == 2 and "over its budget" in err and "data was read" not in err
     assert len(_show(capsys)["runs"]) == 1 and not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize(("epsilon", "delta"), [(1.0, 1e-5), (3.0, 1e-6)])
+def test_the_stand_in_is_a_gaussian_of_exactly_the_target(epsilon: float, delta: float) -> None:
+    """Against the closed form of the Gaussian mechanism's δ(ε) (Balle & Wang 2018, Thm 8), not the
+    accountant: σ is (ε, δ)-DP, and 1% less noise would not be (σ is calibrated to 0.5%)."""
+    import math
+
+    def delta_at(eps: float, sigma: float) -> float:
+        phi = lambda t: 0.5 * math.erfc(-t / math.sqrt(2))  # noqa: E731
+        return phi(-eps * sigma + 1 / (2 * sigma)) - math.exp(eps) * phi(-eps * sigma - 1 / (2 * sigma))
+
+    (event,) = stand_in_plan(epsilon, delta)
+    sigma = event.noise_multiplier  # type: ignore[attr-defined]
+    assert delta_at(epsilon, sigma) <= delta * 1.001
+    assert delta_at(epsilon, sigma * 0.99) > delta
