@@ -110,7 +110,10 @@ def test_the_stand_in_is_a_gaussian_of_exactly_the_target(epsilon: float, delta:
         phi = lambda t: 0.5 * math.erfc(-t / math.sqrt(2))  # noqa: E731
         return phi(-eps * sigma + 1 / (2 * sigma)) - math.exp(eps) * phi(-eps * sigma - 1 / (2 * sigma))
 
+    from veil.accounting.events import Gaussian
+
     (event,) = stand_in_plan(epsilon, delta)
-    sigma = event.noise_multiplier  # type: ignore[attr-defined]
+    assert isinstance(event, Gaussian)
+    sigma = event.noise_multiplier
     assert delta_at(epsilon, sigma) <= delta * 1.001
     assert delta_at(epsilon, sigma * 0.99) > delta
