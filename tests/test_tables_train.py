@@ -117,7 +117,6 @@ def test_the_label_set_is_the_schema_s_not_the_data_s(tmp_path: Path) -> None:
 
 BAD_TRAIN = [
     ("reviewed = true", "reviewed = false", None, "set reviewed = true"),
-    ("bounds = [18, 100]", 'bounds = [18, 60]\noutside = "error"', None, "outside the declared bounds"),
     ("[columns.time]", "[columns.tim]", None, "schema column 'tim'"),
 ]
 
@@ -227,3 +226,28 @@ def test_wide_categorical_trains_with_embeddings_and_predicts(capsys, tmp_path: 
     code, _, err = _run(capsys, "predict", str(run), "--dataset", f"parquet:{tmp_path / 't.parquet'}",
                         "--out", str(tmp_path / "p.csv"))  # fmt: skip
     assert code == 0, err
+
+
+def test_predict_skips_a_row_a_drop_policy_drops_and_keeps_row_numbers(
+    trained, capsys, tmp_path: Path
+) -> None:
+    """A row the schema's ``"drop"`` policy drops gets no prediction; the others keep their row number."""
+    import json
+    import shutil
+
+    run, _ = trained
+    strict = tmp_path / "strict"
+    shutil.copytree(run, strict)
+    encoder = json.loads((strict / "encoder.json").read_text())
+    encoder["schema"]["columns"]["age"]["outside"] = "drop"
+    (strict / "encoder.json").write_text(json.dumps(encoder))
+    data = tmp_path / "new.csv"
+    lines = gbsg2().read_text().splitlines()
+    data.write_text("\n".join([lines[0], lines[1], lines[2].replace(",56,", ",150,", 1), lines[3]]) + "\n")
+    preds = tmp_path / "preds.csv"
+    code, out, err = _run(
+        capsys, "predict", str(strict), "--dataset", f"csv:{data}", "--out", str(preds), "--json"
+    )
+    assert code == 0, err
+    assert [r["row"] for r in csv.DictReader(preds.open())] == ["1", "3"]
+    assert json.loads(out)["rows dropped by the schema's rules"] == 1

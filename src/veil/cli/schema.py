@@ -136,9 +136,9 @@ def _release_charged(
 def run_check(
     schema_path: str, dataset: str, *, table: str | None = None, query: str | None = None
 ) -> dict[str, Any]:
-    """The work of ``veil schema check``: read and encode the whole table, refuse the first value a
-    policy of the schema refuses, and count what the per-record rules did (rows dropped for an
-    undeclared or missing label, cells not a number made missing)."""
+    """The work of ``veil schema check``: read and encode the whole table and count what the
+    per-record rules did (rows dropped for an undeclared or missing label, or by a ``"drop"`` policy of
+    the schema; cells not a number made missing). No value is refused once reading has begun."""
     from veil.tables.encoder import TableEncoder
     from veil.tables.schema import load_schema
     from veil.tables.sources import iter_source, parse_source, source_columns

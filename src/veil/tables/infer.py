@@ -260,12 +260,12 @@ def _draft_column(
 ) -> tuple[ColumnSpec, str]:
     numbers, words, missing = _cells(column)
     n_missing = int(missing.sum())
-    policy = "indicator" if n_missing else "error"
+    policy = "indicator" if n_missing else "drop"
     seen = f"{n_missing} missing" if n_missing else "no missing value"
     n_words = sum(w is not None for w in words)
     if is_target:
         classes = _sorted_levels(list(_value_counts(numbers, words)))
-        return ColumnSpec(name, "categorical", "target", levels=classes, unknown="error"), (
+        return ColumnSpec(name, "categorical", "target", levels=classes, unknown="drop"), (
             f"target: {len(classes)} classes seen ({seen})"
         )
     if numbers.size and n_words == 0:
