@@ -1,0 +1,61 @@
+"""The `veil` command as a newcomer meets it: version, help pages with examples, one-line errors."""
+
+from __future__ import annotations
+
+import pytest
+import typer
+
+from veil.cli.main import build_app, main
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _command_paths() -> list[tuple[str, ...]]:
+    """Every command and group of the built application, as argument tuples."""
+    paths: list[tuple[str, ...]] = [()]
+
+    def walk(app: typer.Typer, prefix: tuple[str, ...]) -> None:
+        for command in app.registered_commands:
+            paths.append((*prefix, str(command.name)))
+        for group in app.registered_groups:
+            path = (*prefix, str(group.name))
+            paths.append(path)
+            walk(group.typer_instance, path)
+
+    walk(build_app(), ())
+    return paths
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    import veil
+
+    code, out, err = cli(capsys, "--version")
+    assert (code, out, err) == (0, f"veil {veil.__version__}\n", "")
+
+
+def test_bare_veil_prints_help_and_no_blank_error(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = cli(capsys)
+    assert code == 0
+    assert "Commands" in out and "train" in out
+    assert "error" not in err
+
+
+def test_a_misspelled_command_is_suggested_once(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = cli(capsys, "trian")
+    assert code == 2
+    assert err.count("Did you mean") == 1 and "'train'" in err
+    assert len(err.strip().splitlines()) == 1
+    code, _, err = cli(capsys, "schema", "infr")
+    assert code == 2 and err.count("Did you mean") == 1 and "'infer'" in err
+
+
+@pytest.mark.parametrize("path", _command_paths(), ids=lambda p: " ".join(p) or "veil")
+def test_every_help_page_has_an_example(capsys: pytest.CaptureFixture[str], path: tuple[str, ...]) -> None:
+    code, out, _ = cli(capsys, *path, "--help")
+    assert code == 0
+    assert "Example:" in out
+    assert f"veil {' '.join(path)}".strip() in out.split("Example:")[1]
