@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import typer
 
@@ -59,3 +61,15 @@ def test_every_help_page_has_an_example(capsys: pytest.CaptureFixture[str], path
     assert code == 0
     assert "Example:" in out
     assert f"veil {' '.join(path)}".strip() in out.split("Example:")[1]
+
+
+def test_tune_refuses_a_poisson_mean_below_one_in_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out_dir = tmp_path / "tune"
+    code, out, err = cli(
+        capsys, "tune", "--trials-law", "poisson", "--trials-mean", "0.05", "--out", str(out_dir)
+    )
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and "trials_mean" in err and "Traceback" not in err
+    assert not out_dir.exists()
