@@ -73,3 +73,60 @@ def test_tune_refuses_a_poisson_mean_below_one_in_one_line(
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and "trials_mean" in err and "Traceback" not in err
     assert not out_dir.exists()
+
+
+CHARGED = (("train",), ("pate",), ("tune",), ("synth",), ("federated",), ("schema", "infer"))
+
+
+@pytest.mark.parametrize("path", CHARGED, ids=" ".join)
+def test_every_charged_command_takes_db_and_states_the_delta_rule(
+    capsys: pytest.CaptureFixture[str], path: tuple[str, ...]
+) -> None:
+    code, out, _ = cli(capsys, *path, "--help")
+    assert code == 0
+    flat = " ".join(out.replace("│", " ").split())
+    assert "--db" in flat
+    assert "docs/accounting.md" in flat.split("--delta")[1][:400]  # the one documented δ rule
+
+
+@pytest.mark.parametrize(
+    "path", [("train",), ("audit",), ("pate",), ("synth",), ("federated",)], ids=" ".join
+)
+def test_research_mode_has_one_name(capsys: pytest.CaptureFixture[str], path: tuple[str, ...]) -> None:
+    code, out, _ = cli(capsys, *path, "--help")
+    assert code == 0 and "--reproducible" in out and "--secure-rng" not in out
+
+
+def test_synth_secure_rng_is_a_deprecated_alias(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from veil.cli._privacy_args import secure_randomness
+
+    assert secure_randomness(None, None) is True
+    assert secure_randomness(True, None) is False
+    assert secure_randomness(None, False) is False  # --no-secure-rng of old scripts
+    assert secure_randomness(None, True) is True
+    code, out, err = cli(
+        capsys, "synth", "--dataset", "csv:x.csv", "--schema", "s.toml", "--epsilon", "1", "--rows", "5",
+        "--reproducible", "--secure-rng",
+    )  # fmt: skip
+    assert code == 2 and out == "" and "--reproducible" in err and len(err.strip().splitlines()) == 1
+
+
+def test_db_names_the_registry_a_charged_command_uses(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import json
+    import os
+
+    data = tmp_path / "t.csv"
+    data.write_text("age,y\n" + "".join(f"{20 + i % 60},{'ab'[i % 2]}\n" for i in range(400)))
+    db = tmp_path / "team.db"
+    code, _, err = cli(
+        capsys, "schema", "infer", str(data), "--target", "y", "--out", str(tmp_path / "s.toml"),
+        "--epsilon", "1", "--db", str(db), "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    assert os.environ["VEIL_BUDGET_DB"] != str(db)  # restored after the command
+    code, out, _ = cli(capsys, "budget", "show", "--db", str(db), "--json")
+    assert code == 0 and [d["jobs"] for d in json.loads(out)["datasets"]] == [{"schema": 1}]
+    code, out, _ = cli(capsys, "budget", "show", "--json")  # the default registry saw nothing
+    assert code == 0 and json.loads(out)["datasets"] == []

@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
+from veil.accounting.defaults import DEFAULT_DELTA
 from veil.errors import ConfigError, InvalidParameterError, VeilError
 
 __all__ = [
@@ -117,8 +118,8 @@ class TrainConfig(BaseModel):
     # -- privacy -----------------------------------------------------------------------------
     epsilon: float = 3.0
     """Target ε: the whole run (preprocessing included) is calibrated to it and never exceeds it."""
-    delta: float = 1e-5
-    """Target δ; must be < 1/N (N = training examples)."""
+    delta: float = DEFAULT_DELTA
+    """Target δ; must be < 1/N (N = training examples). Default: :mod:`veil.accounting.defaults`."""
     noise_multiplier: float | None = None
     """σ given outright instead of calibrated; training still stops before ε would pass the target."""
     max_grad_norm: float | None = None

@@ -12,6 +12,7 @@ from typing import Any
 import typer
 
 from veil.cli._output import emit
+from veil.cli._privacy_args import DELTA_HELP, REGISTRY_DB
 
 
 def run_pate_command(config_file: str | None, flags: dict[str, Any]) -> dict[str, Any]:
@@ -43,7 +44,7 @@ def register(app: typer.Typer) -> None:
             None, "--aggregator", help="gnmax (default), confident-gnmax or lnmax."
         ),
         epsilon: float = typer.Option(None, "--epsilon", help="Target ε (default 2)."),
-        delta: float = typer.Option(None, "--delta", help="Target δ, well below 1/N (default 1e-5)."),
+        delta: float = typer.Option(None, "--delta", help=DELTA_HELP),
         queries: int = typer.Option(None, "--queries", help="Most queries asked (default: the whole pool)."),
         public_data: str = typer.Option(
             None, "--public-data", help=".npz (x, optional y) or .npy of public examples for the student."
@@ -82,13 +83,19 @@ def register(app: typer.Typer) -> None:
             "seed; never release-ready). Default: noise from the OS CSPRNG.",
         ),
         out: str = typer.Option(None, "--out", help="Run folder (default runs/pate-<dataset>-<time>)."),
+        db: str = REGISTRY_DB,
         json_output: bool = typer.Option(False, "--json", help="Print the report JSON on stdout."),
     ) -> None:
         """Label public data with a noisy vote of teachers trained on disjoint private partitions (PATE)."""
         # Every flag parameter is named as its config key.
-        flags: dict[str, Any] = {k: v for k, v in locals().items() if k not in ("config", "json_output")}
+        flags: dict[str, Any] = {
+            k: v for k, v in locals().items() if k not in ("config", "json_output", "db")
+        }
         flags["progress"] = None if json_output else True
-        report = run_pate_command(config, flags)
+        from veil.registry.location import registry_location  # after locals(): flags are parameters
+
+        with registry_location(db):
+            report = run_pate_command(config, flags)
         if json_output:
             emit(report, True)
             return

@@ -10,6 +10,7 @@ import typer
 
 from veil.cli import _training_options as opts
 from veil.cli._output import emit
+from veil.cli._privacy_args import DELTA_HELP, REGISTRY_DB
 
 
 def run_train(
@@ -104,7 +105,7 @@ def register(app: typer.Typer) -> None:
         ),
         max_length: int = typer.Option(None, "--max-length", help="Tokens per text (default 128)."),
         epsilon: float = typer.Option(None, "--epsilon", help="Target ε for the whole run (default 3)."),
-        delta: float = typer.Option(None, "--delta", help="Target δ, must be < 1/N (default 1e-5)."),
+        delta: float = typer.Option(None, "--delta", help=DELTA_HELP),
         epochs: int = opts.EPOCHS,
         batch_size: int = opts.BATCH_SIZE,
         max_grad_norm: float = opts.MAX_GRAD_NORM,
@@ -121,6 +122,7 @@ def register(app: typer.Typer) -> None:
         ),
         reproducible: bool = opts.REPRODUCIBLE,
         secure_rng: bool = opts.SECURE_RNG,
+        db: str = REGISTRY_DB,
         classes: str = opts.CLASSES,
         no_baseline: bool = opts.NO_BASELINE,
         out: str = typer.Option(None, "--out", help="Run folder (default runs/<dataset>-<time>)."),
@@ -192,9 +194,12 @@ def register(app: typer.Typer) -> None:
             "augment": augment,
             "augment_flip": augment_flip,
         }
-        report = run_train(
-            config, flags, resume=resume, json_output=json_output, nproc_per_node=nproc_per_node
-        )
+        from veil.registry.location import registry_location
+
+        with registry_location(db):
+            report = run_train(
+                config, flags, resume=resume, json_output=json_output, nproc_per_node=nproc_per_node
+            )
         if report is None:  # a rank other than 0 of a distributed run: rank 0 speaks for the run
             return
         if json_output:

@@ -8,7 +8,9 @@ from typing import Any
 
 import typer
 
+from veil.accounting.defaults import DEFAULT_DELTA
 from veil.cli._output import emit
+from veil.cli._privacy_args import DELTA_HELP, REGISTRY_DB
 from veil.errors import InvalidParameterError
 
 
@@ -45,7 +47,7 @@ def register(app: typer.Typer) -> None:
     def tune_command(
         dataset: str = typer.Option("digits", "--dataset", help="digits (default), breast-cancer, ..."),
         epsilon: float = typer.Option(3.0, "--epsilon", help="Target ε of the WHOLE tuning procedure."),
-        delta: float = typer.Option(1e-5, "--delta", help="Target δ, must be < 1/N."),
+        delta: float = typer.Option(DEFAULT_DELTA, "--delta", help=DELTA_HELP),
         lr: str = typer.Option(None, "--lr", help="Learning rates to try, comma-separated."),
         epochs: str = typer.Option(None, "--epochs", help="Epoch counts to try, comma-separated."),
         batch_size: str = typer.Option(None, "--batch-size", help="Batch sizes to try, comma-separated."),
@@ -66,28 +68,32 @@ def register(app: typer.Typer) -> None:
         ),
         seed: int = typer.Option(0, "--seed", help="Seed of the test split and initialisation."),
         out: str = typer.Option(None, "--out", help="Output folder (default runs/<dataset>-tune-<time>)."),
+        db: str = REGISTRY_DB,
         json_output: bool = typer.Option(False, "--json", help="Print the report JSON on stdout."),
     ) -> None:
         """Tune hyperparameters privately: a random number of DP runs, the best by a DP score, accounted."""
-        report = run_tune(
-            {
-                "dataset": dataset,
-                "epsilon": epsilon,
-                "delta": delta,
-                "lr": lr,
-                "epochs": epochs,
-                "batch_size": batch_size,
-                "max_grad_norm": max_grad_norm,
-                "model": model,
-                "trials_mean": trials_mean,
-                "trials_law": trials_law,
-                "trials_shape": trials_shape,
-                "score_noise": score_noise,
-                "validation_fraction": validation_fraction,
-                "seed": seed,
-                "out": out,
-            }
-        )
+        from veil.registry.location import registry_location
+
+        with registry_location(db):
+            report = run_tune(
+                {
+                    "dataset": dataset,
+                    "epsilon": epsilon,
+                    "delta": delta,
+                    "lr": lr,
+                    "epochs": epochs,
+                    "batch_size": batch_size,
+                    "max_grad_norm": max_grad_norm,
+                    "model": model,
+                    "trials_mean": trials_mean,
+                    "trials_law": trials_law,
+                    "trials_shape": trials_shape,
+                    "score_noise": score_noise,
+                    "validation_fraction": validation_fraction,
+                    "seed": seed,
+                    "out": out,
+                }
+            )
         if json_output:
             emit(report, True)
             return

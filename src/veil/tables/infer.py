@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from veil.accounting.defaults import DEFAULT_RELEASE_DELTA
 from veil.accounting.events import Composed, DeltaOnly, Laplace, PrivacyEvent, SelfComposed
 from veil.errors import DataError, InvalidParameterError
 from veil.tables.schema import BOOLEAN_FALSE, BOOLEAN_TRUE, DEFAULT_MISSING_VALUES, ColumnSpec, TableSchema
@@ -65,7 +66,7 @@ def infer_schema(
     *,
     target: str,
     epsilon: float | None = None,
-    delta: float = 1e-7,
+    delta: float = DEFAULT_RELEASE_DELTA,
     ignore: Sequence[str] = (),
     max_levels: int = MAX_LEVELS,
     rng: RandomSource | None = None,

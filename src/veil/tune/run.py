@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from veil.accounting.defaults import DEFAULT_DELTA
 from veil.accounting.tuning import TrialCount, trial_rdp
 from veil.config import make_config
 from veil.errors import ConfigError, InvalidParameterError
@@ -83,7 +84,7 @@ def tune(
     *,
     dataset: str = "digits",
     epsilon: float = 3.0,
-    delta: float = 1e-5,
+    delta: float = DEFAULT_DELTA,
     out: str | Path | None = None,
     space: SearchSpace | None = None,
     trials_mean: float = 3.0,
