@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,23 @@ def test_db_names_the_registry_a_charged_command_uses(
     assert code == 0 and [d["jobs"] for d in json.loads(out)["datasets"]] == [{"schema": 1}]
     code, out, _ = cli(capsys, "budget", "show", "--json")  # the default registry saw nothing
     assert code == 0 and json.loads(out)["datasets"] == []
+
+
+def test_ctrl_c_in_train_prints_the_resume_command_once(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import veil.training as training
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    run_dir = tmp_path / "run"
+    monkeypatch.setattr(training, "train_steps", interrupted)
+    args = ["--dataset", "digits", "--epsilon", "1", "--epochs", "1", "--no-baseline", "--json"]
+    code, out, err = cli(capsys, "train", *args, "--out", str(run_dir))
+    assert code == 130 and out == ""
+    assert err == f"veil: interrupted; continue with: veil train --resume {run_dir}\n"
+    monkeypatch.undo()
+    code, out, err = cli(capsys, "train", "--resume", str(run_dir), "--json")  # the hint works as written
+    assert code == 0, err
+    assert json.loads(out)["steps"] > 0

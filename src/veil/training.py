@@ -39,7 +39,14 @@ from veil.accounting.events import PrivacyEvent, SelfComposed
 from veil.accounting.ledger import Ledger, RunLock
 from veil.config import TrainConfig, load_config_file, make_config, write_config
 from veil.distributed.runtime import rank_and_world, refuse_private_preprocessing
-from veil.errors import BudgetExhaustedError, CheckpointError, ConfigError, DataError, InvalidParameterError
+from veil.errors import (
+    BudgetExhaustedError,
+    CheckpointError,
+    ConfigError,
+    DataError,
+    InvalidParameterError,
+    RunInterrupted,
+)
 from veil.pipeline import checkpoints as ckpt
 from veil.pipeline.budget import allowed_steps, plan_steps
 from veil.pipeline.checks import data_use_check, train_checks
@@ -511,7 +518,10 @@ def _resume(run_dir: Path, overrides: Mapping[str, Any], progress: bool | None, 
             charge.resume(run_id, _planned_events(plan, ledger.events(), ledger.steps), cfg.delta)
             resumed = True
             ledger.append("resume", charged=ledger.steps)
-            return _execute(plan, run_dir, ledger, t0, progress)
+            try:
+                return _execute(plan, run_dir, ledger, t0, progress)
+            except KeyboardInterrupt as exc:
+                raise RunInterrupted(str(run_dir)) from exc
         finally:
             ledger.close()
             if resumed:
@@ -558,6 +568,8 @@ def train(
                 try:
                     write_config(plan.cfg, run_dir / CONFIG)
                     return _execute(plan, run_dir, ledger, t0, progress, curve)
+                except KeyboardInterrupt as exc:  # Ctrl-C: the ledger holds every step; say how to go on
+                    raise RunInterrupted(str(run_dir)) from exc
                 finally:
                     ledger.close()
         finally:

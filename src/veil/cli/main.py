@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import typer
 
 from veil.cli import _examples
+from veil.cli._output import CommandInterrupted
 from veil.errors import VeilError
 
 # Subcommand modules, in help order. A module missing here is simply not offered.
@@ -92,6 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except VeilError as exc:
         fail(str(exc))
         return EXIT_BAD_INPUT
+    except CommandInterrupted as exc:
+        sys.stderr.write(f"veil: {exc}\n")
+        return 130
     except Exception as exc:
         # Typer's parser errors (click's, vendored or not, depending on the typer version) are
         # recognised by shape rather than by class so that both layouts work.

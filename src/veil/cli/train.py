@@ -9,8 +9,9 @@ from typing import Any
 import typer
 
 from veil.cli import _training_options as opts
-from veil.cli._output import emit
+from veil.cli._output import CommandInterrupted, emit
 from veil.cli._privacy_args import DELTA_HELP, REGISTRY_DB
+from veil.errors import RunInterrupted
 
 
 def run_train(
@@ -196,10 +197,14 @@ def register(app: typer.Typer) -> None:
         }
         from veil.registry.location import registry_location
 
-        with registry_location(db):
-            report = run_train(
-                config, flags, resume=resume, json_output=json_output, nproc_per_node=nproc_per_node
-            )
+        try:
+            with registry_location(db):
+                report = run_train(
+                    config, flags, resume=resume, json_output=json_output, nproc_per_node=nproc_per_node
+                )
+        except RunInterrupted as exc:  # one line: the command that continues the run
+            again = f" --db {db}" if db else ""
+            raise CommandInterrupted(f"{exc}{again}") from None
         if report is None:  # a rank other than 0 of a distributed run: rank 0 speaks for the run
             return
         if json_output:
