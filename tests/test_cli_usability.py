@@ -151,3 +151,57 @@ def test_ctrl_c_in_train_prints_the_resume_command_once(
     code, out, err = cli(capsys, "train", "--resume", str(run_dir), "--json")  # the hint works as written
     assert code == 0, err
     assert json.loads(out)["steps"] > 0
+
+
+SCHEMA_OK = 'reviewed = true\n\n[columns.age]\ntype = "numeric"\nbounds = [18, 90]\n\n'
+TARGET = '[columns.y]\nrole = "target"\nclasses = ["a", "b"]\n'
+
+
+def test_a_misspelled_schema_type_is_named_with_a_suggestion(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    schema = tmp_path / "s.toml"
+    schema.write_text(SCHEMA_OK.replace('"numeric"', '"numberic"') + TARGET)
+    (tmp_path / "t.csv").write_text("age,y\n30,a\n40,b\n")
+    code, _, err = cli(capsys, "schema", "check", str(schema), "--dataset", f"csv:{tmp_path / 't.csv'}")
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "'numberic' is not a column type" in err and "did you mean 'numeric'" in err
+    assert "needs a type" not in err
+
+
+@pytest.mark.parametrize("command", ["schema", "train"])
+def test_a_toml_error_names_the_line_to_fix(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, command: str
+) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('reviewed = true\n\n[columns.age]\ntype = "numeric"\nbounds = [18, 90\n' + TARGET)
+    args = (
+        ["schema", "check", str(bad), "--dataset", "csv:x.csv"]
+        if command == "schema"
+        else ["train", str(bad)]
+    )
+    code, _, err = cli(capsys, *args)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "at the end of line 5: `bounds = [18, 90`" in err, err
+
+
+def test_a_schema_error_is_shown_before_an_exhausted_budget(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    data = tmp_path / "t.csv"
+    data.write_text("age,y\n" + "".join(f"{20 + i % 60},{'ab'[i % 2]}\n" for i in range(200)))
+    code, _, err = cli(
+        capsys, "budget", "set", "--dataset", f"csv:{data}", "--epsilon", "0", "--delta", "1e-6"
+    )
+    assert code == 0, err
+    schema = tmp_path / "s.toml"
+    schema.write_text(SCHEMA_OK.replace('"numeric"', '"numberic"') + TARGET)
+    code, _, err = cli(
+        capsys, "train", "--dataset", f"csv:{data}", "--schema", str(schema), "--out", str(tmp_path / "r")
+    )
+    assert code == 2 and "'numberic' is not a column type" in err and "budget" not in err
+    schema.write_text(SCHEMA_OK + TARGET)  # once fixed, the budget speaks
+    code, _, err = cli(
+        capsys, "train", "--dataset", f"csv:{data}", "--schema", str(schema), "--out", str(tmp_path / "r")
+    )
+    assert code == 2 and "budget" in err and not (tmp_path / "r").exists()

@@ -473,11 +473,15 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
                 "config", str(p), "reading TOML on Python 3.10 needs the tomli package", "pip install tomli"
             ) from None
     try:
-        with p.open("rb") as fh:
-            data = toml.load(fh)
-    except (OSError, toml.TOMLDecodeError) as exc:
+        text = p.read_text(encoding="utf-8")
+        data = toml.loads(text)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError("config", str(p), f"not a readable TOML file ({exc})", "check the path") from None
+    except toml.TOMLDecodeError as exc:
+        from veil.toml_syntax import where
+
         raise ConfigError(
-            "config", str(p), f"not a readable TOML file ({exc})", "fix the TOML syntax"
+            "config", str(p), f"not a readable TOML file ({where(text, exc)})", "fix the TOML syntax"
         ) from None
     if isinstance(data.get("train"), dict) and len(data) == 1:
         data = data["train"]  # a single [train] table is accepted too

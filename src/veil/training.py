@@ -473,6 +473,15 @@ def _open_charge(cfg: TrainConfig, *, refuse_if_spent: bool = True) -> DatasetCh
         raise
 
 
+def _check_declarations(cfg: TrainConfig) -> None:
+    """Refuse what is wrong in the user's own files before the budget check, which could otherwise
+    hide it behind "budget exhausted": today the table schema (syntax, types, reviewed). Reads no row."""
+    if cfg.table_schema is not None:
+        from veil.tables.schema import load_schema
+
+        load_schema(cfg.table_schema).require_reviewed(cfg.table_schema)
+
+
 def _planned_events(
     plan: RunPlan, spent: list[PrivacyEvent] | None = None, done: int = 0
 ) -> list[PrivacyEvent]:
@@ -551,6 +560,7 @@ def train(
             overrides = dict(make_config(config or {}).model_dump(exclude_unset=True))
         return _resume(Path(resume), overrides, progress, t0)
     cfg = config if isinstance(config, TrainConfig) else make_config(config or {})
+    _check_declarations(cfg)  # mistakes found without the data come before the budget's verdict
     charge = _open_charge(cfg)  # refuses an exhausted dataset before a row is read
     try:
         plan = _prepare(cfg, None)
