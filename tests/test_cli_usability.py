@@ -205,3 +205,38 @@ def test_a_schema_error_is_shown_before_an_exhausted_budget(
         capsys, "train", "--dataset", f"csv:{data}", "--schema", str(schema), "--out", str(tmp_path / "r")
     )
     assert code == 2 and "budget" in err and not (tmp_path / "r").exists()
+
+
+def test_a_text_column_without_a_schema_points_to_schema_infer(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    data = tmp_path / "census.csv"
+    data.write_text(
+        "age,job,y\n" + "".join(f"{20 + i},{'ab'[i % 2]}x,{'no' if i % 3 else 'yes'}\n" for i in range(40))
+    )
+    code, out, err = cli(
+        capsys, "train", "--dataset", f"csv:{data}", "--target", "y", "--classes", "no,yes",
+        "--out", str(tmp_path / "run"),
+    )  # fmt: skip
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "veil schema infer" in err and "--schema" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_over_budget_refusal_says_nothing_was_released_not_nothing_read(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The file was hashed to identify it, so "nothing was read" would be false; the message says what
+    is true: no row parsed (exhausted dataset), nothing released or recorded."""
+    data = tmp_path / "t.csv"
+    data.write_text("age,y\n" + "".join(f"{20 + i % 60},{'ab'[i % 2]}\n" for i in range(200)))
+    code, _, err = cli(
+        capsys, "budget", "set", "--dataset", f"csv:{data}", "--epsilon", "0", "--delta", "1e-6"
+    )
+    assert code == 0, err
+    code, _, err = cli(
+        capsys, "schema", "infer", str(data), "--target", "y", "--out", str(tmp_path / "s.toml"),
+        "--epsilon", "1",
+    )  # fmt: skip
+    assert code == 2 and "nothing was released or recorded" in err and "nothing was read" not in err
+    assert "before any row was parsed" in err

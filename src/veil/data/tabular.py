@@ -92,7 +92,9 @@ def _bad_cell(row: int, column: str, cell: Any, what: str) -> None:
         f"the feature {what}; veil does not impute or drop "
         "rows, since either would use or change the private "
         "data without accounting",
-        "clean the file so that every feature is a finite number",
+        "a table with text or missing cells needs a schema: draft one with `veil schema infer FILE "
+        "--target COLUMN --out schema.toml` (or release one with --epsilon), then train with --schema "
+        "schema.toml (docs/tables.md); else clean the file so that every feature is a finite number",
     )
 
 
