@@ -213,6 +213,10 @@ def register(app: typer.Typer) -> None:
         sys.stdout.write(summary(report))
 
 
+def _capped(internal: dict[str, Any]) -> bool:
+    return str(internal.get("baseline_stopped") or "").startswith("capped")
+
+
 def summary(report: dict[str, Any]) -> str:
     """The lines ``veil train`` prints without --json: the guarantee first, the non-private figures
     labelled as such, research mode said plainly."""
@@ -225,7 +229,8 @@ def summary(report: dict[str, Any]) -> str:
         f"{report['target_epsilon']:g}), randomness {report['randomness']}, "
         + ("release-ready" if report["release_ready"] else "NOT release-ready"),
         f"non-private (internal): test accuracy {internal['test_accuracy']:.4f}"
-        + (f", baseline {base:.4f}" if base is not None else ""),
+        + (f", baseline {base:.4f}" if base is not None else "")
+        + (" (capped: may understate the cost of privacy)" if _capped(internal) else ""),
         f"checks: {len(report['checks']) - len(failed)}/{len(report['checks'])} passed"
         + (f" (failed: {', '.join(failed)})" if failed else ""),
     ]
