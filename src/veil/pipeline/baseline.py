@@ -11,9 +11,10 @@ it is fitted by full-batch L-BFGS (:data:`LBFGS_ITERATIONS` iterations a round),
 small-batch Adam keeps oscillating. Any other model takes Adam (1e-3 for the CNN, 1e-2 otherwise;
 batches of 32, or 128 above 10 000 examples), a round being an epoch. After each round the weights with
 the lowest validation loss so far are kept, and training stops once it has not improved by 0.1 % for
-:data:`PATIENCE` rounds (``converged``). The cost stays bounded: at most :data:`MAX_EPOCHS` epochs and
-``max(STEPS_PER_DP_STEP × planned DP steps, MIN_STEPS)`` steps; stopping there is ``capped``, and the
-report says that the utility cost of privacy may then be understated.
+:data:`PATIENCE` rounds (:data:`PATIENCE_CONVEX` for L-BFGS): ``converged``. The cost stays bounded:
+at most :data:`MAX_EPOCHS` rounds and ``max(STEPS_PER_DP_STEP × planned DP steps, MIN_STEPS)``
+optimizer steps; stopping there is ``capped``, and the report says that the utility cost of privacy
+may then be understated.
 """
 
 from __future__ import annotations
@@ -38,12 +39,14 @@ if TYPE_CHECKING:
 __all__ = ["MAX_EPOCHS", "MIN_STEPS", "PATIENCE", "STEPS_PER_DP_STEP", "BaselineResult", "train_baseline"]
 
 PATIENCE = 5
-"""Epochs without a 0.1 % lower validation loss after which the baseline has converged."""
+"""Adam rounds (epochs) without a 0.1 % lower validation loss after which the baseline has converged."""
+PATIENCE_CONVEX = 2
+"""The same for L-BFGS rounds on a convex model, each of which does far more than an epoch of Adam."""
 MAX_EPOCHS = 200
 STEPS_PER_DP_STEP = 10
-MIN_STEPS = 3000
-"""The step cap is ``max(STEPS_PER_DP_STEP × planned DP steps, MIN_STEPS)``: it follows the DP run's
-cost on large data, and leaves small data room to converge."""
+MIN_STEPS = 100
+"""The step cap is ``max(STEPS_PER_DP_STEP × planned DP steps, MIN_STEPS)``: the baseline's cost follows
+the DP run's (a short DP run on a large CNN gets a capped baseline, and its report says so)."""
 VALIDATION_FRACTION = 0.1
 LBFGS_ITERATIONS = 20
 """L-BFGS iterations per round for a convex (linear) model; each counts as a step of the cap."""
@@ -77,7 +80,9 @@ def train_baseline(plan: RunPlan, device: str) -> BaselineResult:
         fit = ~valid
     xs, ys = torch.from_numpy(x_train[fit]).to(device), torch.from_numpy(data.y_train[fit]).to(device)
     cap = max(STEPS_PER_DP_STEP * plan.steps.steps_planned, MIN_STEPS)
-    one_round = _lbfgs_round(model, xs, ys) if _convex(model) else _adam_round(plan, model, xs, ys, seed)
+    convex = _convex(model)
+    one_round = _lbfgs_round(model, xs, ys) if convex else _adam_round(plan, model, xs, ys, seed)
+    patience = PATIENCE_CONVEX if convex else PATIENCE
     best_loss, best_state, since, done = float("inf"), copy.deepcopy(model.state_dict()), 0, 0
     history: list[dict[str, float]] = []
     stopped = f"capped at {MAX_EPOCHS} rounds while the validation loss still fell"
@@ -90,8 +95,8 @@ def train_baseline(plan: RunPlan, device: str) -> BaselineResult:
             best_loss, best_state, since = val_loss, copy.deepcopy(model.state_dict()), 0
         else:
             since += 1
-        if since >= PATIENCE:
-            stopped = f"converged: validation loss flat for {PATIENCE} epochs (epoch {epoch})"
+        if since >= patience:
+            stopped = f"converged: validation loss flat for {patience} rounds (round {epoch})"
             break
         if done >= cap:
             stopped = (
