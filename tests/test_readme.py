@@ -86,11 +86,11 @@ def _tiny_bert(root: Path) -> None:
     torch.manual_seed(0)
     config = transformers.BertConfig(
         vocab_size=len(words), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-        intermediate_size=24, max_position_embeddings=32,
+        intermediate_size=24, max_position_embeddings=128,
     )  # fmt: skip
     transformers.BertModel(config).save_pretrained(root / "minilm")
     transformers.BertTokenizer(
-        vocab={w: i for i, w in enumerate(words)}, model_max_length=32
+        vocab={w: i for i, w in enumerate(words)}, model_max_length=128
     ).save_pretrained(root / "minilm")
     rng = random.Random(0)
     lines = ["text,label"]
