@@ -13,5 +13,5 @@ from __future__ import annotations
 
 DEFAULT_DELTA: float = 1e-5
 """δ of a job when none is given (see the module docstring for the rule)."""
-DEFAULT_RELEASE_DELTA: float = DEFAULT_DELTA / 100
+DEFAULT_RELEASE_DELTA: float = 1e-7  # DEFAULT_DELTA / 100, written exactly
 """δ of a DP schema release when none is given: it adds to every later run's δ on the dataset."""
