@@ -90,7 +90,7 @@ def test_schema_round_trips_through_toml() -> None:
         (lambda s: s.replace("bounds = [0, 100]", "bonds = [0, 100]"), "did you mean 'bounds'"),
         (lambda s: s.replace("bounds = [0, 100]", "bounds = [5, 5]"), "public, finite bounds"),
         (lambda s: s.replace('classes = ["no", "yes"]', ""), "output width"),
-        (lambda s: s.replace('type = "boolean"', 'type = "bool"'), "every column needs a type"),
+        (lambda s: s.replace('type = "boolean"', 'type = "bool"'), "'bool' is not a column type"),
         (lambda s: s.replace("reviewed = true", 'reviewed = "yes"'), "reviewed="),
         (lambda s: s.replace('levels = ["red", "green"]', 'levels = ["red", "red"]'), "listed twice"),
         (lambda s: s.replace("reviewed = true", 'reviewed = "dp"'), "must record its release"),

@@ -107,7 +107,9 @@ class DatasetCharge:
                 "dataset",
                 identity.label,
                 f"its recorded runs already spend ε = {spent:.4g} of its budget ε = {budget:.4g} at "
-                f"δ = {status.delta_budget:.3g}, so no further run can fit; refused before reading a row",
+                f"δ = {status.delta_budget:.3g}, so no further run can fit; refused before any row was "
+                "parsed (the file's bytes were only hashed to identify it): nothing was released or "
+                "recorded",
                 "see veil budget show; only the data owner can raise the budget (veil budget set)",
             )
         return charge

@@ -200,7 +200,7 @@ def reserve(
             row.label,
             f"this {job} run would bring the dataset's composed spend from ε = {before:.4g} to "
             f"ε = {total:.4g} at δ = {row.delta:.3g}, over its budget ε = {row.epsilon:.4g}; "
-            "nothing was read or recorded",
+            "nothing was released or recorded",
             "plan a smaller spend (a lower --epsilon, fewer epochs), or ask the data owner to "
             "raise the budget (veil budget set); see veil budget show",
         )

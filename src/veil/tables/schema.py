@@ -284,8 +284,14 @@ def _column(name: str, raw: Any) -> ColumnSpec:
         )
     ctype = raw.get("type")
     if ctype not in COLUMN_TYPES:
+        import difflib
+
+        close = difflib.get_close_matches(str(ctype), COLUMN_TYPES, n=1) if ctype is not None else []
         raise ConfigError(
-            _where(name, "type"), ctype, "every column needs a type", f"use one of {COLUMN_TYPES}"
+            _where(name, "type"),
+            ctype,
+            "every column needs a type" if ctype is None else f"{ctype!r} is not a column type",
+            (f"did you mean {close[0]!r}? " if close else "") + f"use one of {COLUMN_TYPES}",
         )
     _refuse_unknown(name, raw, _COLUMN_KEYS[ctype])
     spec = ColumnSpec(name, ctype)
@@ -383,7 +389,11 @@ def load_schema(path: str | Path) -> TableSchema:
     try:
         data = toml.loads(text)
     except ValueError as exc:
-        raise ConfigError("schema", str(p), f"it is not valid TOML ({exc})", "fix the syntax") from None
+        from veil.toml_syntax import where
+
+        raise ConfigError(
+            "schema", str(p), f"it is not valid TOML ({where(text, exc)})", "fix the syntax"
+        ) from None
     return parse_schema(data, str(p))
 
 
