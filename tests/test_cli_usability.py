@@ -81,8 +81,9 @@ CHARGED = (("train",), ("pate",), ("tune",), ("synth",), ("federated",), ("schem
 
 @pytest.mark.parametrize("path", CHARGED, ids=" ".join)
 def test_every_charged_command_takes_db_and_states_the_delta_rule(
-    capsys: pytest.CaptureFixture[str], path: tuple[str, ...]
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, path: tuple[str, ...]
 ) -> None:
+    monkeypatch.setenv("COLUMNS", "240")  # the help table's wrapping must not cut the δ rule
     code, out, _ = cli(capsys, *path, "--help")
     assert code == 0
     flat = " ".join(out.replace("│", " ").split())
