@@ -33,7 +33,7 @@ Edge = tuple[Any, int]  # (autograd node, output number)
 # fmt: off
 _ELEMENTWISE = frozenset([
     "Add", "Sub", "Rsub", "Mul", "Div", "Neg", "Exp", "Exp2", "Expm1", "Log", "Log2", "Log10",
-    "Log1p", "Sigmoid", "LogSigmoid", "Tanh", "Relu", "Threshold", "Clamp", "ClampMin", "ClampMax",
+    "Log1p", "Log1P", "Sigmoid", "LogSigmoid", "Tanh", "Relu", "Threshold", "Clamp", "ClampMin", "ClampMax",
     "Abs", "Pow", "Sqrt", "Rsqrt", "Reciprocal", "Softplus", "Where", "NanToNum", "ToCopy", "Clone",
     "Alias", "Sign", "Sin", "Cos", "Maximum", "Minimum", "Fmax", "Fmin", "Addcmul", "Addcdiv",
     "Lerp", "Erf", "Erfc", "Gelu", "Silu", "Elu", "LeakyRelu", "Hardtanh", "Hardsigmoid",
