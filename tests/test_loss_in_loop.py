@@ -11,6 +11,7 @@ the Opacus-style one (``make_private_with_epsilon``, the criterion returned by g
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, cast
 
 import pytest
 import torch
@@ -189,7 +190,7 @@ def test_an_ordinary_mean_loss_trains(path: str, loss: Loss) -> None:
         optimizer.step()
     assert engine.steps == len(loader) == 5
     if loss is not _functional_mean:  # a loss module was found however deep, and checked
-        assert optimizer.loss_guard.checked == 5
+        assert cast(Any, optimizer).loss_guard.checked == 5
 
 
 def test_an_ordinary_sum_loss_trains_under_a_sum_reduction() -> None:
@@ -234,7 +235,7 @@ def test_the_guard_keeps_no_graph_and_no_global_hook_alive() -> None:
     x = torch.randn(4, 5)
     for _ in range(40):  # forwards without a step (evaluation with grad enabled)
         model(x)
-    assert len(optimizer.loss_guard._outputs) <= 16
+    assert len(cast(Any, optimizer).loss_guard._outputs) <= 16
     del engine, model, optimizer, loader
     gc.collect()
     assert len(torch_module._global_forward_hooks) == hooks_before
@@ -247,14 +248,14 @@ class _TupleModel(nn.Module):
         super().__init__()
         self.body, self.head, self.as_dict = nn.Linear(5, 4), nn.Linear(4, 3), as_dict
 
-    def forward(self, x: torch.Tensor) -> object:
+    def forward(self, x: torch.Tensor) -> Any:
         hidden = torch.tanh(self.body(x))
         logits = self.head(hidden)
         return {"logits": logits, "hidden": hidden} if self.as_dict else (logits, hidden)
 
 
 def _train(
-    model: nn.Module, loss: Callable[[object, torch.Tensor], torch.Tensor], float_targets: bool = False
+    model: nn.Module, loss: Callable[[Any, torch.Tensor], torch.Tensor], float_targets: bool = False
 ) -> int:
     engine = PrivacyEngine()
     g = torch.Generator().manual_seed(0)
@@ -271,7 +272,7 @@ def _train(
         optimizer.zero_grad()
         loss(model(xb), yb).backward()
         optimizer.step()
-    assert optimizer.loss_guard.checked == engine.steps
+    assert cast(Any, optimizer).loss_guard.checked == engine.steps
     return engine.steps
 
 
