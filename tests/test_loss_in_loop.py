@@ -1,7 +1,8 @@
 """A loss written in the training loop must not widen the sensitivity (veil.per_example_loss).
 
-The engine watches every loss module applied to the private model's output: a weighted mean, a
-reduction other than the declared one or an unreduced loss reduced in the loop is refused when the
+The engine watches every loss module applied to the private model's output, however deep: ops on
+the way that mix examples (a softmax or mean over the batch, a row selection), a weighted mean, a
+reduction other than the declared one or an unreduced loss reduced in the loop are refused when the
 loss is computed; a factor applied to the loss before ``backward()`` (a batch-dependent one such as
 ``len(batch) / B``) is refused at ``step()``. Each refusal comes before any noisy update is released:
 the engine has charged no step and the parameters have not moved. Both the ``make_private`` path and
@@ -116,6 +117,10 @@ def _masked_mean(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return nn.CrossEntropyLoss()(out[keep], y[keep])
 
 
+def _loss_of_the_batch_mean(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return nn.CrossEntropyLoss()(out.mean(0, keepdim=True), y[:1])
+
+
 def _similarity_to_the_batch(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return nn.CrossEntropyLoss()(out @ out.t(), torch.arange(len(y)))
 
@@ -133,6 +138,7 @@ WIDENING: list[Loss] = [
     _mixing_after_a_deep_path,
     _mixing_passed_by_keyword,
     _masked_mean,
+    _loss_of_the_batch_mean,
     _similarity_to_the_batch,
 ]
 
@@ -324,6 +330,9 @@ _RECIPES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "similarity": lambda o: o @ o.t(),
     "projection": lambda o: o @ torch.linspace(-1, 1, 12, dtype=o.dtype).view(6, 2),
     "row of one broadcast": lambda o: o + o.sum(1, keepdim=True).t()[:, :1].t(),
+    "batch mean row": lambda o: o.mean(0, keepdim=True),
+    "batch mean, as many classes as rows": lambda o: o[:, :4].mean(0),
+    "row sums broadcast as a row": lambda o: o[:, :4] + o.sum(1),
     "deep row-wise": lambda o: torch.tanh(_no_ops(o, 10)).exp().log1p() / 3.0,
     "deep then batch mean": lambda o: _no_ops(o, 10) - _no_ops(o, 10).mean(0),
 }
@@ -355,7 +364,8 @@ def test_the_guard_accepts_only_paths_that_keep_rows_apart(name: str) -> None:
     expected_refused = {"log_softmax(0)", "softmax(-2)", "centred", "max(0)", "cumsum(0)", "sort(0)"}
     expected_refused |= {"normalize(0)", "layer_norm(all)", "view(2, -1)", "flatten then split"}
     expected_refused |= {"transpose", "unsqueeze(0)", "stack(0)", "similarity", "row of one broadcast"}
-    expected_refused |= {"deep then batch mean"}
+    expected_refused |= {"deep then batch mean", "batch mean row", "row sums broadcast as a row"}
+    expected_refused |= {"batch mean, as many classes as rows"}
     assert (verdict.problem is not None) == (name in expected_refused), verdict.problem
 
 

@@ -102,21 +102,25 @@ class LoopLossGuard:
     ``loss = criterion(model(x), y); loss.backward(); optimizer.step()``, no ``criterion=`` needed).
 
     Guarantee (the loss contract above, for a loss written in the loop). Every loss module
-    (``torch.nn.modules.loss._Loss``) applied to the model's output — directly or after an
-    element-wise step such as ``log_softmax`` — is checked when it is called, and refused
-    (:class:`~veil.errors.InvalidParameterError`) if its reduction is not the plan's declared
-    one (``"none"`` included: a per-example loss reduced by hand, e.g. a weighted mean
-    ``Σ w_i ℓ_i / Σ w_j``, cannot be checked) or if it is a weighted mean (:func:`check_criterion`).
-    The gradient that reaches such a loss's output during ``backward()`` must be exactly 1: a
-    factor applied in the loop (``loss * len(batch) / B``, ``loss / Σ w``) would rescale every
-    example's gradient by a function of the batch, so adding one example could move the clipped
-    sum by many C; :meth:`check` (run by the optimizer at every ``step()``, before the step is
-    accounted or any noise drawn) refuses it. A refusal therefore always precedes the release of
-    the batch it concerns.
+    (``torch.nn.modules.loss._Loss``) whose input, positional or keyword, derives from the model's
+    output — however many autograd steps lie between — is checked when it is called. It is refused
+    (:class:`~veil.errors.InvalidParameterError`) if an op on that path mixes examples
+    (:mod:`veil.loss_path`: a softmax or mean over the batch dimension, ``out - out.mean(0)``, a
+    row selection, ...; each would make one example's gradient depend on the others, up to n·C), if
+    its reduction is not the plan's declared one (``"none"`` included: a per-example loss reduced
+    by hand, e.g. a weighted mean ``Σ w_i ℓ_i / Σ w_j``, cannot be checked) or if it is a weighted
+    mean (:func:`check_criterion`). The gradient that reaches such a loss's output during
+    ``backward()`` must be exactly 1: a factor applied in the loop (``loss * len(batch) / B``,
+    ``loss / Σ w``) would rescale every example's gradient by a function of the batch, so adding
+    one example could move the clipped sum by many C; :meth:`check` (run by the optimizer at every
+    ``step()``, before the step is accounted or any noise drawn) refuses it. A refusal therefore
+    always precedes the release of the batch it concerns.
 
     Not covered: a loss computed without a loss module (``F.cross_entropy`` and hand-written
     reductions) is not seen; pass ``criterion=`` to make_private and call it, or use a loss module,
-    for the check to apply. Loss modules applied to other tensors are left alone.
+    for the check to apply. Values reaching the loss without a gradient path (``len(out)``, a mask
+    from the detached output) are not seen either (see :mod:`veil.loss_path`). Loss modules applied
+    to other tensors are left alone.
     """
 
     def __init__(self, model: nn.Module, reduction: str) -> None:
