@@ -256,7 +256,7 @@ def budget_section_for(
 ) -> dict[str, Any] | None:
     """The ``dataset_budget`` section of the run ``run_id``: through its open charge in this process,
     else (a run already settled, or a job that charges nothing) from the registry's record of
-    ``dataset_id``; None when neither is known."""
+    ``dataset_id`` (or of the name its file is recorded for); None when neither is known."""
     charge = _OPEN.get(run_id or "")
     if charge is not None:
         return charge.budget_section(events, report)
@@ -265,6 +265,7 @@ def budget_section_for(
     from veil.registry.reporting import budget_section
 
     with open_registry(db) as registry:
+        dataset_id = registry.name_of(dataset_id) or dataset_id  # a file recorded for a name
         if run_id and registry.run(run_id) is not None:
             registry.note_run(run_id, _user(), None if report is None else str(report))
         return budget_section(
