@@ -77,6 +77,8 @@ def test_runs_charged_to_the_file_before_it_was_named_count_towards_the_name(dat
         registry.set_budget("name:clinic", 1.5, 1e-4)
     with pytest.raises(BudgetExhaustedError):
         _run(data, EPS_1, "named", dataset_id="clinic")  # 1 (the file's run) + 1 > 1.5
+    with BudgetRegistry() as registry:  # refused: nothing recorded or moved
+        assert registry.status("name:clinic").fingerprints == () and not registry.status("name:clinic").runs
     assert _run(data, EPS_QUARTER, "small", dataset_id="clinic") == "name:clinic"
     with BudgetRegistry() as registry:
         status = registry.status("name:clinic")
@@ -123,6 +125,7 @@ def test_a_unit_is_recorded_with_a_reservation_only(data: str) -> None:
     charge = DatasetCharge.before_reading(data, job="train", dataset_id="people", privacy_unit="pid")
     with pytest.raises(BudgetExhaustedError):
         charge.reserve([EPS_1], "too-big", 1e-4, before_reading=True)  # refused: no unit recorded
+    assert unit_of(charge.registry.db, "name:people") is None
     charge.reserve([EPS_QUARTER], "fits", 1e-4, before_reading=True)
     charge.finish(None)  # released before reading; the unit stays with the reservation's record
     with BudgetRegistry() as registry:
