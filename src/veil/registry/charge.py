@@ -142,6 +142,9 @@ class DatasetCharge:
                 from veil.registry.fingerprints import refuse_other_name
 
                 raise refuse_other_name(self.identity.label, str(recorded), self.fingerprint)
+            elif recorded is None and self.identity.id != self.fingerprint:
+                # The file's own runs will join the name: they must protect the run's unit too.
+                check_unit(self.registry.db, self.fingerprint, self.privacy_unit)
         check_unit(self.registry.db, self.identity, self.privacy_unit)
 
     def reserve(
