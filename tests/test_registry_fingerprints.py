@@ -130,3 +130,15 @@ def test_a_unit_is_recorded_with_a_reservation_only(data: str) -> None:
     charge.finish(None)  # released before reading; the unit stays with the reservation's record
     with BudgetRegistry() as registry:
         assert unit_of(registry.db, "name:people") == "pid"
+
+
+def test_budget_set_with_the_file_and_a_name_moves_the_files_runs_under_the_name(
+    data: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _run(data, EPS_1, "early")
+    code, out, err = cli(capsys, "budget", "set", "--dataset", data, "--dataset-id", "clinic",
+                         "--epsilon", "1.5", "--delta", "1e-4", "--json")  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["jobs"] == {"train": 1}  # the file's run is the name's now
+    with pytest.raises(BudgetExhaustedError, match="name:clinic"):
+        _run(data, EPS_1, "again")  # without the name: charged to it, and 1 + 1 > 1.5
