@@ -50,17 +50,28 @@ def set_budget(
 ) -> dict[str, Any]:
     """The work of ``veil budget set``: the dataset's status after the budget (and unit) is set.
 
+    ``dataset`` with ``dataset_id``: the file is recorded for the name, and runs already charged to
+    the file move under it (:mod:`veil.registry.fingerprints`); a file recorded for a name, given
+    without one, sets the name's budget.
+
     ``privacy_unit``: record the column naming the person each row belongs to; from then on every
     run on the dataset must protect that unit (a row-level run is refused before reading)."""
     from veil.registry.charge import open_registry
+    from veil.registry.identity import content_fingerprint
 
     identity = _identity(dataset, dataset_id, table, query, data_dir)
-    with open_registry(db) as registry:
-        if privacy_unit is not None:  # first (ε, δ checked): a refused unit leaves the budget unchanged
-            from veil.accounting.base import check_delta, check_epsilon
+    named_file = (
+        content_fingerprint(dataset, table=table, query=query, data_dir=data_dir) if dataset_id else None
+    )
+    from veil.accounting.base import check_delta, check_epsilon
 
-            check_epsilon(epsilon)
-            check_delta(delta)
+    check_epsilon(epsilon)  # first: a refused value records nothing (file, unit or budget)
+    check_delta(delta)
+    with open_registry(db) as registry:
+        identity = registry.resolve(identity)  # a file recorded for a name: the name's budget
+        if named_file is not None:  # --dataset FILE --dataset-id NAME: record the file for the name
+            registry.link(identity, named_file)
+        if privacy_unit is not None:  # a refused unit leaves the budget unchanged
             registry.set_unit(identity, privacy_unit)
         status = registry.set_budget(identity, epsilon, delta, accountant, neighbouring)
         return {"registry": registry.shown_url, **status.to_dict()}
@@ -82,7 +93,8 @@ def show_budget(
         if dataset is None and dataset_id is None:
             statuses = registry.statuses()
         else:
-            statuses = [registry.status(_identity(dataset, dataset_id, table, query, data_dir))]
+            identity = registry.resolve(_identity(dataset, dataset_id, table, query, data_dir))
+            statuses = [registry.status(identity)]
         return {"registry": registry.shown_url, "datasets": [s.to_dict() for s in statuses]}
 
 
@@ -106,7 +118,7 @@ def report_budget(
     if dataset is not None or dataset_id is not None:
         identity = _identity(dataset, dataset_id, table, query, data_dir)
     with open_registry(db) as registry:
-        content = budget_report(registry, identity)
+        content = budget_report(registry, None if identity is None else registry.resolve(identity))
     write_budget_report(content, Path(out))
     return content
 
@@ -144,6 +156,12 @@ def _print_status(status: dict[str, Any]) -> None:
         f"  spent ε = {_eps(status['spent_epsilon'])}{at} ({status['accountant']}, composed over all "
         "charged runs)"
     )
+    files = status.get("fingerprints") or []
+    if files:
+        console.print(
+            "  files recorded for this name (a run on one without --dataset-id is charged here): "
+            + ", ".join(f[: f.index(":") + 13] + "…" for f in files)
+        )
     jobs = status.get("jobs") or {}
     if jobs:
         console.print(

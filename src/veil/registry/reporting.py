@@ -100,6 +100,9 @@ class DatasetStatus:
     runs: tuple[RunRecord, ...] = field(default_factory=tuple)
     privacy_unit: str | None = None
     """The unit column every run protects (:mod:`veil.registry.units`); None: single rows."""
+    fingerprints: tuple[str, ...] = ()
+    """The content fingerprints of the files recorded for this named dataset: a run on one of them
+    without ``--dataset-id`` is charged here (:mod:`veil.registry.fingerprints`)."""
 
     @property
     def remaining_epsilon(self) -> float | None:
@@ -132,6 +135,7 @@ class DatasetStatus:
             "accountant": self.accountant,
             "neighbouring": self.neighbouring,
             "privacy_unit": self.privacy_unit,
+            "fingerprints": list(self.fingerprints),
             "delta": self.delta,
             "spent_epsilon": self.spent_epsilon,
             "remaining_epsilon": self.remaining_epsilon,
