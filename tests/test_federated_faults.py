@@ -46,14 +46,44 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(capsys, tmp_path, args,
     assert not out.exists()
 
 
-def test_a_column_partition_gives_one_client_per_value_and_a_missing_column_is_refused(tmp_path):
+def test_a_column_partition_hashes_each_value_to_a_declared_client_and_a_missing_column_is_refused():
+    """``column:NAME``: a row's client is its value's keyed hash mod the declared ``--clients``, a
+    function of the record alone — never the number of distinct values, which is read from the data
+    (issue 23, item 7): equal values share a client, a client may be empty, no count is refused."""
     import numpy as np
 
-    values = np.array([3, 1, 3, 2, 1, 3])
-    parts = split_rows(parse_partition("column:site"), np.zeros(6), 0, seed=0, column_values=values)
-    assert [p.tolist() for p in parts] == [[1, 4], [3], [0, 2, 5]]
+    values = np.array([3, 1, 3, 2, 1, 3, 7, 7, 5])
+    for clients in (1, 2, 4, 9, 20):  # fewer, as many as, and more clients than the 5 distinct values
+        parts = split_rows(parse_partition("column:site"), np.zeros(9), clients, seed=0, column_values=values)
+        assert len(parts) == clients
+        assert sorted(np.concatenate(parts).tolist()) == list(range(9))  # every row in exactly one client
+        owner = {int(i): k for k, p in enumerate(parts) for i in p}
+        for v in np.unique(values):
+            assert len({owner[int(i)] for i in np.flatnonzero(values == v)}) == 1  # a value, one client
+        # Record-local: the rows of a value land where they land without the other values' rows.
+        alone = split_rows(
+            parse_partition("column:site"), np.zeros(2), clients, seed=0, column_values=values[values == 7]
+        )
+        assert [len(p) for p in alone] == [int(np.isin(np.flatnonzero(values == 7), p).sum()) for p in parts]
+    spread = split_rows(
+        parse_partition("column:site"), np.zeros(200), 4, seed=0, column_values=np.arange(200.0)
+    )
+    assert all(len(p) > 20 for p in spread)  # the hash spreads many values over every client
     with pytest.raises(DataError, match="no column named 'site'"):
-        split_rows(parse_partition("column:site"), np.zeros(6), 0, seed=0, column_values=None)
+        split_rows(parse_partition("column:site"), np.zeros(6), 3, seed=0, column_values=None)
+
+
+def test_a_column_partition_with_a_value_count_other_than_clients_runs(tmp_path):
+    """No refusal after reading: a column with hundreds of values over 5 declared clients gives 5."""
+    from veil.federated.local import federation
+
+    s = FederatedSettings(mode="client-level", dataset="breast-cancer", clients=5, rounds=1, epsilon=8.0,
+                          delta=1e-3, sampling_rate=1.0, sigma=1.5, seed=0, out=str(tmp_path / "run"),
+                          partition="column:mean radius", model="logreg")  # fmt: skip
+    fed = federation(s)
+    assert len(fed.parts) == 5 and all(len(p) > 0 for p in fed.parts)
+    assert sum(len(p) for p in fed.parts) == len(fed.data.y_train)
+    assert "mean radius" not in (fed.data.feature_names or [])  # the partition column is no feature
 
 
 def test_an_empty_client_keeps_every_row_where_it_is():

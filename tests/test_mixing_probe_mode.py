@@ -75,3 +75,28 @@ def test_every_submodule_gets_its_own_mode_back() -> None:
     model.eval()
     assert probe_forward(model, _loader()) == "passed"
     assert not any(_modes(model))
+
+
+class AttentionWithDropout(nn.Module):
+    """Per-example self-attention over positions with attention and output dropout: nothing crosses
+    the batch dimension, but the training-mode forward is random (as in a Hugging Face encoder)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.drop = nn.Dropout(0.3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x.view(x.shape[0], 3, 2).repeat(1, 1, 2))
+        a = nn.functional.scaled_dot_product_attention(h, h, h, dropout_p=0.3 if self.training else 0.0)
+        return self.drop(a).flatten(1)
+
+
+def test_dropout_and_attention_dropout_are_not_mistaken_for_mixing() -> None:
+    """Training-mode randomness is per element: the probe runs without it (it is not replayed exactly
+    by fused attention kernels) and still finds a module that mixes only when training."""
+    torch.manual_seed(0)
+    model = nn.Sequential(AttentionWithDropout(), nn.Linear(12, 3)).double().eval()
+    assert probe_forward(model, _loader()) == "passed"
+    mixing = nn.Sequential(AttentionWithDropout(), MixesWhenTraining(), nn.Linear(12, 3)).double().eval()
+    assert not isinstance(probe_forward(mixing, _loader()), str)

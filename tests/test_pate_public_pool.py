@@ -89,3 +89,29 @@ def test_own_data_with_public_data_is_charged_before_a_private_row_is_read(
                        "--public-data", str(tmp_path / "pub.npz"), "--teachers", "5", "--sigma", "1",
                        "--epsilon", "10", "--delta", "1e-4", "--out", str(out))  # fmt: skip
     assert code == 2 and "budget" in err and not out.exists()
+
+
+def test_public_data_sharing_rows_with_the_private_data_is_used_and_counted_non_private(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--public-data`` is public by the user's declaration: rows equal to private rows (known only
+    after reading both) are no refusal (issue 23, item 7); their count sits only in ``non_private``."""
+    from veil.data import load_dataset
+
+    data = _csv(tmp_path)
+    spec = f"csv:{data}"
+    private = load_dataset(spec, target="label", classes=["0", "1"], test_fraction=0.2, seed=0).x_train
+    public = np.vstack([np.random.default_rng(2).normal(size=(30, 3)), private[[3, 7]]])
+    np.savez(tmp_path / "pub.npz", x=public)
+    out = tmp_path / "p"
+    code, _, err = cli(capsys, "pate", "--dataset", spec, "--target", "label", "--classes", "0,1",
+                       "--public-data", str(tmp_path / "pub.npz"), "--teachers", "5", "--sigma", "1",
+                       "--epsilon", "10", "--delta", "1e-4", "--queries", "10", "--seed", "0",
+                       "--out", str(out))  # fmt: skip
+    assert code == 0, err
+    report = json.loads((out / "report.json").read_text())
+    assert report["non_private"]["dataset"]["public_private_duplicates"] == 2
+    assert "public_private_duplicates" not in report["dataset"]
+    assert (
+        "2 public rows" not in json.dumps(report["dataset"]) and "checked" not in report["dataset"]["split"]
+    )

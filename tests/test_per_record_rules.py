@@ -66,6 +66,9 @@ def test_an_undeclared_label_drops_the_row_and_a_text_cell_is_missing(tmp_path: 
         "rows_dropped_label_not_declared": 1,
         "rows_dropped_label_missing": 1,
         "cells_not_a_number_made_missing": 1,
+        "rows_dropped_outside": 0,
+        "rows_dropped_unknown": 0,
+        "rows_dropped_missing": 0,
     }
     missing = encoded.feature_names.index("x:missing")
     assert encoded.x[-1, missing] == 1.0 and encoded.x[:-1, missing].sum() == 0
@@ -90,12 +93,6 @@ def test_row_errors_name_the_row_and_column_never_the_cell(tmp_path: Path) -> No
     with pytest.raises(DataError) as ragged:
         load_table(spec, load_schema(schema_path))
     assert "SECRET" not in str(ragged.value) and "line 302" in str(ragged.value)
-    # A value refused by the schema's own rule (unknown = "error"): row and column, not the value.
-    strict = SCHEMA.replace('levels = ["a", "b"]', 'levels = ["a", "b"]\nunknown = "error"')
-    spec, schema_path = _write(tmp_path, ["1.0,SECRET-2,no"], schema=strict)
-    with pytest.raises(DataError) as unknown:
-        load_table(spec, load_schema(schema_path))
-    assert "SECRET" not in str(unknown.value) and "city" in str(unknown.value) and "302" in str(unknown.value)
 
 
 def test_synth_stays_charged_when_it_stops_after_reading(
@@ -133,4 +130,89 @@ def test_train_reports_the_rule_counts_as_non_private(
         "rows_dropped_label_not_declared": 1,
         "rows_dropped_label_missing": 0,
         "cells_not_a_number_made_missing": 1,
+        "rows_dropped_outside": 0,
+        "rows_dropped_unknown": 0,
+        "rows_dropped_missing": 0,
     }
+
+
+STRICT = """
+reviewed = true
+
+[columns.x]
+type = "numeric"
+bounds = [-5, 5]
+outside = "error"
+missing = "error"
+
+[columns.city]
+type = "categorical"
+levels = ["a", "b"]
+unknown = "error"
+
+[columns.who]
+type = "ignored"
+
+[columns.label]
+role = "target"
+classes = ["no", "yes"]
+"""
+
+
+def _write_strict(tmp_path: Path, extra: list[str], schema: str = STRICT) -> tuple[str, Path]:
+    path = tmp_path / "strict.csv"
+    rows = [f"{r.split(',')[0]},{r.split(',')[1]},u{i},{r.split(',')[2]}" for i, r in enumerate(_rows())]
+    path.write_text("x,city,who,label\n" + "\n".join(rows + extra) + "\n")
+    (tmp_path / "strict.toml").write_text(schema)
+    return f"csv:{path}", tmp_path / "strict.toml"
+
+
+BREAKING = ["9.0,a,SECRET-out,no", "NA,b,SECRET-miss,yes", "1.0,SECRET-city,SECRET-unk,no"]
+"""One row breaking each "error" (drop) policy: outside the bounds, missing, a level not declared."""
+
+
+@pytest.mark.parametrize("policy", ["error", "drop"])
+def test_a_row_breaking_a_drop_policy_is_dropped_and_counted_never_refused(
+    tmp_path: Path, policy: str
+) -> None:
+    """``outside``/``missing``/``unknown = "error"`` (old spelling) or ``"drop"``: the row is dropped by
+    a public per-record rule, counted per rule; no refusal once rows are read."""
+    from veil.tables import load_table
+    from veil.tables.schema import load_schema
+
+    spec, schema_path = _write_strict(tmp_path, BREAKING, STRICT.replace('"error"', f'"{policy}"'))
+    schema = load_schema(schema_path)
+    encoded = load_table(spec, schema)
+    assert encoded.x.shape[0] == len(encoded.y) == 300
+    assert encoded.rules["rows_dropped_outside"] == 1
+    assert encoded.rules["rows_dropped_missing"] == 1
+    assert encoded.rules["rows_dropped_unknown"] == 1
+    assert encoded.dropped is not None and encoded.dropped.tolist() == [False] * 300 + [True] * 3
+    # The same rows without the breaking ones encode the same: a drop is a function of the row alone.
+    (tmp_path / "clean").mkdir()
+    clean, _ = _write_strict(tmp_path / "clean", [])
+    np.testing.assert_array_equal(load_table(clean, schema).x, encoded.x)
+
+
+def test_a_dropped_row_takes_its_unit_id_along(tmp_path: Path) -> None:
+    """With a privacy-unit column the rows are encoded undropped, then one filtering step removes the
+    rows any rule drops — label or feature — together with their unit ids."""
+    from veil.tables import load_table
+    from veil.tables.schema import load_schema
+
+    extra = [*BREAKING, "1.0,a,SECRET-lab,maybe"]
+    spec, schema_path = _write_strict(tmp_path, extra)
+    encoded = load_table(spec, load_schema(schema_path), unit_column="who")
+    assert encoded.x.shape[0] == len(encoded.y) == len(encoded.units) == 300
+    assert encoded.units == [f"u{i}" for i in range(300)]
+    assert encoded.rules["rows_dropped_label_not_declared"] == 1
+
+
+def test_schema_check_counts_the_drops(tmp_path: Path) -> None:
+    from veil.cli.schema import run_check
+
+    spec, schema_path = _write_strict(tmp_path, BREAKING)
+    result = run_check(str(schema_path), spec)
+    assert result["rows (not private: for your eyes only)"] == 300
+    assert result["rows dropped outside (not private)"] == 1
+    assert "SECRET" not in json.dumps(result)

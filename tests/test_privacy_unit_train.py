@@ -225,6 +225,13 @@ def test_k_is_applied_and_a_row_level_run_says_people_get_weaker_protection(
     )
     assert code == 0, err
     assert json.loads((tmp_path / "u" / "report.json").read_text())["privacy_unit"]["max_rows_per_unit"] == 2
+    # The same file under a name, row-level: its unit-level run would join the name: refused.
+    code, _, err = _train(capsys, *base, "--dataset-id", "visits-rows", "--out", str(tmp_path / "r"))
+    assert code == 2 and "patient_id" in err and not (tmp_path / "r").exists()
+    lines = files["csv"].read_text().splitlines()
+    other = tmp_path / "visits-reordered.csv"  # the same records, other bytes: another file
+    other.write_text("\n".join([lines[0], *reversed(lines[1:])]) + "\n")
+    base[1] = f"csv:{other}"
     code, _, err = _train(capsys, *base, "--dataset-id", "visits-rows", "--out", str(tmp_path / "r"))
     assert code == 0, err
     code, _, err = _cli(  # runs there protect rows: a unit cannot be recorded afterwards

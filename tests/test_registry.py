@@ -146,7 +146,7 @@ def test_run_over_remaining_budget_is_refused_and_nothing_recorded(registry: Bud
     assert 0 < first.spent_epsilon <= 2.0
     with pytest.raises(BudgetExhaustedError, match="over its budget") as err:
         registry.reserve("ds", [dpsgd(0.01, 1.0, 2000)], "b", delta=1e-5)
-    assert "nothing was read or recorded" in str(err.value)
+    assert "nothing was released or recorded" in str(err.value)
     after = registry.status("ds")
     assert [r.run_id for r in after.runs] == ["a"]
     assert after.spent_epsilon == pytest.approx(first.spent_epsilon)
@@ -304,7 +304,7 @@ def test_job_charge_refuses_an_exhausted_dataset_before_reading(tmp_path: Path) 
     charge.close()
     with BudgetRegistry(db) as reg:
         reg.set_budget(dataset_identity(f"csv:{data}"), 0.9, 1e-6)  # the first run spent all of it
-    with pytest.raises(BudgetExhaustedError, match="refused before reading a row"):
+    with pytest.raises(BudgetExhaustedError, match="refused before any row was parsed"):
         DatasetCharge.before_reading(f"csv:{data}", job="train", db=db)
     with BudgetRegistry(db) as reg:
         reg.set_budget(dataset_identity(f"csv:{data}"), 3.0, 1e-6)

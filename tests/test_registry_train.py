@@ -70,7 +70,7 @@ def test_an_exhausted_dataset_is_refused_before_a_row_is_read(
 
     monkeypatch.setattr(veil.training, "_prepare", no_reading)
     code, _, err = _train(tmp_path / "second", 0.1, capsys)
-    assert code == 2 and "refused before reading a row" in err and "data was read" not in err
+    assert code == 2 and "refused before any row was parsed" in err and "data was read" not in err
     assert not (tmp_path / "second").exists()
 
 

@@ -157,11 +157,6 @@ def test_unreachable_sqlite_database(capsys, tmp_path: Path) -> None:
     ("edit_schema", "edit_csv", "match"),
     [
         (
-            lambda s: s.replace("bounds = [18, 100]", 'bounds = [18, 60]\noutside = "error"'),
-            None,
-            "line 2 column 'age'.*outside the declared bounds",
-        ),
-        (
             lambda s: s.replace('"horTh"', '"hormone"').replace("columns.horTh", "columns.hormone"),
             None,
             "schema column 'hormone'.*missing from the data",
@@ -222,3 +217,15 @@ def test_a_text_dataset_with_a_password_in_its_url_is_refused_before_it_is_read(
     with pytest.raises(ConfigError, match="password") as err:
         _sql_columns("sql:postgresql://u:s3cret@127.0.0.1:1/db", "t", None)  # nothing listens there
     assert "s3cret" not in str(err.value)
+
+
+def test_schema_check_counts_the_rows_a_drop_policy_drops(capsys, tmp_path: Path) -> None:
+    """A value outside the bounds under ``outside = "error"`` (now: drop the row) is no refusal: the
+    check succeeds and counts the dropped rows as non-private."""
+    schema = tmp_path / "schema.toml"
+    schema.write_text(GBSG2_SCHEMA.replace("bounds = [18, 100]", 'bounds = [18, 60]\noutside = "error"'))
+    code, out, err = _cli(capsys, "schema", "check", str(schema), "--dataset", f"csv:{gbsg2()}", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    older = sum(int(float(r.split(",")[1]) > 60) for r in gbsg2().read_text().splitlines()[1:])  # age
+    assert older > 0 and result["rows dropped outside (not private)"] == older

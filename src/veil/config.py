@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
+from veil.accounting.defaults import DEFAULT_DELTA
 from veil.errors import ConfigError, InvalidParameterError, VeilError
 
 __all__ = [
@@ -124,8 +125,8 @@ class TrainConfig(BaseModel):
     # -- privacy -----------------------------------------------------------------------------
     epsilon: float = 3.0
     """Target ε: the whole run (preprocessing included) is calibrated to it and never exceeds it."""
-    delta: float = 1e-5
-    """Target δ; must be < 1/N (N = training examples)."""
+    delta: float = DEFAULT_DELTA
+    """Target δ; must be < 1/N (N = training examples). Default: :mod:`veil.accounting.defaults`."""
     noise_multiplier: float | None = None
     """σ given outright instead of calibrated; training still stops before ε would pass the target."""
     max_grad_norm: float | None = None
@@ -480,11 +481,15 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
                 "config", str(p), "reading TOML on Python 3.10 needs the tomli package", "pip install tomli"
             ) from None
     try:
-        with p.open("rb") as fh:
-            data = toml.load(fh)
-    except (OSError, toml.TOMLDecodeError) as exc:
+        text = p.read_text(encoding="utf-8")
+        data = toml.loads(text)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError("config", str(p), f"not a readable TOML file ({exc})", "check the path") from None
+    except toml.TOMLDecodeError as exc:
+        from veil.toml_syntax import where
+
         raise ConfigError(
-            "config", str(p), f"not a readable TOML file ({exc})", "fix the TOML syntax"
+            "config", str(p), f"not a readable TOML file ({where(text, exc)})", "fix the TOML syntax"
         ) from None
     if isinstance(data.get("train"), dict) and len(data) == 1:
         data = data["train"]  # a single [train] table is accepted too

@@ -23,6 +23,7 @@ __all__ = [
     "ModelNotSupportedError",
     "Problem",
     "RegistryError",
+    "RunInterrupted",
     "SamplingError",
     "UnreachableTargetError",
     "UnsupportedEventError",
@@ -47,6 +48,17 @@ class VeilError(Exception):
         self.reason = reason
         self.fix = fix
         super().__init__(format_problem(name, value, reason, fix))
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a run whose folder can be continued: a KeyboardInterrupt that knows the folder.
+
+    Raised only after the run folder and its ledger exist (every step taken is in the ledger), so
+    ``veil train --resume RUN_DIR`` continues it; before that, a plain KeyboardInterrupt leaves nothing."""
+
+    def __init__(self, run_dir: str) -> None:
+        self.run_dir = run_dir
+        super().__init__(f"interrupted; continue with: veil train --resume {run_dir}")
 
 
 class InvalidParameterError(VeilError, ValueError):

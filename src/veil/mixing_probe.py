@@ -77,18 +77,75 @@ def refuse_example_mixing(module: nn.Module, x: np.ndarray, y: np.ndarray) -> No
         raise ModelNotSupportedError([probe])
 
 
+def _without_dropout() -> Any:
+    """A torch-function mode under which dropout is the identity (``F.dropout`` and its variants,
+    and ``scaled_dot_product_attention``'s ``dropout_p``): dropout acts on each element alone, so it
+    never mixes examples, but its masks are not replayed exactly by fused kernels (attention); the
+    probe compares training-mode forwards without it."""
+    import torch.nn.functional as F
+    from torch.overrides import TorchFunctionMode
+
+    dropouts = {F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout}
+    attention = F.scaled_dot_product_attention
+
+    class NoDropout(TorchFunctionMode):
+        def __torch_function__(
+            self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+        ) -> Any:
+            kwargs = dict(kwargs or {})
+            if func in dropouts:
+                return args[0] if args else kwargs["input"]
+            if func is attention:
+                if len(args) > 4:
+                    args = (*args[:4], 0.0, *args[5:])
+                else:
+                    kwargs["dropout_p"] = 0.0
+            return func(*args, **kwargs)
+
+    return NoDropout()
+
+
+def _shapes(x: Any) -> list[tuple[int, ...]]:
+    return [tuple(t.shape) for t in _tensors(x)]
+
+
+def _variants(
+    items: list[Any], spare: Any, base: Any, loader: DataLoader, device: torch.device, dtype: Any
+) -> list[tuple[set[int], list[Any]]]:
+    """The probe's changed batches, each with the positions it changed: the first and then the last
+    item replaced (by the next dataset item, else by another item of the batch). The forward's other
+    randomness is replayed from one RNG state, which agrees only between inputs of the same shape: a
+    replacement that changes the collated shape (a text of another
+    length padded differently) is replaced by a swap of the first and last items, which keeps every
+    shape and still changes an example (the middle one is then compared)."""
+    k = len(items)
+    variants = [
+        ({0}, [spare if spare is not None else items[-1], *items[1:]]),
+        ({k - 1}, [*items[:-1], spare if spare is not None else items[0]]),
+    ]
+    if k < 3:
+        return variants
+    out = []
+    for changed, batch in variants:
+        if _shapes(_model_input(loader.collate_fn(batch), device, dtype)) != _shapes(base):
+            changed, batch = {0, k - 1}, [items[-1], *items[1:-1], items[0]]
+        out.append((changed, batch))
+    return out
+
+
 def probe_forward(module: nn.Module, loader: DataLoader) -> Problem | str:
     """Does one example influence the other examples' outputs? Does a forward update float buffers?
 
     Runs the model in training mode (the mode it trains in: a module that mixes examples only
     while ``self.training``, as BatchNorm does, is found even when handed over in eval mode; every
-    submodule's own mode is restored afterwards), under ``no_grad``, from the same RNG state each
-    time so dropout masks agree, buffers restored afterwards, on a batch of ≤ 3 dataset items, then
-    on the same batch with the first and with the last item replaced, and compares the outputs of
-    the unchanged examples. A batch that is a dict of tensors (a Hugging Face batch) is passed as
-    keywords. Returns a :class:`Problem` if they move (or a floating-point buffer
-    changed), else a string saying it passed or why it was skipped (fewer than 2 examples, no tensor
-    input first in the batch, a forward that needs more than the first batch field).
+    submodule's own mode is restored afterwards) with dropout off (:func:`_without_dropout`), under
+    ``no_grad``, from the same RNG state each time, buffers restored afterwards, on a batch of ≤ 3
+    dataset items, then on the same batch with the first and with the last item replaced (inputs of
+    the same shapes: :func:`_variants`), and compares the outputs of the unchanged examples. A batch
+    that is a dict of tensors (a Hugging Face batch) is passed as keywords. Returns a
+    :class:`Problem` if they move (or a floating-point buffer changed), else a string saying it
+    passed or why it was skipped (fewer than 2 examples, no tensor input first in the batch, a
+    forward that needs more than the first batch field).
     """
     dataset = loader.dataset
     n = len(dataset)  # type: ignore[arg-type]
@@ -97,20 +154,15 @@ def probe_forward(module: nn.Module, loader: DataLoader) -> Problem | str:
     k = min(3, n)
     items = [dataset[i] for i in range(k)]
     spare = dataset[k] if n > k else None
-    variants = [
-        (0, spare if spare is not None else items[-1]),
-        (k - 1, spare if spare is not None else items[0]),
-    ]
     param = next(iter(module.parameters()), None)
     device = param.device if param is not None else torch.device("cpu")
     dtype = param.dtype if param is not None and param.is_floating_point() else None
     try:
         base = _model_input(loader.collate_fn(items), device, dtype)
-        changed_inputs = []
-        for j, item in variants:
-            batch = list(items)
-            batch[j] = item
-            changed_inputs.append((j, _model_input(loader.collate_fn(batch), device, dtype)))
+        changed_inputs = [
+            (changed, _model_input(loader.collate_fn(batch), device, dtype))
+            for changed, batch in _variants(items, spare, base, loader, device, dtype)
+        ]
     except Exception as exc:  # best effort: static validation already ran
         return f"skipped: could not collate a probe batch ({type(exc).__name__})"
     if base is None or _rows(base) != (k,) or any(x is None for _, x in changed_inputs):
@@ -120,7 +172,7 @@ def probe_forward(module: nn.Module, loader: DataLoader) -> Problem | str:
     devices = [device] if device.type == "cuda" else []
     try:
         module.train()
-        with torch.random.fork_rng(devices=devices), torch.no_grad():
+        with torch.random.fork_rng(devices=devices), torch.no_grad(), _without_dropout():
             cpu_state = torch.get_rng_state()
             cuda_state = torch.cuda.get_rng_state(device) if devices else None
 
@@ -154,8 +206,8 @@ def probe_forward(module: nn.Module, loader: DataLoader) -> Problem | str:
         )
     if not reference:
         return "skipped: no output with the batch dimension first"
-    for j, outs in others:
-        keep = [i for i in range(k) if i != j]
+    for changed, outs in others:
+        keep = [i for i in range(k) if i not in changed]
         for a, b in zip(reference, outs, strict=False):
             a, b = a[keep], b[keep]
             scale = max(1.0, float(a.abs().max())) if a.numel() else 1.0

@@ -102,21 +102,25 @@ class LoopLossGuard:
     ``loss = criterion(model(x), y); loss.backward(); optimizer.step()``, no ``criterion=`` needed).
 
     Guarantee (the loss contract above, for a loss written in the loop). Every loss module
-    (``torch.nn.modules.loss._Loss``) applied to the model's output — directly or after an
-    element-wise step such as ``log_softmax`` — is checked when it is called, and refused
-    (:class:`~veil.errors.InvalidParameterError`) if its reduction is not the plan's declared
-    one (``"none"`` included: a per-example loss reduced by hand, e.g. a weighted mean
-    ``Σ w_i ℓ_i / Σ w_j``, cannot be checked) or if it is a weighted mean (:func:`check_criterion`).
-    The gradient that reaches such a loss's output during ``backward()`` must be exactly 1: a
-    factor applied in the loop (``loss * len(batch) / B``, ``loss / Σ w``) would rescale every
-    example's gradient by a function of the batch, so adding one example could move the clipped
-    sum by many C; :meth:`check` (run by the optimizer at every ``step()``, before the step is
-    accounted or any noise drawn) refuses it. A refusal therefore always precedes the release of
-    the batch it concerns.
+    (``torch.nn.modules.loss._Loss``) whose input, positional or keyword, derives from the model's
+    output — however many autograd steps lie between — is checked when it is called. It is refused
+    (:class:`~veil.errors.InvalidParameterError`) if an op on that path mixes examples
+    (:mod:`veil.loss_path`: a softmax or mean over the batch dimension, ``out - out.mean(0)``, a
+    row selection, ...; each would make one example's gradient depend on the others, up to n·C), if
+    its reduction is not the plan's declared one (``"none"`` included: a per-example loss reduced
+    by hand, e.g. a weighted mean ``Σ w_i ℓ_i / Σ w_j``, cannot be checked) or if it is a weighted
+    mean (:func:`check_criterion`). The gradient that reaches such a loss's output during
+    ``backward()`` must be exactly 1: a factor applied in the loop (``loss * len(batch) / B``,
+    ``loss / Σ w``) would rescale every example's gradient by a function of the batch, so adding
+    one example could move the clipped sum by many C; :meth:`check` (run by the optimizer at every
+    ``step()``, before the step is accounted or any noise drawn) refuses it. A refusal therefore
+    always precedes the release of the batch it concerns.
 
     Not covered: a loss computed without a loss module (``F.cross_entropy`` and hand-written
     reductions) is not seen; pass ``criterion=`` to make_private and call it, or use a loss module,
-    for the check to apply. Loss modules applied to other tensors are left alone.
+    for the check to apply. Values reaching the loss without a gradient path (``len(out)``, a mask
+    from the detached output) are not seen either (see :mod:`veil.loss_path`). Loss modules applied
+    to other tensors are left alone.
     """
 
     def __init__(self, model: nn.Module, reduction: str) -> None:
@@ -125,7 +129,8 @@ class LoopLossGuard:
         from torch.nn.modules.module import register_module_forward_hook
 
         self.reduction = reduction
-        self._outputs: dict[int, Any] = {}  # id → grad_fn of the model's latest outputs
+        # (id(grad_fn), output_nr) → (grad_fn, shape) of the model's latest outputs
+        self._outputs: dict[tuple[int, int], tuple[Any, tuple[int, ...]]] = {}
         self._seeds: list[torch.Tensor] = []  # gradients received by watched loss outputs
         self.checked = 0  # loss calls checked, for tests and logs
         guard = weakref.ref(self)
@@ -135,12 +140,15 @@ class LoopLossGuard:
             if me is not None:
                 me._record_output(output)
 
-        def on_any(module: nn.Module, args: Any, output: Any) -> None:
+        def on_any(module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
             me = guard()
             if me is not None and isinstance(module, nn.modules.loss._Loss):
-                me._check_loss(module, args, output)
+                me._check_loss(module, args, kwargs, output)
 
-        handles = [model.register_forward_hook(on_model), register_module_forward_hook(on_any)]
+        handles = [
+            model.register_forward_hook(on_model),
+            register_module_forward_hook(on_any, with_kwargs=True),
+        ]
 
         def remove() -> None:
             for handle in handles:
@@ -154,32 +162,32 @@ class LoopLossGuard:
         from veil.mixing_probe import _tensors
 
         for t in _tensors(output):
-            if t.grad_fn is not None:
-                self._outputs[id(t.grad_fn)] = t.grad_fn
+            if t.grad_fn is not None:  # the node is kept so that its id is not reused meanwhile
+                self._outputs[(id(t.grad_fn), t.output_nr)] = (t.grad_fn, tuple(t.shape))
         while len(self._outputs) > _KEPT_OUTPUTS:  # forwards without a step (e.g. evaluation with
             del self._outputs[next(iter(self._outputs))]  # grad enabled) must not keep graphs alive
 
-    def _from_model(self, x: Any) -> bool:
-        """Is ``x`` the model's output, or at most three autograd steps from it?"""
-        if not isinstance(x, torch.Tensor) or x.grad_fn is None or not self._outputs:
-            return False
-        frontier, seen = [x.grad_fn], 0
-        for _ in range(4):
-            following: list[Any] = []
-            for node in frontier:
-                if id(node) in self._outputs and self._outputs[id(node)] is node:
-                    return True
-                following.extend(f for f, _ in node.next_functions if f is not None)
-                seen += 1
-            frontier = following
-            if seen > 64:
-                break
-        return False
+    def _check_loss(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        from veil.loss_path import trace_to_outputs
 
-    def _check_loss(self, module: nn.Module, args: Any, output: Any) -> None:
-        if not (args and self._from_model(args[0])):
+        if not self._outputs:
+            return
+        sources = {key: shape for key, (_, shape) in self._outputs.items()}
+        verdicts = [trace_to_outputs(t, sources) for t in (*args, *kwargs.values())]
+        if not any(v.derived for v in verdicts):
             return
         self.checked += 1
+        problem = next((v.problem for v in verdicts if v.problem is not None), None)
+        if problem is not None:
+            raise InvalidParameterError(
+                f"{type(module).__name__} input",
+                problem,
+                "the ops between the model's output and the loss module mix examples (a softmax or "
+                "mean over the batch dimension, a row selection, ...), so one example's gradient "
+                "depends on the others and adding one example could move the clipped sum by many C",
+                "compute the loss row by row with a loss module (ops along dimensions other than 0 "
+                "only), or pass criterion= to make_private and call it on the model's output",
+            )
         reduction = getattr(module, "reduction", None)
         if reduction != self.reduction:
             raise InvalidParameterError(

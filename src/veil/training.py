@@ -40,18 +40,25 @@ from veil.accounting.events import PrivacyEvent, SelfComposed
 from veil.accounting.ledger import Ledger, RunLock
 from veil.config import TrainConfig, load_config_file, make_config, write_config
 from veil.distributed.runtime import rank_and_world, refuse_private_preprocessing
-from veil.errors import BudgetExhaustedError, CheckpointError, ConfigError, DataError, InvalidParameterError
+from veil.errors import (
+    BudgetExhaustedError,
+    CheckpointError,
+    ConfigError,
+    DataError,
+    InvalidParameterError,
+    RunInterrupted,
+)
 from veil.pipeline import checkpoints as ckpt
+from veil.pipeline.baseline import BaselineResult, train_baseline
 from veil.pipeline.budget import allowed_steps, plan_steps
 from veil.pipeline.checks import data_use_check, train_checks
 from veil.pipeline.data import prepare
-from veil.pipeline.loop import RunPlan, evaluate_released, start, train_steps, trainable_view
-from veil.pipeline.model import assemble, build_net, evaluate
+from veil.pipeline.loop import RunPlan, evaluate_released, start, train_steps
+from veil.pipeline.model import assemble, build_net
 from veil.pipeline.outputs import model_bytes
 from veil.pipeline.private_data import stand_in_plan
 from veil.pipeline.randomness import RESEARCH_CAVEAT, randomness_of, release_ready
 from veil.pipeline.run_folder import CHECKPOINTS, CONFIG, LEDGER, check_out, default_out, write_files
-from veil.pipeline.seeds import Purpose, derive_seed
 from veil.pipeline.units import unit_covers, unit_section
 from veil.registry.charge import DatasetCharge
 from veil.report import DatasetInfo, NonPrivate, Report
@@ -141,52 +148,6 @@ def _header(plan: RunPlan) -> dict[str, Any]:
     }
 
 
-BASELINE_STEPS_PER_DP_STEP = 10
-"""The non-private baseline takes at most this many steps per step the DP run plans."""
-
-
-def _baseline(plan: RunPlan, device: str) -> tuple[float, list[dict[str, float]]]:
-    """The same model, split and preprocessing, trained without privacy: Adam on shuffled batches.
-
-    Standard non-private settings — Adam at 1e-3 for the CNN and 1e-2 for the other models, batches
-    of 32 (128 above 10 000 examples), the DP run's epochs — but at most
-    :data:`BASELINE_STEPS_PER_DP_STEP` steps per planned DP step, so its cost follows the DP run's and
-    not N (a 10⁶-row table would otherwise take 390,000 small Adam steps for 50 epochs while the DP
-    run takes 100). Small datasets are not affected by the cap.
-    """
-    import torch
-    from torch.utils.data import DataLoader, TensorDataset
-
-    cfg, data = plan.cfg, plan.data
-    assert cfg.epochs is not None
-    view, x_train, x_test = trainable_view(plan, build_net(cfg, data, cfg.seed), device)
-    model = view.model
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3 if plan.model_name == "cnn" else 1e-2)
-    gen = torch.Generator().manual_seed(derive_seed(cfg.seed, Purpose.BASELINE))
-    loader = DataLoader(
-        TensorDataset(torch.from_numpy(x_train), torch.from_numpy(data.y_train)),
-        batch_size=32 if data.n_train < 10_000 else 128,
-        shuffle=True,
-        generator=gen,
-    )
-    cap = BASELINE_STEPS_PER_DP_STEP * plan.steps.steps_planned
-    history: list[dict[str, float]] = []
-    acc, done = 0.0, 0
-    for epoch in range(1, cfg.epochs + 1):
-        for xb, yb in loader:
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(xb.to(device)), yb.to(device)).backward()
-            opt.step()
-            done += 1
-            if done >= cap:
-                break
-        loss, acc = evaluate(model, x_test, data.y_test, device)
-        history.append({"epoch": float(epoch), "test_loss": loss, "test_accuracy": acc})
-        if done >= cap:
-            break
-    return acc, history
-
-
 def _step_limit(plan: RunPlan, ledger: Ledger) -> tuple[int, str | None]:
     """The last step number the budget allows (ledger included), and why it is short of the plan."""
     cfg, steps = plan.cfg, plan.steps
@@ -244,10 +205,9 @@ def _execute(
     _, test_acc = evaluate_released(s, plan)
     if ledger.last("end") is None or ledger.last("end")["charged"] != ledger.steps:  # type: ignore[index]
         ledger.append("end", charged=ledger.steps, applied=s.applied, epsilon=eps)
-    baseline_acc: float | None = None
-    baseline_history: list[dict[str, float]] = []
+    baseline: BaselineResult | None = None
     if cfg.baseline and not cfg.stream:  # streamed: the baseline would need the table in memory
-        baseline_acc, baseline_history = _baseline(plan, cfg.device)
+        baseline = train_baseline(plan, cfg.device)
     report = _report(
         plan,
         run_dir,
@@ -255,8 +215,9 @@ def _execute(
         s.full,
         eps=eps,
         test_acc=test_acc,
-        baseline_acc=baseline_acc,
-        history={"dp": s.history, "baseline": baseline_history},
+        baseline_acc=None if baseline is None else baseline.test_accuracy,
+        baseline_stopped=None if baseline is None else baseline.stopped,
+        history={"dp": s.history, "baseline": [] if baseline is None else baseline.history},
         checks=train_checks(
             plan.prepared, plan.steps, eps, engine_eps, s.engine, ledger, s.clip_check, (s.drawn, s.taken)
         ),
@@ -370,6 +331,7 @@ def _report(plan: RunPlan, run_dir: Path, ledger: Ledger, model: nn.Module, **re
         non_private=NonPrivate(
             test_accuracy=test_acc,
             baseline_test_accuracy=baseline_acc,
+            baseline_stopped=result["baseline_stopped"],
             utility_drop=None if baseline_acc is None else baseline_acc - test_acc,
             history=result["history"],
             audit=result["audit"],
@@ -509,6 +471,15 @@ def _open_charge(cfg: TrainConfig, *, refuse_if_spent: bool = True) -> DatasetCh
         raise
 
 
+def _check_declarations(cfg: TrainConfig) -> None:
+    """Refuse what is wrong in the user's own files before the budget check, which could otherwise
+    hide it behind "budget exhausted": today the table schema (syntax, types, reviewed). Reads no row."""
+    if cfg.table_schema is not None:
+        from veil.tables.schema import load_schema
+
+        load_schema(cfg.table_schema).require_reviewed(cfg.table_schema)
+
+
 def _planned_events(
     plan: RunPlan, spent: list[PrivacyEvent] | None = None, done: int = 0
 ) -> list[PrivacyEvent]:
@@ -554,7 +525,10 @@ def _resume(run_dir: Path, overrides: Mapping[str, Any], progress: bool | None, 
             charge.resume(run_id, _planned_events(plan, ledger.events(), ledger.steps), cfg.delta)
             resumed = True
             ledger.append("resume", charged=ledger.steps)
-            return _execute(plan, run_dir, ledger, t0, progress)
+            try:
+                return _execute(plan, run_dir, ledger, t0, progress)
+            except KeyboardInterrupt as exc:
+                raise RunInterrupted(str(run_dir)) from exc
         finally:
             ledger.close()
             if resumed:
@@ -584,6 +558,7 @@ def train(
             overrides = dict(make_config(config or {}).model_dump(exclude_unset=True))
         return _resume(Path(resume), overrides, progress, t0)
     cfg = config if isinstance(config, TrainConfig) else make_config(config or {})
+    _check_declarations(cfg)  # mistakes found without the data come before the budget's verdict
     _check_public(cfg)  # what needs no row is refused before anything is charged
     charge = _open_charge(cfg)  # refuses an exhausted dataset before a row is read
     try:
@@ -595,9 +570,8 @@ def train(
         try:
             charge.reading()  # from here the run stays charged, whatever happens
             plan = _prepare(cfg, None)
-            curve = _curve(
-                plan, None
-            )  # before the folder exists: an accounting failure leaves nothing behind
+            # Before the folder exists: an accounting failure leaves nothing behind.
+            curve = _curve(plan, None)
             # The whole plan against the dataset's budget, before anything is written or released.
             charge.replan(_planned_events(plan), cfg.delta)
             run_dir = plan.out
@@ -608,6 +582,8 @@ def train(
                 try:
                     write_config(plan.cfg, run_dir / CONFIG)
                     return _execute(plan, run_dir, ledger, t0, progress, curve)
+                except KeyboardInterrupt as exc:  # Ctrl-C: the ledger holds every step; say how to go on
+                    raise RunInterrupted(str(run_dir)) from exc
                 finally:
                     ledger.close()
         finally:

@@ -67,7 +67,7 @@ Law = Literal["negative_binomial", "poisson"]
 @dataclass(frozen=True)
 class TrialCount:
     """The law of the number of trials: ``negative_binomial`` (shape η ≥ 0, truncated at K ≥ 1) or
-    ``poisson`` (K ≥ 0), given by its mean (≥ 1 for the negative binomial, > 0 for Poisson)."""
+    ``poisson`` (K ≥ 0), given by its mean (≥ 1 for both laws, as dp-accounting requires too)."""
 
     mean: float
     law: Law = "negative_binomial"
@@ -78,13 +78,14 @@ class TrialCount:
             raise InvalidParameterError(
                 "trial_law", self.law, "the tuning bound is proved only for these laws", "pass one of them"
             )
-        nb = self.law == "negative_binomial"
-        if not math.isfinite(self.mean) or (self.mean < 1 if nb else self.mean <= 0):
+        if not (math.isfinite(self.mean) and self.mean >= 1):
+            # Below 1 the log E[K] term turns negative and the bound can fall under 0, which no
+            # divergence can: the theorem is applied (here as in dp-accounting) only from a mean of 1.
             raise InvalidParameterError(
                 "trials_mean",
                 self.mean,
-                "the mean number of trials sets the bound's log E[K] term and must be a finite number "
-                + ("at least 1" if nb else "above 0"),
+                "the random-stopping bound holds for a mean number of trials of at least 1 (below it "
+                "the bound's log E[K] term is negative)",
                 "pass e.g. --trials-mean 4",
             )
         if self.law == "negative_binomial" and not (math.isfinite(self.shape) and self.shape >= 0):

@@ -9,6 +9,12 @@ from collections.abc import Mapping
 from typing import Any
 
 
+class CommandInterrupted(Exception):
+    """Ctrl-C caught by a subcommand that has something to say about it (e.g. how to resume): the
+    entry point prints ``veil: MESSAGE`` as the one line and exits 130. A plain Exception, so that the
+    command-line framework passes it on instead of turning it into a bare exit status."""
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")

@@ -1,4 +1,5 @@
-"""Shared resolution of the sampling flags of ``veil epsilon`` and ``veil calibrate``."""
+"""Privacy options shared across subcommands: the sampling flags of ``veil epsilon`` and ``veil
+calibrate``; the budget registry's ``--db`` and the research-mode ``--reproducible`` of every job."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ import math
 
 import typer
 
+from veil.accounting.defaults import DEFAULT_DELTA
 from veil.errors import InvalidParameterError
 
 # Option declarations shared by `veil epsilon` and `veil calibrate` (typer reads them as defaults).
-DELTA = typer.Option(..., "--delta", help="Target δ (well below 1/N).")
+DELTA_HELP = "Target δ (default 1e-5, the rule of every job; must be below 1/N: docs/accounting.md)."
+DELTA = typer.Option(DEFAULT_DELTA, "--delta", help=DELTA_HELP)
 SAMPLING_RATE = typer.Option(None, "--sampling-rate", help="Poisson sampling rate q.")
 STEPS = typer.Option(None, "--steps", help="Number of noisy steps T.")
 BATCH_SIZE = typer.Option(None, "--batch-size", help="Expected batch size B (q = B/N).")
@@ -17,6 +20,27 @@ DATASET_SIZE = typer.Option(None, "--dataset-size", help="Dataset size N.")
 EPOCHS = typer.Option(None, "--epochs", help="Epochs E (T = ceil(E·N/B)).")
 ACCOUNTANT = typer.Option("pld", "--accountant", help="pld (default, tightest) or rdp.")
 JSON_OUTPUT = typer.Option(False, "--json", help="Print one JSON object.")
+
+# The budget registry a charged job (train, pate, tune, synth, federated, schema infer) reads and charges.
+REGISTRY_DB = typer.Option(
+    None,
+    "--db",
+    help="Budget registry: a SQLite path or SQLAlchemy URL (default: $VEIL_BUDGET_DB, else a per-user "
+    "file; see veil budget).",
+)
+
+
+def secure_randomness(reproducible: bool | None, secure_rng: bool | None) -> bool:
+    """Whether a job's noise comes from the OS CSPRNG, from ``--reproducible`` and the deprecated
+    ``--secure-rng/--no-secure-rng`` of old scripts (which must not contradict it)."""
+    if reproducible and secure_rng:
+        raise InvalidParameterError(
+            "--secure-rng",
+            True,
+            "it contradicts --reproducible, which seeds the noise",
+            "drop --secure-rng (secure randomness is the default)",
+        )
+    return not (reproducible or secure_rng is False)
 
 
 def resolve_sampling(

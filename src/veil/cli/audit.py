@@ -14,6 +14,7 @@ import typer
 
 from veil.cli import _training_options as opts
 from veil.cli._output import emit
+from veil.cli._privacy_args import DELTA_HELP
 
 
 def run_audit(
@@ -50,7 +51,7 @@ def run_audit(
 EPSILON = typer.Option(
     None, "--epsilon", help="Target ε of the audited run (default 3); inf audits a σ = 0 run."
 )
-DELTA = typer.Option(None, "--delta", help="Target δ (< 1/N); also the δ of the ε lower bound.")
+DELTA = typer.Option(None, "--delta", help=DELTA_HELP + " Also the δ of the ε lower bound.")
 NOISE_MULTIPLIER = typer.Option(
     None, "--noise-multiplier", help="σ instead of calibrating it; 0 audits a non-private run."
 )

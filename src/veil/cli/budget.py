@@ -50,17 +50,28 @@ def set_budget(
 ) -> dict[str, Any]:
     """The work of ``veil budget set``: the dataset's status after the budget (and unit) is set.
 
+    ``dataset`` with ``dataset_id``: the file is recorded for the name, and runs already charged to
+    the file move under it (:mod:`veil.registry.fingerprints`); a file recorded for a name, given
+    without one, sets the name's budget.
+
     ``privacy_unit``: record the column naming the person each row belongs to; from then on every
     run on the dataset must protect that unit (a row-level run is refused before reading)."""
     from veil.registry.charge import open_registry
+    from veil.registry.identity import content_fingerprint
 
     identity = _identity(dataset, dataset_id, table, query, data_dir)
-    with open_registry(db) as registry:
-        if privacy_unit is not None:  # first (ε, δ checked): a refused unit leaves the budget unchanged
-            from veil.accounting.base import check_delta, check_epsilon
+    named_file = (
+        content_fingerprint(dataset, table=table, query=query, data_dir=data_dir) if dataset_id else None
+    )
+    from veil.accounting.base import check_delta, check_epsilon
 
-            check_epsilon(epsilon)
-            check_delta(delta)
+    check_epsilon(epsilon)  # first: a refused value records nothing (file, unit or budget)
+    check_delta(delta)
+    with open_registry(db) as registry:
+        identity = registry.resolve(identity)  # a file recorded for a name: the name's budget
+        if named_file is not None:  # --dataset FILE --dataset-id NAME: record the file for the name
+            registry.link(identity, named_file)
+        if privacy_unit is not None:  # a refused unit leaves the budget unchanged
             registry.set_unit(identity, privacy_unit)
         status = registry.set_budget(identity, epsilon, delta, accountant, neighbouring)
         return {"registry": registry.shown_url, **status.to_dict()}
@@ -82,7 +93,8 @@ def show_budget(
         if dataset is None and dataset_id is None:
             statuses = registry.statuses()
         else:
-            statuses = [registry.status(_identity(dataset, dataset_id, table, query, data_dir))]
+            identity = registry.resolve(_identity(dataset, dataset_id, table, query, data_dir))
+            statuses = [registry.status(identity)]
         return {"registry": registry.shown_url, "datasets": [s.to_dict() for s in statuses]}
 
 
@@ -106,7 +118,7 @@ def report_budget(
     if dataset is not None or dataset_id is not None:
         identity = _identity(dataset, dataset_id, table, query, data_dir)
     with open_registry(db) as registry:
-        content = budget_report(registry, identity)
+        content = budget_report(registry, None if identity is None else registry.resolve(identity))
     write_budget_report(content, Path(out))
     return content
 
@@ -119,7 +131,6 @@ def _eps(value: float | None) -> str:
 
 def _print_status(status: dict[str, Any]) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     console = Console()
     budget = (
@@ -131,17 +142,26 @@ def _print_status(status: dict[str, Any]) -> None:
     remaining = _eps(status["remaining_epsilon"])
     if status["over_budget"]:
         remaining += " (over budget)"
-    console.print(f"[bold]{status['label']}[/bold]  ({status['dataset_id']})")
+    dataset_id = status["dataset_id"]
+    shown_id = dataset_id if len(dataset_id) <= 24 else dataset_id[:23] + "…"
+    console.print(f"[bold]{status['label']}[/bold]  ({shown_id})")
     unit = status.get("privacy_unit")
     console.print(
         f"  protects each person (unit column `{unit}`), whatever number of rows they have"
         if unit
         else "  protects single rows (no privacy unit recorded)"
     )
+    console.print(f"  budget {budget}; remaining ε = {remaining}")
     console.print(
-        f"  budget {budget}; spent ε = {_eps(status['spent_epsilon'])}{at} "
-        f"({status['accountant']}, composed over all charged runs); remaining ε = {remaining}"
+        f"  spent ε = {_eps(status['spent_epsilon'])}{at} ({status['accountant']}, composed over all "
+        "charged runs)"
     )
+    files = status.get("fingerprints") or []
+    if files:
+        console.print(
+            "  files recorded for this name (a run on one without --dataset-id is charged here): "
+            + ", ".join(f[: f.index(":") + 13] + "…" for f in files)
+        )
     jobs = status.get("jobs") or {}
     if jobs:
         console.print(
@@ -150,20 +170,46 @@ def _print_status(status: dict[str, Any]) -> None:
     if not status["runs"]:
         console.print("  no runs recorded")
         return
-    table = Table(box=None, padding=(0, 2))
-    for name in ("run", "job", "status", "ε alone", "started", "finished"):
-        table.add_column(name, overflow="fold")
-    for run in status["runs"]:
-        state = run["status"] + (" (charged as planned)" if run["status"] == "reserved" else "")
+    console.print(_runs_table(status["runs"]))
+    if any(run["status"] == "reserved" for run in status["runs"]):
+        console.print("  * reserved: not finished (or killed), charged as planned")
+
+
+SHORT_ID = 8
+"""Characters of a run id shown in the table (``--json`` has the whole id); enough to tell runs apart."""
+
+
+def short_id(run_id: str) -> str:
+    return run_id[:SHORT_ID]
+
+
+def _when(stamp: str | None, date: bool) -> str:
+    """``2026-12-01T15:30:12Z`` as ``2026-12-01 15:30`` (``date=False``: ``15:30``)."""
+    if not stamp:
+        return "-"
+    day, _, clock = stamp.rstrip("Z").partition("T")
+    return f"{day} {clock[:5]}" if date else clock[:5]
+
+
+def _runs_table(runs: list[dict[str, Any]]) -> Any:
+    """The run history, each run's ε alone at its own δ, narrow enough for 80 columns."""
+    from rich.table import Table
+
+    table = Table(box=None, padding=(0, 1), pad_edge=False)
+    for name in ("  run", "job", "status", "ε alone", "at δ", "started (UTC)", "ended"):
+        table.add_column(name, no_wrap=True)
+    for run in runs:
+        charged = run["charged"]
         table.add_row(
-            run["run_id"],
+            "  " + short_id(run["run_id"]),
             run["job"],
-            state,
-            _eps(run["epsilon"]) if run["charged"] else "0",
-            run["created_at"],
-            run["finished_at"] or "-",
+            run["status"] + ("*" if run["status"] == "reserved" else ""),
+            _eps(run["epsilon"]) if charged else "0",
+            f"{run['epsilon_delta']:.0e}" if charged and run.get("epsilon_delta") else "-",
+            _when(run["created_at"], date=True),
+            _when(run["finished_at"], date=False),
         )
-    console.print(table)
+    return table
 
 
 def register(app: typer.Typer) -> None:

@@ -11,8 +11,11 @@ from typing import Any
 
 import typer
 
+from veil.accounting.defaults import DEFAULT_DELTA
+from veil.cli import _training_options as opts
 from veil.cli._mlflow import MLFLOW, log_if_asked
 from veil.cli._output import emit
+from veil.cli._privacy_args import DELTA_HELP, REGISTRY_DB
 from veil.errors import ConfigError
 
 
@@ -95,7 +98,7 @@ def register(app: typer.Typer) -> None:
             3.0, "--epsilon", help="Target ε (client- or record-level, by --mode)."
         ),
         delta: float = typer.Option(
-            1e-5, "--delta", help="Target δ, below 1/clients (client-level) or 1/rows of a silo."
+            DEFAULT_DELTA, "--delta", help=DELTA_HELP + " N: clients (client-level) or a silo's rows."
         ),
         partition: str = typer.Option("iid", "--partition", help="iid, dirichlet:ALPHA or column:NAME."),
         model: str = typer.Option(
@@ -119,8 +122,12 @@ def register(app: typer.Typer) -> None:
         ),
         accountant: str = typer.Option("pld", "--accountant", help="pld (default) or rdp."),
         seed: int = typer.Option(
-            -1, "--seed", help="Research seed (reproducible noise: not releasable); default: OS CSPRNG."
+            -1,
+            "--seed",
+            help="Seed of a research run (implies --reproducible: noise not releasable); default: OS CSPRNG.",
         ),
+        reproducible: bool = opts.REPRODUCIBLE,
+        db: str = REGISTRY_DB,
         out: str = typer.Option("", "--out", help="Run folder (default runs/federated-<dataset>-<time>)."),
         resume: str = typer.Option(
             "", "--resume", help="Continue the run in this folder (charged rounds are kept)."
@@ -134,8 +141,15 @@ def register(app: typer.Typer) -> None:
         mlflow: str = MLFLOW,
     ) -> None:
         """Train a model over clients that keep their data, with differential privacy (Flower)."""
-        options = {k: v for k, v in locals().items() if k not in ("json_output", "mlflow")}
-        report = run_federated_command(options)
+        options = {
+            k: v for k, v in locals().items() if k not in ("json_output", "mlflow", "reproducible", "db")
+        }
+        from veil.registry.location import registry_location  # after locals(): options are parameters
+
+        if reproducible and seed < 0:  # research mode without a seed of its own: seed 0
+            options["seed"] = 0
+        with registry_location(db):
+            report = run_federated_command(options)
         log_if_asked(report, mlflow, "federated")
         if json_output:
             emit(report, True)

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 
 import typer
 
+from veil.cli import _examples
+from veil.cli._output import CommandInterrupted
 from veil.errors import VeilError
 
 # Subcommand modules, in help order. A module missing here is simply not offered.
@@ -41,10 +43,15 @@ def build_app() -> typer.Typer:
         no_args_is_help=True,
         add_completion=False,
         pretty_exceptions_enable=False,
+        suggest_commands=False,  # click suggests a near name already; typer's would say it twice
     )
 
     @app.callback()
-    def _root() -> None:
+    def _root(
+        version: bool = typer.Option(
+            None, "--version", is_eager=True, callback=_print_version, help="Print veil's version and exit."
+        ),
+    ) -> None:
         """Differentially private training with tight accounting and auditable reports."""
 
     for name in SUBCOMMANDS:
@@ -55,7 +62,20 @@ def build_app() -> typer.Typer:
                 continue
             raise
         module.register(app)
+    for group in app.registered_groups:  # the subcommand groups (schema, budget) suggest once too
+        if group.typer_instance is not None:
+            group.typer_instance.suggest_commands = False
+    _examples.attach(app)
+    app.info.epilog = _examples.epilog("")
     return app
+
+
+def _print_version(value: bool | None) -> None:
+    if value:
+        import veil
+
+        sys.stdout.write(f"veil {veil.__version__}\n")
+        raise typer.Exit(0)
 
 
 def fail(message: str) -> None:
@@ -76,6 +96,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except VeilError as exc:
         fail(str(exc))
         return EXIT_BAD_INPUT
+    except CommandInterrupted as exc:
+        sys.stderr.write(f"veil: {exc}\n")
+        return 130
     except Exception as exc:
         # Typer's parser errors (click's, vendored or not, depending on the typer version) are
         # recognised by shape rather than by class so that both layouts work.
@@ -85,8 +108,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if kind == "Abort":
             fail("aborted")
             return 130
+        if kind == "NoArgsIsHelpError":  # `veil` or `veil schema` alone: the help page was the answer
+            sys.stdout.write(exc.format_message() if hasattr(exc, "format_message") else "")
+            return 0
         if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
-            fail(exc.format_message())
+            message = exc.format_message().strip()
+            if message:
+                fail(message)
             return EXIT_BAD_INPUT
         raise
     except KeyboardInterrupt:

@@ -13,6 +13,7 @@ import typer
 
 from veil.cli._mlflow import MLFLOW, log_if_asked
 from veil.cli._output import emit
+from veil.cli._privacy_args import DELTA_HELP, REGISTRY_DB
 
 
 def run_pate_command(config_file: str | None, flags: dict[str, Any]) -> dict[str, Any]:
@@ -24,7 +25,7 @@ def run_pate_command(config_file: str | None, flags: dict[str, Any]) -> dict[str
     return run_pate(cfg).to_dict()
 
 
-_NOT_CONFIG = ("config", "json_output", "mlflow")
+_NOT_CONFIG = ("config", "json_output", "mlflow", "db")
 
 
 def register(app: typer.Typer) -> None:
@@ -50,7 +51,7 @@ def register(app: typer.Typer) -> None:
             None, "--aggregator", help="gnmax (default), confident-gnmax or lnmax."
         ),
         epsilon: float = typer.Option(None, "--epsilon", help="Target ε (default 2)."),
-        delta: float = typer.Option(None, "--delta", help="Target δ, well below 1/N (default 1e-5)."),
+        delta: float = typer.Option(None, "--delta", help=DELTA_HELP),
         queries: int = typer.Option(None, "--queries", help="Most queries asked (default: the whole pool)."),
         public_data: str = typer.Option(
             None, "--public-data", help=".npz (x, optional y) or .npy of public examples for the student."
@@ -89,6 +90,7 @@ def register(app: typer.Typer) -> None:
             "seed; never release-ready). Default: noise from the OS CSPRNG.",
         ),
         out: str = typer.Option(None, "--out", help="Run folder (default runs/pate-<dataset>-<time>)."),
+        db: str = REGISTRY_DB,
         json_output: bool = typer.Option(False, "--json", help="Print the report JSON on stdout."),
         mlflow: str = MLFLOW,
     ) -> None:
@@ -96,7 +98,10 @@ def register(app: typer.Typer) -> None:
         # Every flag parameter is named as its config key.
         flags: dict[str, Any] = {k: v for k, v in locals().items() if k not in _NOT_CONFIG}
         flags["progress"] = None if json_output else True
-        report = run_pate_command(config, flags)
+        from veil.registry.location import registry_location  # after locals(): flags are parameters
+
+        with registry_location(db):
+            report = run_pate_command(config, flags)
         log_if_asked(report, mlflow, "pate")
         if json_output:
             emit(report, True)

@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from veil.accounting.defaults import DEFAULT_RELEASE_DELTA
 from veil.cli._output import emit
+from veil.cli._privacy_args import REGISTRY_DB
 from veil.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -21,7 +23,7 @@ def run_infer(
     out: str,
     *,
     epsilon: float | None = None,
-    delta: float = 1e-7,
+    delta: float = DEFAULT_RELEASE_DELTA,
     table: str | None = None,
     query: str | None = None,
     ignore: list[str] | None = None,
@@ -136,9 +138,9 @@ def _release_charged(
 def run_check(
     schema_path: str, dataset: str, *, table: str | None = None, query: str | None = None
 ) -> dict[str, Any]:
-    """The work of ``veil schema check``: read and encode the whole table, refuse the first value a
-    policy of the schema refuses, and count what the per-record rules did (rows dropped for an
-    undeclared or missing label, cells not a number made missing)."""
+    """The work of ``veil schema check``: read and encode the whole table and count what the
+    per-record rules did (rows dropped for an undeclared or missing label, or by a ``"drop"`` policy of
+    the schema; cells not a number made missing). No value is refused once reading has begun."""
     from veil.tables.encoder import TableEncoder
     from veil.tables.schema import load_schema
     from veil.tables.sources import iter_source, parse_source, source_columns
@@ -177,7 +179,12 @@ def register(app: typer.Typer) -> None:
         epsilon: float = typer.Option(
             None, "--epsilon", help="Release bounds and levels with DP at this ε (else: a non-private draft)."
         ),
-        delta: float = typer.Option(1e-7, "--delta", help="δ of the DP release's thresholds."),
+        delta: float = typer.Option(
+            DEFAULT_RELEASE_DELTA,
+            "--delta",
+            help="δ of the DP release's thresholds (default 1e-7: a hundredth of a job's default, since it "
+            "adds to every later run's δ; docs/accounting.md).",
+        ),
         table: str = typer.Option(None, "--table", help="Table name (sql: sources)."),
         query: str = typer.Option(None, "--query", help="SQL query (sql: sources)."),
         ignore: list[str] = typer.Option(None, "--ignore", help="A column not to read (repeatable)."),
@@ -193,23 +200,27 @@ def register(app: typer.Typer) -> None:
             help='The column naming each row\'s person: written type = "ignored"; with --epsilon the release '
             "protects people (one drawn row per person).",
         ),
+        db: str = REGISTRY_DB,
         json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     ) -> None:
         """Draft a schema from the data (reviewed = false) or release it with DP (reviewed = "dp")."""
-        summary = run_infer(
-            dataset,
-            target,
-            out,
-            epsilon=epsilon,
-            delta=delta,
-            table=table,
-            query=query,
-            ignore=ignore,
-            max_levels=max_levels,
-            force=force,
-            dataset_id=dataset_id,
-            privacy_unit=privacy_unit,
-        )
+        from veil.registry.location import registry_location
+
+        with registry_location(db):
+            summary = run_infer(
+                dataset,
+                target,
+                out,
+                epsilon=epsilon,
+                delta=delta,
+                table=table,
+                query=query,
+                ignore=ignore,
+                max_levels=max_levels,
+                force=force,
+                dataset_id=dataset_id,
+                privacy_unit=privacy_unit,
+            )
         emit(summary, json_output, title="schema")
         if not json_output and summary["reviewed"] is False:
             sys.stdout.write(

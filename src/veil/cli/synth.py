@@ -7,8 +7,11 @@ from pathlib import Path
 
 import typer
 
+from veil.accounting.defaults import DEFAULT_DELTA
+from veil.cli import _training_options as opts
 from veil.cli._mlflow import MLFLOW, log_if_asked
 from veil.cli._output import emit
+from veil.cli._privacy_args import DELTA_HELP, REGISTRY_DB, secure_randomness
 
 
 def register(app: typer.Typer) -> None:
@@ -19,7 +22,7 @@ def register(app: typer.Typer) -> None:
         ),
         schema: str = typer.Option(..., "--schema", help="The table's reviewed schema (TOML)."),
         epsilon: float = typer.Option(..., "--epsilon", help="Target ε of the whole run."),
-        delta: float = typer.Option(..., "--delta", help="Target δ, well below 1/N."),
+        delta: float = typer.Option(DEFAULT_DELTA, "--delta", help=DELTA_HELP),
         rows: int = typer.Option(..., "--rows", help="Rows of the synthetic table."),
         mechanism: str = typer.Option("mst", "--mechanism", help="mst (default) or aim."),
         out: str = typer.Option(None, "--out", help="Run folder (new or empty; default runs/synth-...)."),
@@ -34,10 +37,15 @@ def register(app: typer.Typer) -> None:
             10_000_000, "--max-cells", help="Largest model, in cells (8 bytes each)."
         ),
         iterations: int = typer.Option(1000, "--iterations", help="Mirror-descent steps of the final fit."),
+        reproducible: bool = opts.REPRODUCIBLE,
         secure_rng: bool = typer.Option(
-            True, "--secure-rng/--no-secure-rng", help="Noise from the OS CSPRNG."
+            None,
+            "--secure-rng/--no-secure-rng",
+            hidden=True,
+            help="Deprecated: secure randomness is the default; --no-secure-rng is --reproducible.",
         ),
-        seed: int = typer.Option(None, "--seed", help="Seed of a research run (--no-secure-rng only)."),
+        seed: int = typer.Option(None, "--seed", help="Seed of the noise of a --reproducible research run."),
+        db: str = REGISTRY_DB,
         privacy_unit: str = typer.Option(
             None,
             "--privacy-unit",
@@ -49,18 +57,21 @@ def register(app: typer.Typer) -> None:
         mlflow: str = MLFLOW,
     ) -> None:
         """Write a synthetic table whose release is (ε, δ)-DP, with its report."""
+        from veil.registry.location import registry_location
         from veil.synth.run import run_synth
         from veil.synth.settings import SynthSettings
 
+        secure = secure_randomness(reproducible, secure_rng)
         settings = SynthSettings(
             dataset=dataset, schema=schema, epsilon=epsilon, delta=delta, rows=rows,
             mechanism=mechanism,  # type: ignore[arg-type]
             out=Path(out) if out else None, table=table, query=query, dataset_id=dataset_id, bins=bins,
             degree=degree,
-            max_cells=max_cells, iterations=iterations, secure_rng=secure_rng, seed=seed,
+            max_cells=max_cells, iterations=iterations, secure_rng=secure, seed=seed,
             privacy_unit=privacy_unit,
         )  # fmt: skip
-        report = run_synth(settings)
+        with registry_location(db):
+            report = run_synth(settings)
         log_if_asked(report, mlflow, "synth")
         if json_output:
             emit(report, True)

@@ -10,7 +10,9 @@ import typer
 
 from veil.cli import _training_options as opts
 from veil.cli._mlflow import MLFLOW, log_if_asked
-from veil.cli._output import emit
+from veil.cli._output import CommandInterrupted, emit
+from veil.cli._privacy_args import DELTA_HELP, REGISTRY_DB
+from veil.errors import RunInterrupted
 
 
 def run_train(
@@ -118,7 +120,7 @@ def register(app: typer.Typer) -> None:
         ),
         max_length: int = typer.Option(None, "--max-length", help="Tokens per text (default 128)."),
         epsilon: float = typer.Option(None, "--epsilon", help="Target ε for the whole run (default 3)."),
-        delta: float = typer.Option(None, "--delta", help="Target δ, must be < 1/N (default 1e-5)."),
+        delta: float = typer.Option(None, "--delta", help=DELTA_HELP),
         epochs: int = opts.EPOCHS,
         batch_size: int = opts.BATCH_SIZE,
         max_grad_norm: float = opts.MAX_GRAD_NORM,
@@ -135,6 +137,7 @@ def register(app: typer.Typer) -> None:
         ),
         reproducible: bool = opts.REPRODUCIBLE,
         secure_rng: bool = opts.SECURE_RNG,
+        db: str = REGISTRY_DB,
         classes: str = opts.CLASSES,
         no_baseline: bool = opts.NO_BASELINE,
         out: str = typer.Option(None, "--out", help="Run folder (default runs/<dataset>-<time>)."),
@@ -209,9 +212,16 @@ def register(app: typer.Typer) -> None:
             "augment": augment,
             "augment_flip": augment_flip,
         }
-        report = run_train(
-            config, flags, resume=resume, json_output=json_output, nproc_per_node=nproc_per_node
-        )
+        from veil.registry.location import registry_location
+
+        try:
+            with registry_location(db):
+                report = run_train(
+                    config, flags, resume=resume, json_output=json_output, nproc_per_node=nproc_per_node
+                )
+        except RunInterrupted as exc:  # one line: the command that continues the run
+            again = f" --db {db}" if db else ""
+            raise CommandInterrupted(f"{exc}{again}") from None
         if report is None:  # a rank other than 0 of a distributed run: rank 0 speaks for the run
             return
         log_if_asked(report, mlflow, "train")
@@ -219,6 +229,10 @@ def register(app: typer.Typer) -> None:
             emit(report, True)
             return
         sys.stdout.write(summary(report))
+
+
+def _capped(internal: dict[str, Any]) -> bool:
+    return str(internal.get("baseline_stopped") or "").startswith("capped")
 
 
 def summary(report: dict[str, Any]) -> str:
@@ -233,7 +247,8 @@ def summary(report: dict[str, Any]) -> str:
         f"{report['target_epsilon']:g}), randomness {report['randomness']}, "
         + ("release-ready" if report["release_ready"] else "NOT release-ready"),
         f"non-private (internal): test accuracy {internal['test_accuracy']:.4f}"
-        + (f", baseline {base:.4f}" if base is not None else ""),
+        + (f", baseline {base:.4f}" if base is not None else "")
+        + (" (capped: may understate the cost of privacy)" if _capped(internal) else ""),
         f"checks: {len(report['checks']) - len(failed)}/{len(report['checks'])} passed"
         + (f" (failed: {', '.join(failed)})" if failed else ""),
     ]

@@ -8,8 +8,10 @@ from typing import Any
 
 import typer
 
+from veil.accounting.defaults import DEFAULT_DELTA
 from veil.cli._mlflow import MLFLOW, log_if_asked
 from veil.cli._output import emit
+from veil.cli._privacy_args import DELTA_HELP, REGISTRY_DB
 from veil.errors import InvalidParameterError
 
 
@@ -55,7 +57,7 @@ def register(app: typer.Typer) -> None:
             None, "--dataset-id", help="Declared dataset identity in the budget registry (veil budget)."
         ),
         epsilon: float = typer.Option(3.0, "--epsilon", help="Target ε of the WHOLE tuning procedure."),
-        delta: float = typer.Option(1e-5, "--delta", help="Target δ, must be < 1/N."),
+        delta: float = typer.Option(DEFAULT_DELTA, "--delta", help=DELTA_HELP),
         lr: str = typer.Option(None, "--lr", help="Learning rates to try, comma-separated."),
         epochs: str = typer.Option(None, "--epochs", help="Epoch counts to try, comma-separated."),
         batch_size: str = typer.Option(None, "--batch-size", help="Batch sizes to try, comma-separated."),
@@ -87,33 +89,37 @@ def register(app: typer.Typer) -> None:
         max_rows_per_unit: int = typer.Option(
             None, "--max-rows-per-unit", metavar="K", help="With --privacy-unit: rows per unit per step."
         ),
+        db: str = REGISTRY_DB,
         json_output: bool = typer.Option(False, "--json", help="Print the report JSON on stdout."),
         mlflow: str = MLFLOW,
     ) -> None:
         """Tune hyperparameters privately: a random number of DP runs, the best by a DP score, accounted."""
-        report = run_tune(
-            {
-                "dataset": dataset,
-                "dataset_id": dataset_id,
-                "epsilon": epsilon,
-                "delta": delta,
-                "lr": lr,
-                "epochs": epochs,
-                "batch_size": batch_size,
-                "max_grad_norm": max_grad_norm,
-                "model": model,
-                "trials_mean": trials_mean,
-                "trials_law": trials_law,
-                "trials_shape": trials_shape,
-                "score_noise": score_noise,
-                "validation_fraction": validation_fraction,
-                "seed": seed,
-                "out": out,
-                "table_schema": schema,
-                "privacy_unit": privacy_unit,
-                "max_rows_per_unit": max_rows_per_unit,
-            }
-        )
+        from veil.registry.location import registry_location
+
+        with registry_location(db):
+            report = run_tune(
+                {
+                    "dataset": dataset,
+                    "dataset_id": dataset_id,
+                    "epsilon": epsilon,
+                    "delta": delta,
+                    "lr": lr,
+                    "epochs": epochs,
+                    "batch_size": batch_size,
+                    "max_grad_norm": max_grad_norm,
+                    "model": model,
+                    "trials_mean": trials_mean,
+                    "trials_law": trials_law,
+                    "trials_shape": trials_shape,
+                    "score_noise": score_noise,
+                    "validation_fraction": validation_fraction,
+                    "seed": seed,
+                    "out": out,
+                    "table_schema": schema,
+                    "privacy_unit": privacy_unit,
+                    "max_rows_per_unit": max_rows_per_unit,
+                }
+            )
         log_if_asked(report, mlflow, "tune")
         if json_output:
             emit(report, True)

@@ -109,6 +109,16 @@ def _from_columns(
     y, classes = encode_labels(columns[target], f"target '{target}'", declared)
     keep, rules = drop_unlabelled(y, bad)
     x, y = x[keep], y[keep]
+    if len(y) < 2 * len(classes) and bad.any():
+        raise DataError(
+            "dataset",
+            name,
+            "too few rows are left once the rows holding a cell that is not a finite number (a text "
+            "column, a missing value) are dropped: without a schema every feature must be a number",
+            "a table with text or missing cells needs a schema: draft one with `veil schema infer FILE "
+            "--target COLUMN --out schema.toml` (or release one with --epsilon), then train with --schema "
+            "schema.toml (docs/tables.md)",
+        )
     check_labels(y, classes, f"target '{target}'")
     x_tr, y_tr, x_te, y_te = split(x.astype(np.float32), y, test_fraction, seed, classes)
     return Dataset(

@@ -108,17 +108,9 @@ def _federation(
 
 
 def federation(s: FederatedSettings) -> Federation:
-    """The run's data split over its clients (cached per process: simulated clients share it)."""
-    clients = 0 if s.partition.startswith("column:") else s.clients
-    fed = _federation(s.dataset, s.data_dir, s.target, s.test_fraction, s.partition, clients)
-    if s.partition.startswith("column:") and len(fed.parts) != s.clients:
-        raise DataError(
-            "clients",
-            s.clients,
-            f"the partition column defines {len(fed.parts)} clients",
-            f"pass --clients {len(fed.parts)}",
-        )
-    return fed
+    """The run's data split over its clients (cached per process: simulated clients share it). Always
+    ``s.clients`` of them, whatever the data holds (``column:`` hashes values onto them)."""
+    return _federation(s.dataset, s.data_dir, s.target, s.test_fraction, s.partition, s.clients)
 
 
 def _preprocess(data: Dataset) -> nn.Module:

@@ -9,8 +9,11 @@ each client sees few classes). Splits are fixed by ``seed``.
 Guarantee (record-local assignment). A row's client depends on that row alone: a keyed hash of its
 content (:func:`row_positions`, as the train/test split's :func:`veil.data.held_out`) gives it a
 position u in [0, 1), and the client is read off u — ``⌊u·K⌋`` (IID), or the class's Dirichlet
-shares, drawn from the public ``seed`` alone, cut at u (Dirichlet); the column's value (``column:``).
-So adding or removing one row of the dataset changes exactly one client's data, by that row, and
+shares, drawn from the public ``seed`` alone, cut at u (Dirichlet); for ``column:NAME``, a keyed hash
+of the row's value in that column, mod the declared client count (:func:`_by_value`: equal values
+share a client, several values may share one, a client may be empty; the number of distinct values,
+a fact of the data, never sets the client count or stops the run). So adding or removing one row of
+the dataset changes exactly one client's data, by that row, and
 no other client's: the property that lets the budget registry charge a federated run on one
 dataset (its relation is add/remove one row of the whole dataset; :mod:`veil.federated.charge`).
 A split by the rows' positions (a seeded permutation) would not have it: one added row reshuffles
@@ -88,6 +91,15 @@ def _iid(positions: np.ndarray, clients: int) -> list[np.ndarray]:
     return [np.flatnonzero(owner == k) for k in range(clients)]
 
 
+def _by_value(values: np.ndarray, clients: int, seed: int) -> list[np.ndarray]:
+    """Client of each row = keyed BLAKE2b hash of its value (domain ``veil.partition.column``) mod
+    ``clients``: a function of the value alone (each distinct value is hashed once)."""
+    distinct, inverse = np.unique(np.asarray(values, dtype=np.float64), return_inverse=True)
+    hashes = row_hashes(distinct.reshape(-1, 1), [""] * len(distinct), "veil.partition.column", seed)
+    owner = np.array([h % clients for h in hashes], dtype=np.int64)[np.asarray(inverse).reshape(-1)]
+    return [np.flatnonzero(owner == k) for k in range(clients)]
+
+
 def _dirichlet(
     y: np.ndarray,
     positions: np.ndarray,
@@ -129,15 +141,14 @@ def split_rows(
                 f"the data has no column named {partition.column!r} to assign rows to clients",
                 "name an existing feature column, or use iid / dirichlet:ALPHA",
             )
-        values = np.unique(column_values)
-        if clients and clients != len(values):
+        if clients < 1:
             raise ConfigError(
                 "clients",
                 clients,
-                f"column {partition.column!r} holds {len(values)} distinct values, one client each",
-                f"pass --clients {len(values)} (or leave it out)",
+                "the client count is declared, never read from the data",
+                "pass --clients N",
             )
-        return [np.flatnonzero(column_values == v) for v in values]
+        return _by_value(column_values, clients, seed)
     _check_clients(clients, n)
     if positions is None or len(positions) != n:
         raise ValueError("an iid or Dirichlet split needs every row's position (row_positions)")

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
+from veil.accounting.defaults import DEFAULT_DELTA
 from veil.config import legacy_secure_rng
 from veil.errors import ConfigError, VeilError
 
@@ -53,7 +54,7 @@ class PateConfig(BaseModel):
     # -- privacy --------------------------------------------------------------------------------
     aggregator: Literal["lnmax", "gnmax", "confident-gnmax"] = "gnmax"
     epsilon: float = 2.0
-    delta: float = 1e-5
+    delta: float = DEFAULT_DELTA
     queries: int | None = None
     """Largest number of queries asked (default: the whole public pool)."""
     sigma: float | None = None

@@ -109,25 +109,24 @@ def _split_holdout(
 
 
 def _given_public_pool(cfg: PateConfig, ds: Dataset) -> tuple[np.ndarray, np.ndarray | None, str]:
-    from veil.pate.partition import check_public_disjoint
+    from veil.pate.partition import check_public_shape
 
     assert cfg.public_data is not None
     x_pub, y_pub = load_public_data(cfg.public_data)
-    check_public_disjoint(ds.x_train, x_pub, what="public_data")
+    check_public_shape(ds.x_train, x_pub, what="public_data")
     x_pub = x_pub.astype(ds.x_train.dtype, copy=False)
     if y_pub is not None and (y_pub.shape[0] != x_pub.shape[0]):
         y_pub = None
     split = (
-        f"private: the {ds.n_train} training examples of '{ds.name}'; public pool: {len(x_pub)} examples "
-        f"from {cfg.public_data} (checked: no row equal to a private row); "
-        f"test: the {ds.n_test} held-out examples"
+        f"private: the training examples of '{ds.name}'; public pool: {len(x_pub)} examples from "
+        f"{cfg.public_data} (public by declaration); test: the held-out examples"
     )
     return x_pub, y_pub, split
 
 
 def load_pate_data(cfg: PateConfig) -> PateData:
     from veil.data import load_dataset
-    from veil.pate.partition import row_digests
+    from veil.pate.partition import count_shared_rows
 
     ds = load_dataset(
         cfg.dataset,
@@ -137,24 +136,18 @@ def load_pate_data(cfg: PateConfig) -> PateData:
         seed=cfg.seed,
         classes=cfg.classes,
     )
-    duplicates = 0
     if cfg.public_data is not None:
         x_pub, y_pub, split = _given_public_pool(cfg, ds)
         x_test, y_test = ds.x_test, ds.y_test
     else:
         x_pub, y_pub, x_test, y_test = _split_holdout(ds.x_test, ds.y_test, cfg.public_fraction, cfg.seed)
         split = (
-            f"private: the {ds.n_train} training examples of '{ds.name}'; the benchmark's public split, "
+            f"private: the training examples of '{ds.name}'; the benchmark's public split, "
             f"its {ds.n_test} held-out examples, split (seed {cfg.seed}, stratified) into a public pool "
             f"of {len(x_pub)} (labels hidden from the student, used only to score the released labels) "
             f"and a test set of {len(x_test)}"
         )
-        private_rows = set(row_digests(ds.x_train))
-        duplicates = sum(d in private_rows for d in row_digests(x_pub))
-        if duplicates:
-            split += (
-                f"; {duplicates} public rows equal a private row (independent examples with equal values)"
-            )
+    duplicates = count_shared_rows(ds.x_train, x_pub)  # non-private: reported in non_private only
     if len(x_pub) == 0:
         raise DataError("public pool", 0, "there is nothing for the student to query", "provide public data")
     q_planned = min(cfg.queries or len(x_pub), len(x_pub))

@@ -1,4 +1,4 @@
-"""Disjoint teacher partitions, and the check that the public pool shares no row with the private data.
+"""Disjoint teacher partitions, and the public pool's shape check and count of rows equal to private rows.
 
 Guarantee. Each private example (or each group, when group ids are given) is assigned to exactly
 one teacher by a keyed hash of its own content (or of its group id) — never of its position in
@@ -24,7 +24,7 @@ import numpy as np
 
 from veil.errors import DataError, InvalidParameterError
 
-__all__ = ["Partition", "check_public_disjoint", "partition_teachers", "row_digests"]
+__all__ = ["Partition", "check_public_shape", "count_shared_rows", "partition_teachers", "row_digests"]
 
 
 @dataclass(frozen=True)
@@ -134,13 +134,9 @@ def partition_teachers(
     return Partition(assignment=assignment, num_teachers=k, unit=unit, num_units=units)
 
 
-def check_public_disjoint(private_x: np.ndarray, public_x: np.ndarray, what: str = "public data") -> None:
-    """Refuse a public pool that shares an exact row (same feature values) with the private data.
-
-    A private example in the "public" pool would be queried, labelled and handed to the student
-    outside the privacy analysis. Exact duplicates are found by hashing rows; near-duplicates
-    (re-encoded, cropped) cannot be detected this way.
-    """
+def check_public_shape(private_x: np.ndarray, public_x: np.ndarray, what: str = "public data") -> None:
+    """Refuse a public pool whose rows do not have the private rows' shape (a fact of the two files'
+    layouts, the same for every row), so the teachers cannot label it."""
     a, b = np.asarray(private_x), np.asarray(public_x)
     if a.shape[1:] != b.shape[1:]:
         raise DataError(
@@ -150,13 +146,15 @@ def check_public_disjoint(private_x: np.ndarray, public_x: np.ndarray, what: str
             "by teachers trained on that data",
             "pass public examples with the same features as the private data",
         )
-    private = set(row_digests(a))
-    hits = [i for i, d in enumerate(row_digests(b)) if d in private]
-    if hits:
-        raise DataError(
-            what,
-            f"{len(hits)} rows (first: row {hits[0]})",
-            "these rows are identical to private examples; labelling them would hand private data "
-            "to the student outside the privacy guarantee",
-            "remove them from the public pool (the public pool must not contain private examples)",
-        )
+
+
+def count_shared_rows(private_x: np.ndarray, public_x: np.ndarray) -> int:
+    """How many public rows equal a private row exactly (same feature values; by hashing rows).
+
+    Never a refusal: the public pool is public by the user's declaration (or a benchmark's documented
+    split), and whether a public row equals a private one is known only after reading both — refusing
+    on it would make the run depend on one record. The count is computed from the private rows without
+    noise, so it is reported in ``non_private`` only (for the operator to check the declaration).
+    Near-duplicates (re-encoded, cropped) are not found this way."""
+    private = set(row_digests(np.asarray(private_x)))
+    return sum(d in private for d in row_digests(np.asarray(public_x)))

@@ -183,7 +183,7 @@ def record_positions(
     labels: Sequence[str],
     domain: str,
     seed: int,
-    units: Sequence[object] | None = None,
+    units: Sequence[object] | np.ndarray | None = None,
 ) -> np.ndarray:
     """Each record's position in [0, 1): a keyed BLAKE2b hash of its own features and label name,
     or of its unit key ``units[i]`` when given (every row of one unit lands together). The key comes
@@ -204,7 +204,7 @@ def record_mask(
     fraction: float,
     domain: str,
     seed: int,
-    units: Sequence[object] | None = None,
+    units: Sequence[object] | np.ndarray | None = None,
 ) -> np.ndarray:
     """Which records fall in a part of share ``fraction``: those whose :func:`record_positions` is
     below it. The part's size varies like a binomial; each record's side is its own."""

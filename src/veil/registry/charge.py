@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from veil.accounting.events import Neighbouring, PrivacyEvent
 from veil.errors import BudgetExhaustedError, ConfigError
-from veil.registry.identity import DatasetIdentity, dataset_identity
+from veil.registry.identity import FINGERPRINT_KINDS, DatasetIdentity, content_fingerprint, dataset_identity
 
 if TYPE_CHECKING:
     from veil.registry.store import BudgetRegistry
@@ -62,10 +62,21 @@ def open_registry(db: str | os.PathLike[str] | None = None) -> BudgetRegistry:
 class DatasetCharge:
     """One job's account with the registry for one dataset (see the module doc for the order of calls)."""
 
-    def __init__(self, registry: BudgetRegistry, identity: DatasetIdentity, job: str) -> None:
+    def __init__(
+        self,
+        registry: BudgetRegistry,
+        identity: DatasetIdentity,
+        job: str,
+        *,
+        fingerprint: str | None = None,
+        privacy_unit: str | None = None,
+    ) -> None:
         self.registry = registry
         self.identity = identity
         self.job = job
+        self.fingerprint = fingerprint
+        """The content identity of the file the job reads (None: a source without one)."""
+        self.privacy_unit = privacy_unit
         self.run_id: str | None = None
         self._planned: list[PrivacyEvent] = []
         self._rows_read = True  # until a reservation says otherwise: assume the job has read
@@ -89,17 +100,22 @@ class DatasetCharge:
         ``refuse_if_spent=False`` (a resume, whose own reservation is part of the spend) only opens the
         account; :meth:`resume` then checks the run's plan with its old record left out.
         ``privacy_unit``: the unit column the job protects (None: single rows); a run whose unit is
-        not the dataset's recorded one is refused here (:mod:`veil.registry.units`).
+        not the dataset's recorded one is refused here (:mod:`veil.registry.units`). A file whose
+        fingerprint is recorded for a named dataset is charged to the name; under another name it is
+        refused here (:mod:`veil.registry.fingerprints`).
         """
-        from veil.registry.units import check_unit
-
         identity = dataset_identity(spec, dataset_id=dataset_id, table=table, query=query, data_dir=data_dir)
-        charge = cls(open_registry(db), identity, job)
+        if identity.id.startswith(FINGERPRINT_KINDS):
+            fingerprint: str | None = identity.id
+        else:  # a named run records the file it reads (hashed here, before a row is read)
+            fingerprint = content_fingerprint(spec, table=table, query=query, data_dir=data_dir)
+        charge = cls(open_registry(db), identity, job, fingerprint=fingerprint, privacy_unit=privacy_unit)
         try:
-            check_unit(charge.registry.db, identity, privacy_unit)
+            charge._resolve_name()
         except BaseException:
             charge.close()
             raise
+        identity = charge.identity
         if not refuse_if_spent:
             return charge
         status = charge.registry.status(identity, per_run=False)
@@ -110,10 +126,31 @@ class DatasetCharge:
                 "dataset",
                 identity.label,
                 f"its recorded runs already spend ε = {spent:.4g} of its budget ε = {budget:.4g} at "
-                f"δ = {status.delta_budget:.3g}, so no further run can fit; refused before reading a row",
+                f"δ = {status.delta_budget:.3g}, so no further run can fit; refused before any row was "
+                "parsed (the file's bytes were only hashed to identify it): nothing was released or "
+                "recorded",
                 "see veil budget show; only the data owner can raise the budget (veil budget set)",
             )
         return charge
+
+    def _resolve_name(self) -> None:
+        """Charge a file recorded for a named dataset to the name; refuse a file recorded under
+        another name, and a unit that is not the dataset's (:mod:`veil.registry.fingerprints`,
+        :mod:`veil.registry.units`). Reads only: nothing is recorded before the reservation."""
+        from veil.registry.units import check_unit
+
+        if self.fingerprint is not None:
+            recorded = self.registry.name_of(self.fingerprint)
+            if self.identity.id == self.fingerprint and recorded is not None:
+                self.identity = DatasetIdentity(recorded, recorded)
+            elif recorded not in (None, self.identity.id):
+                from veil.registry.fingerprints import refuse_other_name
+
+                raise refuse_other_name(self.identity.label, str(recorded), self.fingerprint)
+            elif recorded is None and self.identity.id != self.fingerprint:
+                # The file's own runs will join the name: they must protect the run's unit too.
+                check_unit(self.registry.db, self.fingerprint, self.privacy_unit)
+        check_unit(self.registry.db, self.identity, self.privacy_unit)
 
     def reserve(
         self,
@@ -130,7 +167,7 @@ class DatasetCharge:
         the first); only then can :meth:`release` un-charge the reservation."""
         from veil.registry import transactions  # not the registry's method: no status composed to discard
 
-        transactions.reserve(
+        charged = transactions.reserve(
             self.registry.db,
             self.identity,
             events,
@@ -138,7 +175,11 @@ class DatasetCharge:
             job=self.job,
             delta=delta,
             neighbouring=neighbouring,
+            fingerprint=self.fingerprint,
+            privacy_unit=self.privacy_unit,
         )
+        if charged != self.identity.id:  # the file was named by a concurrent run meanwhile
+            self.identity = DatasetIdentity(charged, charged)
         self.run_id = run_id
         self._planned = list(events)
         self._rows_read = not before_reading
@@ -235,7 +276,7 @@ def budget_section_for(
 ) -> dict[str, Any] | None:
     """The ``dataset_budget`` section of the run ``run_id``: through its open charge in this process,
     else (a run already settled, or a job that charges nothing) from the registry's record of
-    ``dataset_id``; None when neither is known."""
+    ``dataset_id`` (or of the name its file is recorded for); None when neither is known."""
     charge = _OPEN.get(run_id or "")
     if charge is not None:
         return charge.budget_section(events, report)
@@ -244,6 +285,7 @@ def budget_section_for(
     from veil.registry.reporting import budget_section
 
     with open_registry(db) as registry:
+        dataset_id = registry.name_of(dataset_id) or dataset_id  # a file recorded for a name
         if run_id and registry.run(run_id) is not None:
             registry.note_run(run_id, _user(), None if report is None else str(report))
         return budget_section(

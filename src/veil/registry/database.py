@@ -34,7 +34,7 @@ from veil.registry.compose import DEFAULT_ACCOUNTANT
 from veil.registry.location import resolve_url
 from veil.registry.schema import datasets, metadata
 
-__all__ = ["Database", "now"]
+__all__ = ["Database", "lock_dataset", "now"]
 
 _SCHEMA_LOCK_KEY = 0x7665696C  # "veil": serialises table creation on a shared PostgreSQL server
 _SQLITE_BUSY_TIMEOUT_S = 120.0
@@ -164,12 +164,17 @@ class Database:
     def locked(self, dataset_id: str, label: str | None = None) -> Iterator[tuple[Connection, Any]]:
         """A transaction holding ``dataset_id`` exclusively; creates its row if ``label`` is given."""
         with self.errors(), self.engine.begin() as conn:
-            if label is not None:
-                conn.execute(_insert_ignore(conn, dataset_id, label))
-            row = conn.execute(
-                select(datasets).where(datasets.c.dataset_id == dataset_id).with_for_update()
-            ).one_or_none()
-            yield conn, row
+            yield conn, lock_dataset(conn, dataset_id, label)
+
+
+def lock_dataset(conn: Connection, dataset_id: str, label: str | None = None) -> Any:
+    """Within ``conn``'s transaction, hold ``dataset_id``'s row (created first if ``label`` is given)
+    and return it (None: no such dataset). A transaction holding two datasets takes a name's first."""
+    if label is not None:
+        conn.execute(_insert_ignore(conn, dataset_id, label))
+    return conn.execute(
+        select(datasets).where(datasets.c.dataset_id == dataset_id).with_for_update()
+    ).one_or_none()
 
 
 def _create_owner_only(path: Path) -> None:

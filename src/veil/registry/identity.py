@@ -22,6 +22,9 @@ stores. Rules, in order:
 * A built-in public dataset (``digits``, ``breast-cancer``; ``fashion-mnist``/``mnist`` from their
   default folder): ``builtin:<name>``.
 
+A file or folder read under a name is recorded for that name in the registry, and the same bytes read
+without ``--dataset-id`` are then charged to the name (:mod:`veil.registry.fingerprints`).
+
 Limits. The identity guards against honest mistakes (a renamed or copied file, a second run that forgot
 the first), not against a user who wants to evade the budget: anyone who can read the data can also
 edit a byte of it. Data protection then rests on who may train on the data, which the registry records
@@ -37,7 +40,7 @@ from pathlib import Path
 from veil.accounting.ledger import file_sha256
 from veil.errors import DataError, InvalidParameterError
 
-__all__ = ["DatasetIdentity", "dataset_identity", "sql_location"]
+__all__ = ["FINGERPRINT_KINDS", "DatasetIdentity", "content_fingerprint", "dataset_identity", "sql_location"]
 
 _FILE_SCHEMES = ("csv", "parquet", "npz", "file")
 _PUBLIC_BUILTIN = ("digits", "breast-cancer")
@@ -47,6 +50,8 @@ _DIR_BUILTIN = {
 }
 _PASSWORD_KEYS = ("password", "passwd", "sslpassword")
 _MAX_ID = 200
+FINGERPRINT_KINDS = ("sha256:", "dir-sha256:")
+"""The identities that hash the data's bytes (a file, a folder of files): a name can record them."""
 
 
 @dataclass(frozen=True)
@@ -153,6 +158,27 @@ def dataset_identity(
         "no such file or folder, so there is nothing to identify and charge",
         "pass an existing file (csv:PATH, parquet:PATH, npz:PATH), a built-in name or sql:URL",
     )
+
+
+def content_fingerprint(
+    spec: str | None,
+    *,
+    table: str | None = None,
+    query: str | None = None,
+    data_dir: str | Path | None = None,
+) -> str | None:
+    """The content identity (``sha256:``/``dir-sha256:``) of the file or folder ``spec`` reads, or None
+    for a source without one (SQL, a built-in public dataset, no spec, a path that does not exist).
+
+    A named run records it, so that the file read without the name is charged to the name
+    (:mod:`veil.registry.fingerprints`). Hashes raw bytes only, like :func:`dataset_identity`."""
+    if not spec or spec.partition(":")[0] == "sql":
+        return None
+    try:
+        found = dataset_identity(spec, table=table, query=query, data_dir=data_dir).id
+    except (DataError, InvalidParameterError):
+        return None
+    return found if found.startswith(FINGERPRINT_KINDS) else None
 
 
 def _sql_identity(url: str, table: str | None, query: str | None) -> DatasetIdentity:

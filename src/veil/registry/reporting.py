@@ -45,7 +45,9 @@ def stored_events(row: Any) -> list[PrivacyEvent]:
 
 @dataclass(frozen=True)
 class RunRecord:
-    """One run as the registry knows it; ``epsilon`` is its own ε at the dataset's reporting δ."""
+    """One run as the registry knows it; ``epsilon`` is its own ε alone, stated at ``epsilon_delta``:
+    the run's own δ (a valid (ε, δ) statement for that run), or the dataset's reporting δ for a run
+    recorded without one."""
 
     run_id: str
     job: str
@@ -55,6 +57,7 @@ class RunRecord:
     delta: float | None
     events: tuple[PrivacyEvent, ...]
     epsilon: float | None
+    epsilon_delta: float | None = None
 
     @property
     def charged(self) -> bool:
@@ -70,6 +73,7 @@ class RunRecord:
             "finished_at": self.finished_at,
             "delta": self.delta,
             "epsilon": self.epsilon,
+            "epsilon_delta": self.epsilon_delta,
             "events": [e.to_dict() for e in self.events],
         }
 
@@ -96,6 +100,9 @@ class DatasetStatus:
     runs: tuple[RunRecord, ...] = field(default_factory=tuple)
     privacy_unit: str | None = None
     """The unit column every run protects (:mod:`veil.registry.units`); None: single rows."""
+    fingerprints: tuple[str, ...] = ()
+    """The content fingerprints of the files recorded for this named dataset: a run on one of them
+    without ``--dataset-id`` is charged here (:mod:`veil.registry.fingerprints`)."""
 
     @property
     def remaining_epsilon(self) -> float | None:
@@ -128,6 +135,7 @@ class DatasetStatus:
             "accountant": self.accountant,
             "neighbouring": self.neighbouring,
             "privacy_unit": self.privacy_unit,
+            "fingerprints": list(self.fingerprints),
             "delta": self.delta,
             "spent_epsilon": self.spent_epsilon,
             "remaining_epsilon": self.remaining_epsilon,
@@ -138,12 +146,16 @@ class DatasetStatus:
 
 
 def run_record(row: Any, delta: float | None, accountant: str, relation: Neighbouring) -> RunRecord:
-    """A run row as a :class:`RunRecord`, with its own ε at ``delta`` (None: not computed)."""
+    """A run row as a :class:`RunRecord`, with its own ε at its own δ (at ``delta``, the dataset's
+    reporting δ, when the run has none); ``delta=None``: not computed."""
     events = tuple(stored_events(row))
     eps: float | None = None
-    if row.status != RELEASED and delta is not None and delta < 1.0:
-        eps = spent_epsilon([list(events)], delta, accountant, relation)
+    at = row.delta if row.delta is not None else delta
+    if row.status != RELEASED and delta is not None and at is not None and at < 1.0:
+        eps = spent_epsilon([list(events)], at, accountant, relation)
         eps = None if math.isnan(eps) else eps
+    else:
+        at = None
     return RunRecord(
         run_id=row.run_id,
         job=row.job,
@@ -153,6 +165,7 @@ def run_record(row: Any, delta: float | None, accountant: str, relation: Neighbo
         delta=row.delta,
         events=events,
         epsilon=eps,
+        epsilon_delta=at,
     )
 
 

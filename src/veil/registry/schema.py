@@ -10,13 +10,16 @@ for the datasets that declare one; a table of its own, so that a registry made b
 without a migration.
 ``veil_budget_run_info``: who ran a run and where its report is (for ``veil budget report``); a table
 of its own, so that a registry made before it gains it by ``create_all`` (no column to migrate).
+``veil_budget_fingerprints``: the content fingerprint (``sha256:``/``dir-sha256:``) of each file a named
+dataset was read from, one name per fingerprint (:mod:`veil.registry.fingerprints`); created by
+``create_all`` in a registry made before it, like the two above.
 """
 
 from __future__ import annotations
 
 from sqlalchemy import Column, Float, ForeignKey, Index, MetaData, String, Table, Text
 
-__all__ = ["SCHEMA_VERSION", "datasets", "metadata", "run_info", "runs", "units"]
+__all__ = ["SCHEMA_VERSION", "datasets", "fingerprints", "metadata", "run_info", "runs", "units"]
 
 SCHEMA_VERSION = 1
 
@@ -66,4 +69,14 @@ run_info = Table(
     Column("run_id", String(255), primary_key=True),
     Column("user", String(255), nullable=True),
     Column("report", String(4000), nullable=True),
+)
+
+fingerprints = Table(
+    "veil_budget_fingerprints",
+    metadata,
+    # The primary key makes one name per file: a second name racing for it fails on the constraint.
+    Column("fingerprint", String(255), primary_key=True),
+    Column("dataset_id", String(255), ForeignKey("veil_budget_datasets.dataset_id"), nullable=False),
+    Column("first_seen", String(32), nullable=False),
+    Index("ix_veil_budget_fingerprints_dataset", "dataset_id"),
 )

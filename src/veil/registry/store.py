@@ -25,7 +25,7 @@ from veil.registry import transactions
 from veil.registry.database import Database
 from veil.registry.identity import DatasetIdentity
 from veil.registry.reporting import DatasetStatus, RunRecord, dataset_status, empty_status, run_record
-from veil.registry.schema import datasets, run_info, runs
+from veil.registry.schema import datasets, fingerprints, run_info, runs
 
 __all__ = ["BudgetRegistry", "DatasetStatus", "RunRecord"]
 
@@ -81,11 +81,20 @@ class BudgetRegistry:
         job: str = "train",
         delta: float | None = None,
         neighbouring: Neighbouring | str = Neighbouring.ADD_OR_REMOVE_ONE,
+        privacy_unit: str | None = None,
     ) -> DatasetStatus:
         """Admit a run that plans to release ``events``, or raise :class:`~veil.errors.BudgetExhaustedError`
-        (nothing recorded). Call it before anything computed from the data is released."""
+        (nothing recorded). Call it before anything computed from the data is released.
+        ``privacy_unit``: the unit the run protects (None: rows); must be the dataset's recorded one."""
         dataset_id = transactions.reserve(
-            self.db, dataset, events, run_id, job=job, delta=delta, neighbouring=neighbouring
+            self.db,
+            dataset,
+            events,
+            run_id,
+            job=job,
+            delta=delta,
+            neighbouring=neighbouring,
+            privacy_unit=privacy_unit,
         )
         return self.status(dataset_id, per_run=False)
 
@@ -111,8 +120,34 @@ class BudgetRegistry:
         return None if row is None else run_record(row, None, "auto", Neighbouring.ADD_OR_REMOVE_ONE)
 
     def dataset_ids(self) -> list[str]:
+        """Every dataset, less the files recorded for a name (their runs are the name's)."""
+        named = select(fingerprints.c.fingerprint)
         with self.db.reading() as conn:
-            return list(conn.execute(select(datasets.c.dataset_id).order_by(datasets.c.created_at)).scalars())
+            query = select(datasets.c.dataset_id).where(datasets.c.dataset_id.not_in(named))
+            return list(conn.execute(query.order_by(datasets.c.created_at)).scalars())
+
+    # -- the files a named dataset was read from (veil.registry.fingerprints) -----------------------
+    def name_of(self, fingerprint: str) -> str | None:
+        """The named dataset a file's fingerprint is recorded for, or None."""
+        from veil.registry.fingerprints import name_of
+
+        with self.db.reading() as conn:
+            return name_of(conn, fingerprint)
+
+    def resolve(self, identity: DatasetIdentity) -> DatasetIdentity:
+        """``identity``, or the named dataset its file is recorded for (which is charged instead)."""
+        name = self.name_of(identity.id)
+        return identity if name is None else DatasetIdentity(name, name)
+
+    def link(self, dataset: DatasetIdentity | str, fingerprint: str) -> DatasetStatus:
+        """Record a file's ``fingerprint`` for the named ``dataset`` and move the runs charged to the
+        file under it (:func:`veil.registry.fingerprints.link`)."""
+        from veil.registry.fingerprints import link
+
+        dataset_id, label = transactions.dataset_key(dataset)
+        with self.db.locked(dataset_id, label) as (conn, row):
+            link(conn, dataset_id, row.label, fingerprint, Neighbouring(row.neighbouring))
+        return self.status(dataset_id)
 
     def status(self, dataset: DatasetIdentity | str, per_run: bool = True) -> DatasetStatus:
         """Budget, composed spend and history of one dataset (an empty record if it is unknown).
@@ -127,9 +162,13 @@ class BudgetRegistry:
             ).all()
         if row is None:
             return empty_status(dataset_id, label)
+        from veil.registry.fingerprints import fingerprints_of
         from veil.registry.units import unit_of
 
-        return replace(dataset_status(row, run_rows, per_run), privacy_unit=unit_of(self.db, dataset_id))
+        with self.db.reading() as conn:
+            files = tuple(fingerprints_of(conn, dataset_id))
+        status = dataset_status(row, run_rows, per_run)
+        return replace(status, privacy_unit=unit_of(self.db, dataset_id), fingerprints=files)
 
     def statuses(self) -> list[DatasetStatus]:
         return [self.status(d) for d in self.dataset_ids()]

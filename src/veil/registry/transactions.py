@@ -23,6 +23,7 @@ dataset's spend shows over its budget rather than hiding the excess), and a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, select
@@ -135,76 +136,136 @@ def reserve(
     job: str = "train",
     delta: float | None = None,
     neighbouring: Neighbouring | str = Neighbouring.ADD_OR_REMOVE_ONE,
+    fingerprint: str | None = None,
+    privacy_unit: str | None = None,
 ) -> str:
     """Admit a run that plans to release ``events`` on ``dataset``, or refuse it, atomically.
 
     Raises :class:`~veil.errors.BudgetExhaustedError` (nothing recorded) when the composed ε of all
-    charged runs plus these events exceeds the dataset's budget. Returns the dataset's id.
+    charged runs plus these events exceeds the dataset's budget. Returns the id of the dataset charged:
+    a file's fingerprint recorded for a named dataset is charged to the name, and a named run records
+    ``fingerprint`` (the content identity of the file it reads) in the same transaction
+    (:mod:`veil.registry.fingerprints`). ``privacy_unit``: checked against the dataset's unit, and
+    recorded as its unit by a first unit-level run, in the same transaction.
     """
+    from veil.registry.fingerprints import is_fingerprint
+
     dataset_id, label = dataset_key(dataset)
     run_id = check_run_id(run_id)
     relation = Neighbouring(neighbouring)
     if delta is not None:
         delta = check_delta(delta)
-    with db.locked(dataset_id, label) as (conn, row):
-        if conn.execute(select(runs.c.run_id).where(runs.c.run_id == run_id)).first() is not None:
-            raise RegistryError(
-                "run_id",
-                run_id,
-                "this run is already recorded; recording it twice would misstate its spend",
-                "resume the run under its own id, or give a new run a new id",
-            )
-        accountant = row.accountant
-        first = conn.execute(select(runs.c.run_id).where(runs.c.dataset_id == dataset_id)).first() is None
-        if first and row.epsilon is None and relation.value != row.neighbouring:
-            # A dataset without budget or runs takes the relation of its first run.
-            conn.execute(
-                datasets.update()
-                .where(datasets.c.dataset_id == dataset_id)
-                .values(neighbouring=relation.value)
-            )
-        elif relation.value != row.neighbouring:
-            raise InvalidParameterError(
-                "neighbouring",
-                relation.value,
-                f"this dataset's budget and runs are accounted under {row.neighbouring}, and guarantees "
-                "under different relations cannot be composed",
-                f"run under {row.neighbouring}",
-            )
-        recorded = _charged_events(conn, dataset_id)
-        planned = check_events(events, accountant, relation, [e for r in recorded for e in r])
-        refused: tuple[Any, float] | None = None
-        if row.epsilon is not None:
-            total = spent_epsilon([*recorded, planned], row.delta, accountant, relation)
-            if total > row.epsilon:
-                refused = (row, total)
-        if refused is None:
+    if is_fingerprint(dataset_id):
+        fingerprint = dataset_id
+    plan = _Plan(events, run_id, job, delta, relation, fingerprint, privacy_unit)
+    for _ in range(2):  # a file named by a concurrent run between the look-up and the lock: once more
+        with db.reading() as conn:
+            target = _named(conn, dataset_id, fingerprint)
+        if target is not None:
+            dataset_id, label = target, target
+        try:
+            _admit(db, dataset_id, label, plan)
+        except _NamedMeanwhile:
+            continue
+        return dataset_id
+    raise AssertionError("unreachable: a fingerprint's name is permanent once recorded")  # pragma: no cover
+
+
+@dataclass(frozen=True)
+class _Plan:
+    events: Sequence[PrivacyEvent]
+    run_id: str
+    job: str
+    delta: float | None
+    relation: Neighbouring
+    fingerprint: str | None
+    privacy_unit: str | None
+
+
+class _NamedMeanwhile(Exception):
+    """The fingerprint a run is charged to was recorded for a name after the look-up (rolls back)."""
+
+
+class _Refused(Exception):
+    """Over budget (rolls back the transaction's writes); the message is composed after the lock."""
+
+    def __init__(self, row: Any, total: float, recorded: list[list[PrivacyEvent]]) -> None:
+        self.row, self.total, self.recorded = row, total, recorded
+
+
+def _named(conn: Connection, dataset_id: str, fingerprint: str | None) -> str | None:
+    from veil.registry.fingerprints import name_of
+
+    return name_of(conn, dataset_id) if fingerprint == dataset_id else None
+
+
+def _admit(db: Database, dataset_id: str, label: str, plan: _Plan) -> None:
+    from veil.registry.fingerprints import link
+    from veil.registry.units import claim_unit
+
+    relation = plan.relation
+    try:
+        with db.locked(dataset_id, label) as (conn, row):
+            if _named(conn, dataset_id, plan.fingerprint) is not None:
+                raise _NamedMeanwhile
+            if conn.execute(select(runs.c.run_id).where(runs.c.run_id == plan.run_id)).first() is not None:
+                raise RegistryError(
+                    "run_id",
+                    plan.run_id,
+                    "this run is already recorded; recording it twice would misstate its spend",
+                    "resume the run under its own id, or give a new run a new id",
+                )
+            claim_unit(conn, dataset_id, row.label, plan.privacy_unit)
+            accountant = row.accountant
+            first = conn.execute(select(runs.c.run_id).where(runs.c.dataset_id == dataset_id)).first() is None
+            if plan.fingerprint is not None and plan.fingerprint != dataset_id:
+                link(conn, dataset_id, row.label, plan.fingerprint, relation)  # the file's runs join
+            if first and row.epsilon is None and relation.value != row.neighbouring:
+                # A dataset without budget or runs takes the relation of its first run.
+                conn.execute(
+                    datasets.update()
+                    .where(datasets.c.dataset_id == dataset_id)
+                    .values(neighbouring=relation.value)
+                )
+            elif relation.value != row.neighbouring:
+                raise InvalidParameterError(
+                    "neighbouring",
+                    relation.value,
+                    f"this dataset's budget and runs are accounted under {row.neighbouring}, and "
+                    "guarantees under different relations cannot be composed",
+                    f"run under {row.neighbouring}",
+                )
+            recorded = _charged_events(conn, dataset_id)
+            planned = check_events(plan.events, accountant, relation, [e for r in recorded for e in r])
+            if row.epsilon is not None:
+                total = spent_epsilon([*recorded, planned], row.delta, accountant, relation)
+                if total > row.epsilon:
+                    raise _Refused(row, total, recorded)
             conn.execute(
                 runs.insert().values(
-                    run_id=run_id,
+                    run_id=plan.run_id,
                     dataset_id=dataset_id,
-                    job=job[:32],
+                    job=plan.job[:32],
                     status=RESERVED,
                     planned_events=events_to_json(planned),
                     events=None,
-                    delta=delta,
+                    delta=plan.delta,
                     created_at=now(),
                     finished_at=None,
                 )
             )
-    if refused is not None:  # the message is composed after the lock is released
-        row, total = refused
-        before = spent_epsilon(recorded, row.delta, accountant, relation)
+    except _Refused as refused:  # the message is composed after the lock is released
+        row, total = refused.row, refused.total
+        before = spent_epsilon(refused.recorded, row.delta, row.accountant, relation)
         raise BudgetExhaustedError(
             "dataset",
             row.label,
-            f"this {job} run would bring the dataset's composed spend from ε = {before:.4g} to "
+            f"this {plan.job} run would bring the dataset's composed spend from ε = {before:.4g} to "
             f"ε = {total:.4g} at δ = {row.delta:.3g}, over its budget ε = {row.epsilon:.4g}; "
-            "nothing was read or recorded",
+            "nothing was released or recorded",
             "plan a smaller spend (a lower --epsilon, fewer epochs), or ask the data owner to "
             "raise the budget (veil budget set); see veil budget show",
-        )
-    return dataset_id
+        ) from None
 
 
 def reopen(db: Database, run_id: str, events: Sequence[PrivacyEvent]) -> str:

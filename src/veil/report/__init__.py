@@ -68,6 +68,9 @@ class NonPrivate(BaseModel):
     """Accuracy of the released model on the held-out rows (a non-private release about them)."""
     baseline_test_accuracy: float | None
     """The same model trained without privacy on the private training split (None: --no-baseline)."""
+    baseline_stopped: str | None = None
+    """How the baseline's training ended: converged on its own validation split, or capped (then the
+    utility cost of privacy may be understated); see :mod:`veil.pipeline.baseline`."""
     utility_drop: float | None
     history: dict[str, list[dict[str, float]]]
     """Per-epoch test loss/accuracy of the DP run ("dp") and of the baseline ("baseline")."""

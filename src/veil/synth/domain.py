@@ -4,10 +4,11 @@ Every used column becomes one discrete attribute whose cells are public (nothing
 rows):
 
 * categorical / ordinal — the declared levels, then an ``unknown`` cell (``unknown = "level"``) and
-  a ``missing`` cell (``missing = "indicator"``);
+  a ``missing`` cell (``missing = "indicator"``; under a ``"drop"`` policy the encoder drops such a row,
+  so the cell is not needed);
 * boolean — ``false``, ``true`` and the same two optional cells;
-* numeric — ``bins`` equal-width bins over the declared public bounds (values outside are clipped
-  or refused by the schema's encoder), and a ``missing`` cell;
+* numeric — ``bins`` equal-width bins over the declared public bounds (values outside are clipped,
+  or their row dropped, by the schema's encoder), and a ``missing`` cell;
 * the target — its declared classes.
 
 Rows are mapped to codes through :class:`veil.tables.encoder.TableEncoder` (a public, per-record

@@ -66,5 +66,5 @@ class SynthSettings:
                 "seed",
                 self.seed,
                 "a seed makes the noise reproducible by whoever knows it, which secure mode rules out",
-                "drop --seed, or pass --no-secure-rng for a reproducible research run",
+                "drop --seed, or pass --reproducible for a research run",
             )

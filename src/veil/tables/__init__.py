@@ -50,8 +50,10 @@ def load_table(
     )
     if unit_column is not None:
         encoded.units = units
-        if encoded.y is not None and (encoded.y < 0).any():  # a row the rules drop takes its unit id along
-            keep = encoded.y >= 0
-            encoded.x, encoded.y = encoded.x[keep], encoded.y[keep]
+        assert encoded.dropped is not None
+        if encoded.dropped.any():  # a row any rule drops (label or feature) takes its unit id along
+            keep = ~encoded.dropped
+            encoded.x = encoded.x[keep]
+            encoded.y = encoded.y[keep] if encoded.y is not None else None
             encoded.units = [u for u, k in zip(units, keep, strict=True) if k]
     return encoded

@@ -9,16 +9,19 @@ stay neighbouring). Nothing is imputed from other rows.
 
 Per-record public rules (no data-dependent halt once rows are read; see ``docs/tables.md``): a row
 whose label is outside the declared classes, or missing, is dropped (a function of that row alone, so
-neighbours stay neighbours); a cell of a numeric column that is not a number is missing. How many rows
-and cells each rule touched is counted (:attr:`EncodedTable.rules`, reported as non-private). A value
-refused by a policy the schema chose (``outside``/``unknown``/``missing = "error"``) is named by its
-row and column only: no message carries a cell's value.
+neighbours stay neighbours); a cell of a numeric column that is not a number is missing; a row with a
+value that a ``"drop"`` policy of the schema covers (``outside``, ``unknown``, ``missing``; ``"error"``
+is the old name) is dropped. How many rows and cells each rule touched is counted
+(:attr:`EncodedTable.rules`, reported as non-private; a row breaking several rules counts under each),
+and which source rows were dropped is marked (:attr:`EncodedTable.dropped`), so a caller holding
+per-row data beside the features (privacy-unit ids, row numbers) filters it in the same step. No rule
+raises, and no message carries a cell's value.
 
 Per column type (``x`` the output block, in schema order):
 
-* numeric — ``clip(v, lo, hi)`` mapped linearly onto ``[-1, 1]``; ``outside = "error"`` refuses a
-  value outside ``[lo, hi]`` instead. A missing value (null or NaN) becomes ``0`` plus a 1 in the
-  column's ``:missing`` indicator (``missing = "indicator"``), or is refused (``"error"``).
+* numeric — ``clip(v, lo, hi)`` mapped linearly onto ``[-1, 1]``; ``outside = "drop"`` drops the
+  row of a value outside ``[lo, hi]`` instead. A missing value (null or NaN) becomes ``0`` plus a 1 in
+  the column's ``:missing`` indicator (``missing = "indicator"``), or its row is dropped (``"drop"``).
 * categorical (one-hot) — one 0/1 feature per declared level, then ``:unknown`` (a value not among
   the levels, when ``unknown = "level"``) and ``:missing``.
 * categorical (embedding) — one feature holding the level's code ``0..L-1``, ``L`` for unknown,
@@ -73,8 +76,21 @@ class EncodedTable:
     """Each row's privacy-unit id (text, ``None`` when missing), when a unit column was read; an
     identifier, never a feature (:mod:`veil.tables.units`)."""
 
+    dropped: np.ndarray | None = None
+    """One flag per source row read: whether a per-record rule dropped it (label or feature). With
+    ``drop=True`` those rows are not in ``x``; with ``drop=False`` they are, with label -1."""
 
-RULES = ("rows_dropped_label_not_declared", "rows_dropped_label_missing", "cells_not_a_number_made_missing")
+
+DROP_RULES = ("rows_dropped_outside", "rows_dropped_unknown", "rows_dropped_missing")
+"""The schema's ``"drop"`` policies' counters: a feature value outside its bounds, not among its
+levels, or missing, in a column whose policy drops the row."""
+
+RULES = (
+    "rows_dropped_label_not_declared",
+    "rows_dropped_label_missing",
+    "cells_not_a_number_made_missing",
+    *DROP_RULES,
+)
 """The per-record rules' counters, in :attr:`EncodedTable.rules`."""
 
 
@@ -152,8 +168,8 @@ class TableEncoder:
     # -- encoding ---------------------------------------------------------------------------------
 
     def encode(self, raw: RawTable, *, with_target: bool = True, drop: bool = True) -> EncodedTable:
-        """Encode every row. ``drop=False`` keeps the rows a rule drops, with label -1 (a caller that
-        maps encoded rows back to the source's positions filters them itself)."""
+        """Encode every row. ``drop=False`` keeps the rows a rule drops, with label -1 and flagged in
+        ``dropped`` (a caller that maps encoded rows back to the source's positions filters them)."""
         return self.encode_batches(
             raw.table.num_rows, iter([raw]), with_target=with_target, where=raw.source.describe(), drop=drop
         )
@@ -167,7 +183,8 @@ class TableEncoder:
         where: str = "table",
         drop: bool = True,
     ) -> EncodedTable:
-        """Encode a table given in batches into one float32 matrix, rows a rule drops left out.
+        """Encode a table given in batches into one float32 matrix, rows a rule drops left out (kept,
+        with label -1, when ``drop=False``); :attr:`EncodedTable.dropped` flags them either way.
 
         With ``rows`` (an upper bound on the row count) the result is allocated once, zero pages
         untouched until written, so the peak is the result plus one batch; without it the encoded
@@ -179,18 +196,23 @@ class TableEncoder:
         n = 0
         target = self.schema.require_target("training") if with_target else None
         rules = dict.fromkeys(RULES, 0)
+        flags: list[np.ndarray] = []
         for raw in batches:
             m = raw.table.num_rows
             if x is not None and n + m > x.shape[0]:  # pragma: no cover - the bound is an upper bound
                 raise RuntimeError(f"more rows than the bound {x.shape[0]}")
             xb = x[n : n + m] if x is not None else np.zeros((m, self.width), dtype=np.float32)
-            self._encode_into(raw, xb, rules)
+            dropped = self._encode_into(raw, xb, rules)
             yb = _encode_target(target, raw.table.column(target.name), self.schema, rules) if target else None
-            if drop and yb is not None and (yb < 0).any():  # the dropped rows leave no gap
-                keep = yb >= 0
+            if yb is not None:
+                yb[dropped] = -1  # one mark for every rule: the label's and the features'
+                dropped |= yb < 0
+            flags.append(dropped)
+            if drop and dropped.any():  # the dropped rows leave no gap
+                keep = ~dropped
                 xb[: int(keep.sum())] = xb[keep]
-                yb = yb[keep]
-                xb = xb[: len(yb)]
+                xb = xb[: int(keep.sum())]
+                yb = yb[keep] if yb is not None else None
             k = len(xb)
             if y is not None and yb is not None:
                 y[n : n + k] = yb
@@ -205,15 +227,26 @@ class TableEncoder:
         else:
             x, y = x[:n], (y[:n] if y is not None else None)
         return EncodedTable(
-            x=x, y=y, feature_names=list(self.feature_names), classes=self.classes, rules=rules
+            x=x,
+            y=y,
+            feature_names=list(self.feature_names),
+            classes=self.classes,
+            rules=rules,
+            dropped=np.concatenate(flags),
         )
 
-    def _encode_into(self, raw: RawTable, x: np.ndarray, rules: dict[str, int]) -> None:
+    def _encode_into(self, raw: RawTable, x: np.ndarray, rules: dict[str, int]) -> np.ndarray:
+        """Encode one batch into ``x``; returns the rows a feature's ``"drop"`` policy drops (counted)."""
+        drops = {rule: np.zeros(raw.table.num_rows, dtype=bool) for rule in DROP_RULES}
         pos = 0
         for c in self.schema.features:
             width = len(_block_names(c))
-            _encode_column(c, raw.table.column(c.name), x[:, pos : pos + width], raw, self.schema, rules)
+            out = x[:, pos : pos + width]
+            _encode_column(c, raw.table.column(c.name), out, raw, self.schema, rules, drops)
             pos += width
+        for rule, rows in drops.items():
+            rules[rule] += int(rows.sum())
+        return np.logical_or.reduce(list(drops.values()))
 
 
 # -- per column ---------------------------------------------------------------------------------
@@ -234,19 +267,6 @@ def _block_names(c: ColumnSpec) -> list[str]:
     if c.missing == "indicator" and not (c.type == "categorical" and c.encoding == "embedding"):
         names.append(f"{c.name}:missing")
     return names
-
-
-WITHHELD = "(cell not shown)"
-"""What an error about a row says in place of the cell's value: never the private value itself."""
-
-
-def _refuse(c: ColumnSpec, raw: RawTable, index: int, reason: str, fix: str) -> None:
-    """Refuse a cell by a policy the schema chose: its row and column, never its value."""
-    raise DataError(f"{raw.row_label(index)} column '{c.name}'", WITHHELD, reason, fix)
-
-
-def _first(mask: np.ndarray) -> int:
-    return int(np.flatnonzero(mask)[0])
 
 
 def _numbers(
@@ -346,10 +366,12 @@ def _encode_column(
     raw: RawTable,
     schema: TableSchema,
     rules: dict[str, int],
+    drops: dict[str, np.ndarray],
 ) -> None:
+    """Encode one column into ``out``; a row its ``"drop"`` policies drop is flagged in ``drops``."""
     missing_tokens = [v.strip() for v in schema.missing_values]
     if c.type == "numeric":
-        _encode_numeric(c, _numbers(c, column, raw, missing_tokens, rules), out, raw)
+        _encode_numeric(c, _numbers(c, column, raw, missing_tokens, rules), out, drops)
         return
     text, miss = _strings(column, missing_tokens)
     if c.type == "boolean":
@@ -359,15 +381,10 @@ def _encode_column(
         codes = _codes(text, c.levels)
         value = np.zeros(len(codes))
     unknown = (codes < 0) & ~miss
-    if unknown.any() and c.unknown == "error":
-        i = _first(unknown)
-        _refuse(
-            c,
-            raw,
-            i,
-            "the value is not among the column's declared levels and the schema says unknown = 'error'",
-            "fix the value, add it to the public levels, or set unknown = 'level'",
-        )
+    if c.unknown == "drop":
+        drops["rows_dropped_unknown"] |= unknown
+    if c.missing == "drop":
+        drops["rows_dropped_missing"] |= miss
     if c.type == "boolean":
         out[:, 0] = np.where(miss, 0.0, value)
         col = 1
@@ -378,8 +395,6 @@ def _encode_column(
         col = 1
     elif c.encoding == "embedding":
         L = len(c.levels)
-        if miss.any() and c.missing == "error":
-            _missing_block(c, miss, out, raw, 0)
         out[:, 0] = np.where(miss, L + 1, np.where(codes >= 0, codes, L))
         return
     else:
@@ -390,57 +405,37 @@ def _encode_column(
     if c.unknown == "level":
         out[:, col] = unknown
         col += 1
-    _missing_block(c, miss, out, raw, col)
+    if c.missing == "indicator":
+        out[:, col] = miss
 
 
-def _encode_numeric(c: ColumnSpec, v: np.ndarray, out: np.ndarray, raw: RawTable) -> None:
-    """Clip to the bounds and map onto [-1, 1], in slices so that float64 temporaries stay small."""
+def _encode_numeric(c: ColumnSpec, v: np.ndarray, out: np.ndarray, drops: dict[str, np.ndarray]) -> None:
+    """Clip to the bounds and map onto [-1, 1], in slices so that float64 temporaries stay small; flag
+    the rows the ``"drop"`` policies drop (a value outside the bounds, a missing value)."""
     assert c.bounds is not None
     lo, hi = c.bounds
     mid, scale = (lo + hi) / 2, 2 / (hi - lo)
     for start in range(0, len(v), _SLICE):
         part = v[start : start + _SLICE].astype(np.float64)
         miss = np.isnan(part)
-        if c.outside == "error":
-            bad = ~miss & ((part < lo) | (part > hi))
-            if bad.any():
-                i = _first(bad)
-                _refuse(
-                    c,
-                    raw,
-                    start + i,
-                    f"the value is outside the declared bounds [{lo:g}, {hi:g}] and the schema says "
-                    "outside = 'error'",
-                    "fix the value, widen the public bounds, or set outside = 'clip'",
-                )
+        here = slice(start, start + len(part))
+        if c.outside == "drop":
+            drops["rows_dropped_outside"][here] |= ~miss & ((part < lo) | (part > hi))
+        if c.missing == "drop":
+            drops["rows_dropped_missing"][here] |= miss
         np.clip(part, lo, hi, out=part)
         part -= mid
         part *= scale
         part[miss] = 0.0
-        out[start : start + _SLICE, 0] = part
-        _missing_block(c, miss, out[start : start + _SLICE], raw, 1, offset=start)
+        out[here, 0] = part
+        if c.missing == "indicator":
+            out[here, 1] = miss
 
 
 def _lower(text: pa.ChunkedArray) -> pa.ChunkedArray:
     import pyarrow.compute as pc
 
     return pc.utf8_lower(text)
-
-
-def _missing_block(
-    c: ColumnSpec, miss: np.ndarray, out: np.ndarray, raw: RawTable, col: int, offset: int = 0
-) -> None:
-    if not miss.any():
-        return
-    if c.missing == "error":
-        _refuse(
-            c,
-            raw,
-            offset + _first(miss),
-            "the value is missing and the schema says missing = 'error' (veil never imputes or drops rows)",
-            "fill in the value, or set missing = 'indicator' to encode missingness as its own feature",
-        )
-    out[:, col] = miss
 
 
 def _encode_target(

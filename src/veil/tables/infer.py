@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from veil.accounting.defaults import DEFAULT_RELEASE_DELTA
 from veil.accounting.events import Composed, DeltaOnly, Laplace, PrivacyEvent, SelfComposed
 from veil.errors import DataError, InvalidParameterError
 from veil.tables.schema import BOOLEAN_FALSE, BOOLEAN_TRUE, DEFAULT_MISSING_VALUES, ColumnSpec, TableSchema
@@ -58,6 +59,8 @@ class InferResult:
     event: PrivacyEvent | None = None
     epsilon: float = 0.0
     delta: float = 0.0
+    review: dict[str, str] = field(default_factory=dict)
+    """Columns whose facts need a human decision, and why (from released values only)."""
 
 
 def infer_schema(
@@ -65,7 +68,7 @@ def infer_schema(
     *,
     target: str,
     epsilon: float | None = None,
-    delta: float = 1e-7,
+    delta: float = DEFAULT_RELEASE_DELTA,
     ignore: Sequence[str] = (),
     max_levels: int = MAX_LEVELS,
     rng: RandomSource | None = None,
@@ -260,12 +263,12 @@ def _draft_column(
 ) -> tuple[ColumnSpec, str]:
     numbers, words, missing = _cells(column)
     n_missing = int(missing.sum())
-    policy = "indicator" if n_missing else "error"
+    policy = "indicator" if n_missing else "drop"
     seen = f"{n_missing} missing" if n_missing else "no missing value"
     n_words = sum(w is not None for w in words)
     if is_target:
         classes = _sorted_levels(list(_value_counts(numbers, words)))
-        return ColumnSpec(name, "categorical", "target", levels=classes, unknown="error"), (
+        return ColumnSpec(name, "categorical", "target", levels=classes, unknown="drop"), (
             f"target: {len(classes)} classes seen ({seen})"
         )
     if numbers.size and n_words == 0:
@@ -351,6 +354,7 @@ def _infer_dp(
 
     columns: list[ColumnSpec] = []
     notes: dict[str, str] = {}
+    review: dict[str, str] = {}
     for name in names:
         if name in ignore:
             columns.append(ColumnSpec(name, "ignored"))
@@ -366,10 +370,16 @@ def _infer_dp(
         noisy, event = noisy_kind_counts(numbers.size, n_words, int(missing.sum()), kind_scale, rng)
         record(event)
         if noisy[0] >= noisy[1]:
-            bounds = dp_bounds(numbers, rest, rng)
+            bounds = dp_bounds(numbers, rest, rng, rows_hint=float(noisy[0]))  # r from a released count
             record(bounds.event)
             columns.append(ColumnSpec(name, "numeric", bounds=(bounds.low, bounds.high)))
-            notes[name] = f"numeric: bounds by DP binary search on a grid of round numbers (ε = {rest:.4g})"
+            notes[name] = (
+                f"numeric: bounds from a noisy histogram on a grid of round numbers (ε = {rest:.4g}; "
+                f"a cell counts from about {bounds.threshold:.0f} values; 1 % trimmed at each end)"
+            )
+            if bounds.needs_review:
+                review[name] = bounds.needs_review
+                notes[name] += f"; REVIEW: {bounds.needs_review}"
             continue
         release = thresholded_levels(_value_counts(np.array([]), words), rest, delta_col, rng, max_levels)
         record(release.event, release.threshold_delta)
@@ -395,7 +405,8 @@ def _infer_dp(
         "delta": delta,
         "neighbouring": "add_or_remove_one" if privacy_unit is None else "add_or_remove_one_unit",
         **({} if privacy_unit is None else {"privacy_unit": privacy_unit}),
-        "mechanisms": "noisy kind counts, DP binary-search bounds, thresholded noisy histograms (Laplace)",
+        "mechanisms": "noisy kind counts, bounds from a noisy histogram on a public grid, thresholded "
+        "noisy histograms (Laplace)",
         "randomness": "secure" if rng.secure else "seeded",
         "events": json.dumps(composed.to_dict(), sort_keys=True),
     }
@@ -408,7 +419,7 @@ def _infer_dp(
         "Usable as it is. Editing it with public knowledge keeps the guarantee; adding facts read from",
         "the data does not (then it is a draft again: set reviewed = false).",
     ]
-    return InferResult(schema, header, notes, composed, spent, delta)
+    return InferResult(schema, header, notes, composed, spent, delta, review)
 
 
 def dp_plan(
@@ -422,11 +433,10 @@ def dp_plan(
     either accountant, so the plan bounds whatever runs); each histogram's threshold δ is a
     :class:`~veil.accounting.events.DeltaOnly`. The registry settles the run to what was released.
     """
-    from veil.tables.release import bound_grid, release_event, scale_for, search_steps
+    from veil.tables.release import bounds_plan, release_event, scale_for
 
     split = _budget_split(epsilon, delta, len(read))
     eps_col, delta_col, rest = split.column, split.delta, split.rest
-    steps = search_steps(len(bound_grid()))
     plan: list[PrivacyEvent] = []
     for name in read:
         if name == target:
@@ -434,7 +444,7 @@ def dp_plan(
             continue
         plan += [
             release_event(scale_for(split.kinds, secure), secure),
-            SelfComposed(release_event(scale_for(rest / (2 * steps), secure), secure), 2 * steps),
+            bounds_plan(rest, secure),
             release_event(scale_for(rest, secure), secure),
             DeltaOnly(delta_col),
         ]
@@ -463,4 +473,15 @@ def describe(result: InferResult) -> dict[str, Any]:
         **{f"{k} columns": v for k, v in kinds.items()},
         "epsilon": result.epsilon if result.event is not None else "not private (a draft to review)",
         "delta": result.delta if result.event is not None else "-",
+        "needs a human decision": _review_summary(result),
     }
+
+
+def _review_summary(result: InferResult) -> str:
+    """Which columns' facts a person must decide, and why: every one of a draft; a DP release's flagged
+    bounds (a short table, a bound at the grid's edge)."""
+    if result.event is None:
+        return "every column: a draft's bounds, levels and classes were read from the data"
+    if not result.review:
+        return "none: every bound released is usable as it is"
+    return "; ".join(f"{name}: {why}" for name, why in result.review.items())

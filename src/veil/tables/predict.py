@@ -3,7 +3,8 @@
 The model is rebuilt from the run folder alone: ``config.toml`` (which network), ``encoder.json``
 (the schema and feature layout the model was trained on) and ``model.pt`` (the released DP weights).
 New rows go through the same encoder, so a level, bound or missing value is treated exactly as in
-training, and a value the schema forbids is refused with its row. Predicting from the released
+training: a row that a ``"drop"`` policy of the schema drops gets no prediction (its row number is
+skipped, and the summary counts it). Predicting from the released
 model is post-processing of a DP release: it costs no privacy budget. The predictions themselves are
 about the new rows, and are theirs to protect.
 """
@@ -107,8 +108,15 @@ def predict_table(
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(["row", "prediction", *(f"p_{c}" for c in encoder.classes)])
-    for i, (label, p) in enumerate(zip(labels, probs, strict=True)):
-        writer.writerow([i + 1, label, *(f"{v:.6g}" for v in p)])
+    assert encoded.dropped is not None
+    numbers = np.flatnonzero(~encoded.dropped) + 1  # the source's row numbers of the encoded rows
+    for i, label, p in zip(numbers, labels, probs, strict=True):
+        writer.writerow([int(i), label, *(f"{v:.6g}" for v in p)])
     atomic_write_text(out_path, buffer.getvalue())
     counts = {str(c): int((labels == c).sum()) for c in encoder.classes}
-    return {"predictions": str(out_path), "rows": len(labels), "predicted per class": counts}
+    return {
+        "predictions": str(out_path),
+        "rows": len(labels),
+        "rows dropped by the schema's rules": int(encoded.dropped.sum()),
+        "predicted per class": counts,
+    }

@@ -5,11 +5,11 @@ function below touches one column and is, on its own:
 
 * :func:`noisy_kind_counts` — the counts of (number, text, missing) cells plus ``Lap(b)`` each. One
   row is in exactly one bucket, so the vector has L1 sensitivity 1: pure ``ε = 1/b``.
-* :func:`dp_bounds` — a lower and an upper bound chosen on a fixed public grid of round numbers
-  (:func:`bound_grid`) by noisy binary search: each of ``2·S`` comparisons releases
-  ``#{x < g} − p·n + Lap(b)`` (lower) or ``#{x > g} − p·n + Lap(b)`` (upper), a quantity that one
-  row moves by at most ``max(p, 1 − p) ≤ 1``. ``S = ⌈log₂ |grid|⌉`` comparisons per bound are
-  always charged, even when the search ends sooner: pure ``ε = 2S/b`` in all.
+* :func:`dp_bounds` — a lower and an upper bound on a fixed public log-scale grid of round numbers
+  (:func:`bound_grid`, ±1e-4 … ±9e12): one noisy histogram of the values over the grid's cells (each
+  row in exactly one cell: L1 sensitivity 1, pure ``ε = 1/b``), then post-processing only — the outer
+  ends of the outermost cells whose noisy count clears a threshold, trimmed by 1 % of a count already
+  released. One Laplace event, which the PLD accountant composes like every other release here.
 * :func:`thresholded_levels` — the stability-based histogram: every value present in the column gets
   its count plus ``Lap(b)`` and is released only if that exceeds ``τ = 1 + b·ln(1/(2δ))``. A value
   that only one row holds (present in one table, absent in its neighbour) is released with
@@ -28,24 +28,26 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 
-from veil.accounting.events import Laplace, PrivacyEvent, SelfComposed
+from veil.accounting.events import Laplace, PrivacyEvent
 from veil.errors import InvalidParameterError
 from veil.mechanisms.laplace import GRID_BITS, laplace_mechanism
 from veil.mechanisms.rng import RandomSource
 
 __all__ = [
+    "FAILURE_RATE",
     "BoundsRelease",
     "LevelsRelease",
     "bound_grid",
+    "bounds_plan",
+    "cell_counts",
     "dp_bounds",
     "noisy_kind_counts",
+    "occupancy_threshold",
     "release_event",
     "scale_for",
-    "search_steps",
     "thresholded_levels",
 ]
 
@@ -58,11 +60,6 @@ def bound_grid() -> np.ndarray:
     mantissas = np.array([1, 1.5, 2, 2.5, 3, 4, 5, 6, 7, 8, 9], dtype=np.float64)
     positive = (mantissas[None, :] * 10.0 ** np.arange(-4, 13)[:, None]).ravel()
     return np.unique(np.concatenate([-positive, [0.0], positive]))
-
-
-def search_steps(grid_size: int) -> int:
-    """Comparisons charged per bound: ⌈log₂ grid_size⌉ (enough for a binary search to finish)."""
-    return max(1, math.ceil(math.log2(grid_size)))
 
 
 def release_event(scale: float, secure: bool) -> Laplace:
@@ -116,50 +113,89 @@ class BoundsRelease:
     low: float
     high: float
     event: PrivacyEvent
+    threshold: float
+    """τ: a grid cell counts as holding data when its noisy count exceeds it (public: from ε alone)."""
+    needs_review: str | None = None
+    """Why a person should look at these bounds (None: usable as they are); post-processing only."""
 
 
-def _search(
-    count_beyond: np.ndarray, n: int, side: Literal["lower", "upper"], scale: float, rng: RandomSource
-) -> int:
-    """Noisy binary search over grid indices (see :func:`dp_bounds`)."""
-    grid_size = len(count_beyond)
-    lo, hi = 0, grid_size - 1
-    for _ in range(search_steps(grid_size)):
-        if lo >= hi:
-            break
-        if side == "lower":  # the largest i with #{x < g_i} − p·n ≤ 0
-            mid = (lo + hi + 1) // 2
-            noisy = _release(np.array([count_beyond[mid] - QUANTILE * n]), scale, rng)[0]
-            lo, hi = (mid, hi) if noisy <= 0 else (lo, mid - 1)
-        else:  # the smallest i with #{x > g_i} − p·n ≤ 0
-            mid = (lo + hi) // 2
-            noisy = _release(np.array([count_beyond[mid] - QUANTILE * n]), scale, rng)[0]
-            lo, hi = (lo, mid) if noisy <= 0 else (mid + 1, hi)
-    return lo
+FAILURE_RATE = 1e-3
+"""β: the chance that any empty grid cell looks occupied (a bound then lies past the data)."""
 
 
-def dp_bounds(values: np.ndarray, epsilon: float, rng: RandomSource) -> BoundsRelease:
-    """DP lower/upper bounds of the finite ``values`` on :func:`bound_grid`; pure ε ≤ ``epsilon``.
+def cell_counts(values: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """How many values fall in each cell of the grid: ``(−∞, g_0], (g_0, g_1], …, (g_last, ∞)``.
 
-    ``epsilon`` is split evenly over the ``2·S`` comparisons. The bounds returned are always a valid
-    interval (``low < high``): if noise makes them cross or meet, the next grid point above ``low``
-    is used (post-processing, no extra cost).
-    """
+    Each value is in exactly one cell, so adding or removing a row changes one count by 1: the vector
+    has L1 sensitivity 1."""
+    cells = np.searchsorted(grid, np.asarray(values, dtype=np.float64), side="left")
+    return np.bincount(cells, minlength=len(grid) + 1).astype(np.float64)
+
+
+def occupancy_threshold(scale: float, cells: int) -> float:
+    """τ = b·ln(cells/(2β)): an empty cell's noisy count ``Lap(b)`` exceeds it with probability
+    ``½·exp(−τ/b) = β/cells``, so no empty cell does with probability ≥ 1 − β."""
+    return scale * math.log(cells / (2 * FAILURE_RATE))
+
+
+def dp_bounds(
+    values: np.ndarray, epsilon: float, rng: RandomSource, rows_hint: float | None = None
+) -> BoundsRelease:
+    """DP lower/upper bounds of the finite ``values`` on :func:`bound_grid`; pure ε = ``epsilon``.
+
+    Method: one noisy histogram of the values over the public grid's cells (:func:`cell_counts`, one
+    Laplace release, L1 sensitivity 1 under add/remove-one), then post-processing only. A cell is
+    *occupied* when its noisy count exceeds τ (:func:`occupancy_threshold`); walking in from each end
+    over occupied cells, the bound is the outer end of the first cell at which the noisy counts passed
+    add up to more than 1 % of ``rows_hint`` (a count already released, e.g. the noisy number count;
+    None: the values are taken as public, as in tests). With probability ≥ 1 − β (β =
+    :data:`FAILURE_RATE`) no empty cell is occupied, so neither bound lies past the data's outermost
+    cells; a cell holding more than τ + b·ln(1/(2β)) values is found with probability ≥ 1 − β. On the
+    round-number grid a cell spans a factor ≤ 1.5, so bounds land within that factor of the extreme
+    values kept. The bounds returned are always an interval (``low < high``); no cell occupied gives
+    the whole grid, flagged for review."""
     grid = bound_grid()
-    steps = search_steps(len(grid))
-    scale = scale_for(epsilon / (2 * steps), rng.secure)
-    x = np.sort(np.asarray(values, dtype=np.float64))
-    n = len(x)
-    below = np.searchsorted(x, grid, side="left")  # #{x < g}
-    above = n - np.searchsorted(x, grid, side="right")  # #{x > g}
-    i_lo = _search(below, n, "lower", scale, rng)
-    i_hi = _search(above, n, "upper", scale, rng)
-    if i_hi <= i_lo:
-        i_hi = min(i_lo + 1, len(grid) - 1)
-        i_lo = i_hi - 1
-    return BoundsRelease(
-        float(grid[i_lo]), float(grid[i_hi]), SelfComposed(release_event(scale, rng.secure), 2 * steps)
-    )
+    scale = scale_for(epsilon, rng.secure)
+    noisy = _release(cell_counts(values, grid), scale, rng)
+    tau = occupancy_threshold(scale, len(noisy))
+    cut = QUANTILE * max(float(len(values)) if rows_hint is None else rows_hint, 0.0)
+    mass = np.where(noisy > tau, noisy, 0.0)
+    occupied = np.flatnonzero(mass)
+    if occupied.size == 0:
+        low, high = 0, len(grid) - 1
+    else:
+        if mass.sum() > cut:  # trim up to `cut` (noisy) values from each end, whole cells at a time
+            first = int(np.argmax(np.cumsum(mass) > cut))
+            last = len(mass) - 1 - int(np.argmax(np.cumsum(mass[::-1]) > cut))
+        else:
+            first, last = int(occupied[0]), int(occupied[-1])
+        low = max(first - 1, 0)  # cell j is (g_{j-1}, g_j]: its outer ends
+        high = min(last, len(grid) - 1)
+    if high <= low:
+        high = min(low + 1, len(grid) - 1)
+        low = high - 1
+    review = _bounds_review(float(grid[low]), float(grid[high]), tau, cut, occupied.size == 0)
+    return BoundsRelease(float(grid[low]), float(grid[high]), release_event(scale, rng.secure), tau, review)
+
+
+def bounds_plan(epsilon: float, secure: bool) -> PrivacyEvent:
+    """The event :func:`dp_bounds` charges at ``epsilon``, known before any data is read."""
+    return release_event(scale_for(epsilon, secure), secure)
+
+
+def _bounds_review(low: float, high: float, tau: float, cut: float, empty: bool) -> str | None:
+    """Why a person should decide these bounds, from released values only (post-processing)."""
+    if empty:
+        return "no grid cell held enough values to be seen at this ε: set the column's real range"
+    edge = bound_grid()[[0, -1]]
+    if low <= edge[0] or high >= edge[1]:
+        return "a bound reached the edge of the public grid (±9e12): set the column's real range"
+    if cut < tau:
+        return (
+            f"few rows for this ε: an end cell holding fewer than about {tau:.0f} values is cut (not only "
+            "the outer 1 %), so the tails may be clipped; widen the bounds to the column's public range"
+        )
+    return None
 
 
 @dataclass(frozen=True)

@@ -22,13 +22,13 @@ File layout (column order in the file is the encoding order)::
     [columns.age]
     type = "numeric"
     bounds = [20.0, 80.0]
-    outside = "clip"        # or "error": a value outside the bounds
-    missing = "indicator"   # or "error": a missing value
+    outside = "clip"        # or "drop": a row with a value outside the bounds is dropped
+    missing = "indicator"   # or "drop": a row with a missing value is dropped
 
     [columns.grade]
     type = "ordinal"        # levels in order
     levels = ["I", "II", "III"]
-    unknown = "level"       # or "error": a value not among the levels
+    unknown = "level"       # or "drop": a row with a value not among the levels is dropped
 
     [columns.housing]
     type = "categorical"
@@ -50,6 +50,10 @@ File layout (column order in the file is the encoding order)::
 
 Every column of the data must be listed (``type = "ignored"`` for those not used), so nothing is
 used undeclared. Unknown keys are refused by name.
+
+``"drop"`` is a public per-record rule, never a refusal: the row is left out of the encoded table and
+counted (see :mod:`veil.tables.encoder`). ``"error"``, the policy's name before rows stopped being
+refused after reading, is still accepted and read as ``"drop"``.
 """
 
 from __future__ import annotations
@@ -102,15 +106,21 @@ class ColumnSpec:
     type: ColumnType
     role: Role = "feature"
     bounds: tuple[float, float] | None = None
-    """numeric: public [low, high]; values are clipped to it (``outside = "clip"``) or refused."""
+    """numeric: public [low, high]; values are clipped to it (``outside = "clip"``) or their row is
+    dropped (``"drop"``)."""
     levels: tuple[str, ...] = ()
     """categorical / ordinal levels; the target's classes (in order: class index = position)."""
-    outside: Literal["clip", "error"] = "clip"
-    unknown: Literal["level", "error"] = "level"
-    """A value not among the levels: its own "unknown" level, or refused."""
-    missing: Literal["indicator", "error"] = "indicator"
-    """A missing value: a 0/1 indicator feature (value set to the middle), or refused."""
+    outside: Literal["clip", "drop", "error"] = "clip"
+    unknown: Literal["level", "drop", "error"] = "level"
+    """A value not among the levels: its own "unknown" level, or its row dropped."""
+    missing: Literal["indicator", "drop", "error"] = "indicator"
+    """A missing value: a 0/1 indicator feature (value set to the middle), or its row dropped."""
     encoding: Literal["onehot", "embedding"] = "onehot"
+
+    def __post_init__(self) -> None:
+        for key in ("outside", "unknown", "missing"):  # the old name of "drop" (see the module docstring)
+            if getattr(self, key) == "error":
+                object.__setattr__(self, key, "drop")
 
     @property
     def used(self) -> bool:
@@ -270,12 +280,18 @@ def _column(name: str, raw: Any) -> ColumnSpec:
                 'declare classes = ["...", "..."] for the target column',
             )
         return ColumnSpec(
-            name, "categorical", "target", levels=_levels(name, "classes", raw["classes"], 2), unknown="error"
+            name, "categorical", "target", levels=_levels(name, "classes", raw["classes"], 2), unknown="drop"
         )
     ctype = raw.get("type")
     if ctype not in COLUMN_TYPES:
+        import difflib
+
+        close = difflib.get_close_matches(str(ctype), COLUMN_TYPES, n=1) if ctype is not None else []
         raise ConfigError(
-            _where(name, "type"), ctype, "every column needs a type", f"use one of {COLUMN_TYPES}"
+            _where(name, "type"),
+            ctype,
+            "every column needs a type" if ctype is None else f"{ctype!r} is not a column type",
+            (f"did you mean {close[0]!r}? " if close else "") + f"use one of {COLUMN_TYPES}",
         )
     _refuse_unknown(name, raw, _COLUMN_KEYS[ctype])
     spec = ColumnSpec(name, ctype)
@@ -285,7 +301,7 @@ def _column(name: str, raw: Any) -> ColumnSpec:
         spec = replace(
             spec,
             bounds=_bounds(name, raw["bounds"]),
-            outside=_choice(name, "outside", raw, ("clip", "error"), "clip"),
+            outside=_choice(name, "outside", raw, ("clip", "drop", "error"), "clip"),
         )
     if ctype in ("categorical", "ordinal"):
         spec = replace(
@@ -294,9 +310,11 @@ def _column(name: str, raw: Any) -> ColumnSpec:
             encoding=_choice(name, "encoding", raw, ("onehot", "embedding"), "onehot"),
         )
     if ctype in ("categorical", "ordinal", "boolean"):
-        spec = replace(spec, unknown=_choice(name, "unknown", raw, ("level", "error"), "level"))
+        spec = replace(spec, unknown=_choice(name, "unknown", raw, ("level", "drop", "error"), "level"))
     if ctype in ("numeric", "categorical", "ordinal", "boolean"):
-        spec = replace(spec, missing=_choice(name, "missing", raw, ("indicator", "error"), "indicator"))
+        spec = replace(
+            spec, missing=_choice(name, "missing", raw, ("indicator", "drop", "error"), "indicator")
+        )
     return spec
 
 
@@ -371,7 +389,11 @@ def load_schema(path: str | Path) -> TableSchema:
     try:
         data = toml.loads(text)
     except ValueError as exc:
-        raise ConfigError("schema", str(p), f"it is not valid TOML ({exc})", "fix the syntax") from None
+        from veil.toml_syntax import where
+
+        raise ConfigError(
+            "schema", str(p), f"it is not valid TOML ({where(text, exc)})", "fix the syntax"
+        ) from None
     return parse_schema(data, str(p))
 
 

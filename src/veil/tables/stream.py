@@ -4,8 +4,8 @@ Design (``veil train --stream``; the whole account is in docs/tables.md):
 
 1. **One scan** (:func:`scan_parquet`), before the run folder exists: every row group is read (the
    schema's columns only), encoded with the schema's encoder and split by the same keyed hash of each
-   row's content as the in-memory path (:func:`veil.data.held_out`), so a value the schema forbids is
-   refused before anything is written, and the training split, its size ``N_train`` and ``q = B/N_train``
+   row's content as the in-memory path (:func:`veil.data.held_out`); a row the schema's per-record
+   rules drop is in no split, as in memory, and the training split, its size ``N_train`` and ``q = B/N_train``
    are exactly the in-memory path's. Kept: the file positions of the training rows (4 bytes per row
    below 2³² rows), the first ``eval_rows`` held-out rows for the test metrics, a few training rows for
    the model checks; never the table.
@@ -164,8 +164,8 @@ def scan_parquet(
         encoded = encoder.encode(
             RawTable(pf.read_row_group(g, columns=columns), source, first_row=int(starts[g]) + 1), drop=False
         )
-        assert encoded.y is not None
-        valid = encoded.y >= 0  # a row the schema's rules drop (its label) is in no split
+        assert encoded.y is not None and encoded.dropped is not None
+        valid = ~encoded.dropped  # a row the schema's rules drop (label or feature) is in no split
         if not valid.all():
             encoded.x, encoded.y = encoded.x[valid], encoded.y[valid]
         test = held_out(encoded.x, encoded.y, test_fraction, seed)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from veil.accounting.defaults import DEFAULT_DELTA
 from veil.accounting.tuning import TrialCount, trial_rdp
 from veil.config import make_config
 from veil.errors import ConfigError, InvalidParameterError
@@ -95,7 +96,7 @@ def tune(
     dataset: str = "digits",
     dataset_id: str | None = None,
     epsilon: float = 3.0,
-    delta: float = 1e-5,
+    delta: float = DEFAULT_DELTA,
     out: str | Path | None = None,
     space: SearchSpace | None = None,
     trials_mean: float = 3.0,
