@@ -2,7 +2,11 @@
 
 The graph is built from the source with :mod:`ast` (nothing is imported): an edge A → B for every
 ``import B`` or ``from B import name`` in module A, at any depth (function-level imports are
-dependencies too), except imports under ``if TYPE_CHECKING:`` (annotations only, never run).
+dependencies too), imports under ``if TYPE_CHECKING:`` included. A type-only import never runs, but
+it is a dependency all the same: the importing module's signatures are written in the other module's
+terms, mypy and a reader must load both, and a lower module that names a higher one's class is no
+longer lower. Where a lower module needs a shape from above it declares a ``Protocol`` (what it uses of
+the object), or the shared type moves down to a module both import (e.g. :mod:`veil.plan`).
 ``from pkg import sub`` points at ``pkg.sub`` when ``sub`` is a module. A module's edge to its own
 ancestor package is skipped: Python runs a package's ``__init__`` before any of its modules anyway.
 """
@@ -22,21 +26,10 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def _imports(tree: ast.AST, modules: set[str]) -> set[str]:
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            for child in node.orelse:
-                visit(child)
-            return
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -93,6 +86,8 @@ def test_the_graph_sees_known_edges() -> None:
     graph = import_graph()
     assert "veil.accounting.events" in graph["veil.accounting.calibrate"]
     assert "veil.errors" in graph["veil.accounting.calibrate"]
+    lazy_and_typing = "if TYPE_CHECKING:\n    from veil.a import X\ndef f():\n    import veil.b\n"
+    assert _imports(ast.parse(lazy_and_typing), {"veil.a", "veil.b"}) == {"veil.a", "veil.b"}
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 

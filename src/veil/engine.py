@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, overload
 
 import numpy as np
@@ -41,7 +41,7 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader, IterableDataset
 
 from veil.accounting.base import AccountantName, PrivacyAccountant, make_accountant
-from veil.accounting.events import Gaussian, NonPrivate, PrivacyEvent, event_from_dict
+from veil.accounting.events import PrivacyEvent, event_from_dict
 from veil.compat import opacus_args
 from veil.errors import (
     CheckpointError,
@@ -55,6 +55,7 @@ from veil.errors import (
 from veil.mixing_probe import probe_forward, refuse_example_mixing
 from veil.optimizer import DPOptimizer
 from veil.per_example_loss import LoopLossGuard, RefuseIgnoredTargets, check_criterion
+from veil.plan import PrivacyPlan, Sampling
 from veil.sampling import (
     PoissonBatchSampler,
     PrivateDataLoader,
@@ -78,7 +79,6 @@ __all__ = [
     "refuse_example_mixing",
 ]
 
-Sampling = Literal["poisson", "shuffled_not_amplified"]
 _STATE_FORMAT = "veil.engine/1"
 
 
@@ -100,37 +100,6 @@ class PrivateTrainingWithCriterion(NamedTuple):
     optimizer: DPOptimizer
     criterion: nn.Module
     data_loader: PrivateDataLoader
-
-
-@dataclass(frozen=True)
-class PrivacyPlan:
-    """The privacy settings of a run, fixed by ``make_private``. Nothing about performance lives here."""
-
-    noise_multiplier: float
-    max_grad_norm: float
-    sampling_rate: float
-    expected_batch_size: int
-    dataset_size: int
-    steps_per_epoch: int
-    sampling: Sampling
-    clipping: Literal["flat", "per_layer"]
-    loss_reduction: Literal["mean", "sum"]
-    accountant: AccountantName
-    privacy_unit: Literal["row", "unit"] = "row"
-    """What one "example" of the guarantee is: a row, or a unit (every row sharing a unit id)."""
-    max_rows_per_unit: int | None = None
-    """K: rows one sampled unit contributes per step at most (privacy-unit runs; public)."""
-
-    @property
-    def event(self) -> PrivacyEvent:
-        """The privacy event of one logical step (see the module docstring)."""
-        if self.noise_multiplier == 0:
-            return NonPrivate()
-        if self.sampling == "poisson":
-            from veil.accounting.calibrate import dpsgd_event
-
-            return dpsgd_event(self.sampling_rate, self.noise_multiplier)  # plain Gaussian when q = 1
-        return Gaussian(self.noise_multiplier / 2)
 
 
 def _finite_positive(value: Any) -> bool:

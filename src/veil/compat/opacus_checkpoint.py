@@ -10,7 +10,7 @@ that holds other Python objects.
 
 from __future__ import annotations
 
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -21,9 +21,18 @@ from veil.errors import CheckpointError, InvalidParameterError
 if TYPE_CHECKING:
     import os
 
-    from veil.engine import PrivacyEngine
+__all__ = ["ENGINE_KEY", "EngineState", "load_checkpoint", "save_checkpoint"]
 
-__all__ = ["ENGINE_KEY", "load_checkpoint", "save_checkpoint"]
+
+class EngineState(Protocol):
+    """What a checkpoint needs of the engine (:class:`veil.PrivacyEngine`, whose ``save_checkpoint`` and
+    ``load_checkpoint`` call this module): its state out and back in. Named by shape so that this module
+    does not import the engine back."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
 
 ENGINE_KEY = "veil_engine_state_dict"
 _MODULE_KEY = "module_state_dict"
@@ -43,7 +52,7 @@ def _refuse_schedulers(noise_scheduler: Any, grad_clip_scheduler: Any) -> None:
 
 
 def save_checkpoint(
-    engine: PrivacyEngine,
+    engine: EngineState,
     *,
     path: str | os.PathLike[str] | IO[bytes],
     module: nn.Module,
@@ -73,7 +82,7 @@ def save_checkpoint(
 
 
 def load_checkpoint(
-    engine: PrivacyEngine,
+    engine: EngineState,
     *,
     path: str | os.PathLike[str] | IO[bytes],
     module: nn.Module,

@@ -17,7 +17,7 @@ What the setup checks and does, in ``make_private``'s order (checks first, chang
 * sampling is Poisson (the opt-in shuffled loader has no sharded form), and the data loader is a plain
   loader over the whole dataset (a ``DistributedSampler`` would silently change the sampling rate the
   accountant uses);
-* every rank built the same :class:`~veil.engine.PrivacyPlan` (σ, C, q, B, N, ...): one
+* every rank built the same :class:`~veil.plan.PrivacyPlan` (σ, C, q, B, N, ...): one
   ``all_gather_object``; a mismatch is refused on every rank at once;
 * then rank 0's parameters and buffers are broadcast to every rank, so replicas start identical.
 """
@@ -41,8 +41,8 @@ from veil.distributed.sampler import ShardedPoissonBatchSampler
 from veil.errors import ConfigError, SamplingError
 
 if TYPE_CHECKING:
-    from veil.engine import PrivacyPlan
     from veil.mechanisms.rng import RandomSource
+    from veil.plan import PrivacyPlan
 
 __all__ = ["DistributedSetup", "resolve_setup"]
 

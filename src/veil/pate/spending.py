@@ -14,7 +14,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 import numpy as np
 
@@ -23,15 +23,13 @@ from veil.accounting.events import Gaussian, PrivacyEvent
 from veil.accounting.rdp import DEFAULT_ORDERS, rdp_to_epsilon
 from veil.errors import UnreachableTargetError
 
-if TYPE_CHECKING:
-    from veil.pate.aggregators import Aggregator
-
 __all__ = [
     "ORDERS",
     "AnswerCap",
     "DataIndependentBudget",
     "EventTally",
     "RenyiFilter",
+    "SpentEpsilon",
     "largest",
     "largest_rho",
     "rdp_epsilon",
@@ -148,6 +146,15 @@ def too_small(target: float, why: str) -> UnreachableTargetError:
 
 
 # -- data-independent budgets -------------------------------------------------------------------
+class SpentEpsilon(Protocol):
+    """What :class:`AnswerCap` needs of its aggregator (:class:`veil.pate.aggregators.Aggregator`,
+    which imports this module): the ε(δ) of the events spent plus a release's RDP curve."""
+
+    def epsilon_of(
+        self, spent: EventTally, delta: float, accountant: Literal["pld", "rdp"], release_rdp: np.ndarray
+    ) -> float: ...
+
+
 class DataIndependentBudget(ABC):
     """A stopping rule fixed from public parameters, and the worst-case ε it guarantees."""
 
@@ -168,7 +175,7 @@ class AnswerCap(DataIndependentBudget):
     """LNMax, GNMax: every answer spends the same event, so the answers that fit the target are
     counted in advance; the guarantee is the ε of the events spent (plus the release)."""
 
-    aggregator: Aggregator
+    aggregator: SpentEpsilon
     event: PrivacyEvent
     max_answers: int
     delta: float

@@ -40,7 +40,14 @@ from pathlib import Path
 from veil.accounting.ledger import file_sha256
 from veil.errors import DataError, InvalidParameterError
 
-__all__ = ["FINGERPRINT_KINDS", "DatasetIdentity", "content_fingerprint", "dataset_identity", "sql_location"]
+__all__ = [
+    "FINGERPRINT_KINDS",
+    "DatasetIdentity",
+    "content_fingerprint",
+    "dataset_identity",
+    "dataset_key",
+    "sql_location",
+]
 
 _FILE_SCHEMES = ("csv", "parquet", "npz", "file")
 _PUBLIC_BUILTIN = ("digits", "breast-cancer")
@@ -60,6 +67,20 @@ class DatasetIdentity:
 
     id: str
     label: str
+
+
+def dataset_key(dataset: DatasetIdentity | str) -> tuple[str, str]:
+    """(registry key, label) of a dataset given as an identity or as a stored id."""
+    if isinstance(dataset, DatasetIdentity):
+        return dataset.id, dataset.label
+    if not isinstance(dataset, str) or not dataset.strip() or len(dataset) > 255:
+        raise InvalidParameterError(
+            "dataset_id",
+            dataset,
+            "the budget is kept per dataset identity",
+            "pass a DatasetIdentity or a non-empty id of at most 255 characters",
+        )
+    return dataset, dataset
 
 
 def _sha256_dir(root: Path) -> str:

@@ -23,7 +23,7 @@ from sqlalchemy import delete, select
 from veil.accounting.events import Neighbouring, PrivacyEvent
 from veil.registry import transactions
 from veil.registry.database import Database
-from veil.registry.identity import DatasetIdentity
+from veil.registry.identity import DatasetIdentity, dataset_key
 from veil.registry.reporting import DatasetStatus, RunRecord, dataset_status, empty_status, run_record
 from veil.registry.schema import datasets, fingerprints, run_info, runs
 
@@ -144,7 +144,7 @@ class BudgetRegistry:
         file under it (:func:`veil.registry.fingerprints.link`)."""
         from veil.registry.fingerprints import link
 
-        dataset_id, label = transactions.dataset_key(dataset)
+        dataset_id, label = dataset_key(dataset)
         with self.db.locked(dataset_id, label) as (conn, row):
             link(conn, dataset_id, row.label, fingerprint, Neighbouring(row.neighbouring))
         return self.status(dataset_id)
@@ -154,7 +154,7 @@ class BudgetRegistry:
 
         ``per_run=False`` skips each run's own ε (``RunRecord.epsilon`` is then None).
         """
-        dataset_id, label = transactions.dataset_key(dataset)
+        dataset_id, label = dataset_key(dataset)
         with self.db.reading() as conn:
             row = conn.execute(select(datasets).where(datasets.c.dataset_id == dataset_id)).one_or_none()
             run_rows = conn.execute(

@@ -33,25 +33,11 @@ from veil.accounting.events import Neighbouring, PrivacyEvent
 from veil.errors import BudgetExhaustedError, InvalidParameterError, RegistryError
 from veil.registry.compose import check_accountant, check_events, events_to_json, overruns, spent_epsilon
 from veil.registry.database import Database, now
-from veil.registry.identity import DatasetIdentity
+from veil.registry.identity import DatasetIdentity, dataset_key
 from veil.registry.reporting import CHARGED, COMMITTED, OVERRUN, RELEASED, RESERVED, stored_events
 from veil.registry.schema import datasets, runs
 
 __all__ = ["check_run_id", "commit", "dataset_key", "release", "reopen", "reserve", "run_row", "set_budget"]
-
-
-def dataset_key(dataset: DatasetIdentity | str) -> tuple[str, str]:
-    """(registry key, label) of a dataset given as an identity or as a stored id."""
-    if isinstance(dataset, DatasetIdentity):
-        return dataset.id, dataset.label
-    if not isinstance(dataset, str) or not dataset.strip() or len(dataset) > 255:
-        raise InvalidParameterError(
-            "dataset_id",
-            dataset,
-            "the budget is kept per dataset identity",
-            "pass a DatasetIdentity or a non-empty id of at most 255 characters",
-        )
-    return dataset, dataset
 
 
 def check_run_id(run_id: str) -> str:

@@ -23,9 +23,8 @@ from sqlalchemy import Connection, select
 
 from veil.errors import ConfigError
 from veil.registry.database import Database, now
-from veil.registry.identity import DatasetIdentity
+from veil.registry.identity import DatasetIdentity, dataset_key
 from veil.registry.schema import runs, units
-from veil.registry.transactions import dataset_key
 
 __all__ = ["check_unit", "claim_unit", "record_unit", "unit_of"]
 

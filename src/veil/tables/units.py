@@ -11,13 +11,25 @@ public rule (it belongs to no unit, so it contributes nothing), never refused af
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from veil.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from veil.tables.schema import TableSchema
-    from veil.tables.sources import RawTable
+
+
+class _HasTable(Protocol):
+    """A batch as read (:class:`veil.tables.sources.RawTable`); named by shape so that this module,
+    which :mod:`veil.tables.sources` imports, does not import it back."""
+
+    @property
+    def table(self) -> pa.Table: ...
+
+
+_Batch = TypeVar("_Batch", bound=_HasTable)
 
 __all__ = ["check_unit_column", "collect_units"]
 
@@ -42,7 +54,7 @@ def check_unit_column(schema: TableSchema, present: Sequence[str], column: str, 
         )
 
 
-def collect_units(batches: Iterator[RawTable], column: str, into: list[Any]) -> Iterator[RawTable]:
+def collect_units(batches: Iterator[_Batch], column: str, into: list[Any]) -> Iterator[_Batch]:
     """Pass ``batches`` through, appending each row's unit id (text, ``None`` if missing) to ``into``."""
     import pyarrow as pa
 
