@@ -18,8 +18,9 @@ the steps taken. Label every figure with the load average (printed).
 ``veil train --dataset fashion-mnist`` on the whole official training split (60,000 images; test on
 the official 10,000). The same zoo network (``veil.models.build_model``, ``--fm-model``: ``mlp`` by
 default) behind the same public preprocessing layer (pixels / 255, what ``veil train`` puts in front
-for IDX images), ε = 3, δ = 1e-5, C, SGD with momentum 0.9 at ``--fm-lr``, expected batch
-``--fm-batch`` (Poisson), ``--fm-epochs`` epochs; the initial weights come from different seeds.
+for IDX images), ε = 3, δ = 1e-5, C, SGD with momentum 0.9 (the image preset's: ``veil train`` has
+no momentum flag) at ``--fm-lr``, expected batch ``--fm-batch`` (Poisson), ``--fm-epochs`` epochs;
+the initial weights come from different seeds.
 Wall time: each whole job (``veil train``'s includes its checks, plots and report).
 
     python bench/integrations.py                 # the recorded run
@@ -230,7 +231,7 @@ def fm_command(args: argparse.Namespace) -> str:
     return (
         f"veil train --dataset fashion-mnist --model {args.fm_model} --epsilon {EPSILON:g} "
         f"--delta {FM_DELTA:g} --max-grad-norm {args.fm_clip:g} --epochs {args.fm_epochs} "
-        f"--batch-size {args.fm_batch} --optimizer sgd --lr {args.fm_lr:g} --momentum 0.9 --no-baseline"
+        f"--batch-size {args.fm_batch} --optimizer sgd --lr {args.fm_lr:g} --no-baseline"
     )
 
 
