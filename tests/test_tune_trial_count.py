@@ -21,13 +21,12 @@ from veil.accounting.tuning import TrialCount
 
 DRAWS = 4000
 P_MIN = 1e-6
-"""Each χ² test fails a correct sampler with probability 1e-6 (9 cases: < 1e-5 in all); the draws are
+"""Each χ² test fails a correct sampler with probability 1e-6 (8 cases: < 1e-5 in all); the draws are
 seeded, so a given run is deterministic."""
 
 # Every law the CLI offers (--trials-law, --trials-shape, --trials-mean), K = 0 included (Poisson).
 CASES = [
-    ("poisson", 1.0, 0.3),
-    ("poisson", 1.0, 1.0),
+    ("poisson", 1.0, 1.0),  # the smallest mean the CLI offers (below 1 it is refused): P(K = 0) = 1/e
     ("poisson", 1.0, 3.0),
     ("negative_binomial", 0.0, 3.0),
     ("negative_binomial", 0.5, 3.0),
@@ -106,13 +105,13 @@ def test_sampled_trial_counts_follow_the_stated_law(
 
 
 def test_tune_end_to_end_with_the_real_trial_count(tmp_path: Path) -> None:
-    """No mock of ``TrialCount.sample``: the run draws K itself (Poisson, mean 0.3: K = 0 with
-    probability 0.74), runs exactly K trials, and releases a model only if it ran one."""
+    """No mock of ``TrialCount.sample``: the run draws K itself (Poisson, mean 1: K = 0 with
+    probability 1/e), runs exactly K trials, and releases a model only if it ran one."""
     from veil.cli.main import main
 
     out = tmp_path / "run"
     code = main(["tune", "--dataset", "breast-cancer", "--epsilon", "3", "--out", str(out), "--json",
-                 "--trials-law", "poisson", "--trials-mean", "0.3", "--epochs", "1", "--batch-size", "128",
+                 "--trials-law", "poisson", "--trials-mean", "1", "--epochs", "1", "--batch-size", "128",
                  "--model", "logreg", "--lr", "1.0", "--max-grad-norm", "1"])  # fmt: skip
     assert code == 0
     report = json.loads((out / "report.json").read_text())
@@ -120,5 +119,5 @@ def test_tune_end_to_end_with_the_real_trial_count(tmp_path: Path) -> None:
     assert k == len(report["non_private"]["trials"]) == len(list((out / "trials").glob("*")))
     assert (out / "model.pt").exists() == (k > 0) and (report["chosen"] is None) == (k == 0)
     assert report["budget_split"]["event"]["law"] == "poisson"
-    assert report["budget_split"]["event"]["mean"] == pytest.approx(0.3)
+    assert report["budget_split"]["event"]["mean"] == pytest.approx(1.0)
     assert math.isfinite(report["epsilon"]) and report["epsilon"] <= 3.0 + 1e-9
