@@ -14,20 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from test_registry_jobs import SYNTH_SCHEMA  # one schema text for the small job tables
 from veil.cli.main import main
-
-SYNTH_SCHEMA = """
-reviewed = true
-[columns.age]
-type = "numeric"
-bounds = [0, 100]
-[columns.city]
-type = "categorical"
-levels = ["a", "b", "c"]
-[columns.label]
-role = "target"
-classes = ["no", "yes"]
-"""
 
 
 def _synth_table(n: int) -> str:

@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("sqlalchemy")
 
 from _budget_cli import cli
+from test_registry_jobs import SYNTH_SCHEMA
 
 
 def _show_id(capsys: pytest.CaptureFixture[str], dataset_id: str) -> dict:
@@ -24,21 +25,7 @@ def _must_not_read(*_: object, **__: object) -> None:
     raise AssertionError("a private row was read")
 
 
-SCHEMA = """
-reviewed = true
-
-[columns.age]
-type = "numeric"
-bounds = [0, 100]
-
-[columns.city]
-type = "categorical"
-levels = ["a", "b", "c"]
-
-[columns.label]
-role = "target"
-classes = ["no", "yes"]
-"""
+SCHEMA = SYNTH_SCHEMA  # the same small table schema as the registry job tests
 
 
 def test_synth_csv_and_parquet_under_one_id_are_one_budget(
