@@ -198,6 +198,15 @@ def test_refusals_before_training(tmp_path: Path) -> None:
             privacy_args=_privacy(),
         )
 
+    with pytest.raises(ConfigError, match="load_best_model_at_end"):
+        DPTrainer(
+            model=_model(),
+            args=_args(tmp_path, load_best_model_at_end=True, eval_strategy="steps", save_strategy="steps"),
+            train_dataset=data,
+            eval_dataset=data,
+            privacy_args=_privacy(),
+        )
+
     with pytest.raises(ConfigError, match="torch_compile"):
         DPTrainer(
             model=_model(),
@@ -286,3 +295,16 @@ def test_forward_mixing_probe_takes_keyword_batches() -> None:
 
     problem = probe_forward(Mixing(), loader)
     assert not isinstance(problem, str) and "mixes examples" in str(problem)
+
+
+def test_evaluation_metrics_are_logged_as_non_private(tmp_path: Path) -> None:
+    """An evaluation score is computed without noise: it reaches the log (and any report_to) only under
+    a non_private_ name."""
+    trainer = DPTrainer(
+        model=_model(), args=_args(tmp_path), train_dataset=_data(20), privacy_args=_privacy()
+    )
+    trainer.log({"eval_loss": 0.7, "eval_accuracy": 0.5, "loss": 1.0})
+    last = trainer.state.log_history[-1]
+    assert last["non_private_eval_loss"] == 0.7 and last["non_private_eval_accuracy"] == 0.5
+    assert last["non_private_loss"] == 1.0
+    assert not any(k.startswith("eval_") or k == "loss" for k in last)

@@ -23,10 +23,12 @@ optimizer, scheduler, callbacks, logging and evaluation run unchanged, while
 * the Trainer's global gradient clipping (``max_grad_norm``) is off: veil clips per example.
 
 Guarantee: that of :mod:`veil.pipeline.external` (add/remove-one on the train set's examples).
-The logged training loss (mean per example) is not private: it is logged as ``non_private_loss``.
+The logged training loss (mean per example) and the evaluation metrics are not private: they are logged
+as ``non_private_loss`` and ``non_private_eval_*``.
 Refused before any row is read, each with one line (:mod:`veil.errors`): ``group_by_length`` or
 any non-random train sampling; a ``compute_loss`` override or ``compute_loss_func`` (a loss veil
-cannot check may mix examples); several processes or GPUs (DDP, DeepSpeed, FSDP, DataParallel:
+cannot check may mix examples); ``load_best_model_at_end`` (a model selection by an evaluation
+score computed without noise); several processes or GPUs (DDP, DeepSpeed, FSDP, DataParallel:
 use :mod:`veil.lightning` or ``veil train --nproc-per-node``); ``torch_compile``; resuming from a
 checkpoint (the accountant would restart); a dataset without length; a model head veil has no
 per-example loss for.
@@ -233,11 +235,11 @@ class DPTrainer(Trainer):
         return (loss, outputs) if return_outputs else loss
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        """Add ``epsilon`` (and the step count behind it); relabel the non-private training loss."""
+        """Add ``epsilon`` (and the step count behind it); relabel the non-private training loss and every
+        evaluation metric (``eval_*``, computed without noise) as ``non_private_*``."""
         logs = dict(logs)
-        for key in ("loss", "train_loss"):
-            if key in logs:
-                logs[f"non_private_{key}"] = logs.pop(key)
+        for key in [k for k in logs if k in ("loss", "train_loss") or k.startswith("eval_")]:
+            logs[f"non_private_{key}"] = logs.pop(key)  # computed without noise: labelled so
         logs.pop("grad_norm", None)  # the gradient before noise: not private, and not the update
         if self.privacy.engine is not None:
             logs["epsilon"] = self.privacy.record_epsilon()
@@ -278,6 +280,14 @@ def _refuse_unsupported(trainer: Any) -> None:
             "per-sample clipping is exact only for a loss that is a fixed sum of per-example terms; a "
             "custom loss may mix examples (a batch mean over tokens, in-batch negatives, ...)",
             "use DPTrainer's loss (each example's cross-entropy), or train with veil.PrivacyEngine",
+        )
+    if getattr(args, "load_best_model_at_end", False):
+        raise ConfigError(
+            "load_best_model_at_end",
+            True,
+            "choosing the released weights by an evaluation score computed without noise is a model "
+            "selection that DP-SGD's accounting does not cover when the evaluation rows are private",
+            "keep the last model (the default), or select among runs with veil tune (a DP score)",
         )
     if getattr(args, "torch_compile", False):
         raise ConfigError(
