@@ -113,7 +113,9 @@ class NoiseAhead:
         make = self._make(key, numel, std)
         self._ahead[key] = draw
         if background:
-            threading.Thread(target=draw.run, args=(make,), name="veil-noise-ahead", daemon=True).start()
+            # Not a daemon: at interpreter exit a daemon thread is stopped inside the sampler's native
+            # code, which can abort the process; a draw is short, so the exit waits for it instead.
+            threading.Thread(target=draw.run, args=(make,), name="veil-noise-ahead", daemon=False).start()
         else:
             draw.run(make)
 
