@@ -132,3 +132,16 @@ class Stopwatch:
 
             torch.cuda.synchronize()
         self.seconds = time.perf_counter() - self._start
+
+
+def timing_rows(size: int, times: dict[str, list[float]], baseline: str) -> list[list[object]]:
+    """One table row per timed source of a draw of ``size``: median and best in ms, and the median's
+    ratio to ``baseline``'s median."""
+    import statistics
+
+    base = statistics.median(times[baseline])
+    rows: list[list[object]] = []
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        rows.append([f"{size:,}", name, med * 1e3, min(ts) * 1e3, f"{med / base:.2f}×"])
+    return rows

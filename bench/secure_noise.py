@@ -34,7 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import describe_machine, markdown_table
+from common import describe_machine, markdown_table, timing_rows
 from legacy_noise import UrandomSource
 from veil.mechanisms import SecureSource, SeededSource
 
@@ -93,12 +93,7 @@ def draw_rows(sources: dict[str, Any], size: int, rounds: int) -> list[list[obje
             start = time.perf_counter()
             src.normal((size,), 1.0)
             times[name].append(time.perf_counter() - start)
-    base = statistics.median(times[BASELINE])
-    rows: list[list[object]] = []
-    for name, ts in times.items():
-        med = statistics.median(ts)
-        rows.append([f"{size:,}", name, med * 1e3, min(ts) * 1e3, f"{med / base:.2f}×"])
-    return rows
+    return timing_rows(size, times, BASELINE)
 
 
 def main(argv: list[str] | None = None) -> int:

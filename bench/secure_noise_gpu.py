@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -38,7 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import describe_machine, markdown_table
+from common import describe_machine, markdown_table, timing_rows
 from veil.mechanisms import SecureSource, SeededSource, chacha_torch
 from veil.mechanisms.box_muller import normal_from_words
 
@@ -127,12 +126,7 @@ def time_draws(
             draw(size)
             sync()
             times[name].append(time.perf_counter() - start)
-    base = statistics.median(times["torch.randn"])
-    rows = []
-    for name, ts in times.items():
-        med = statistics.median(ts)
-        rows.append([f"{size:,}", name, med * 1e3, min(ts) * 1e3, f"{med / base:.2f}×"])
-    return rows
+    return timing_rows(size, times, "torch.randn")
 
 
 def main(argv: list[str] | None = None) -> int:
