@@ -65,10 +65,11 @@ def write_subset(path: Path, rows: int) -> None:
 
 
 def run_veil_train(data: Path, out: Path, args: argparse.Namespace) -> dict[str, Any]:
-    import veil.training as training
+    import veil.training.execute as execute
+    from veil.training import train
 
     loop_seconds: list[float] = []
-    inner = training.train_steps
+    inner = execute.train_steps
 
     def timed(*a: Any, **k: Any) -> Any:
         t = time.monotonic()
@@ -77,10 +78,10 @@ def run_veil_train(data: Path, out: Path, args: argparse.Namespace) -> dict[str,
         finally:
             loop_seconds.append(time.monotonic() - t)
 
-    training.train_steps = timed  # type: ignore[assignment]
+    execute.train_steps = timed  # type: ignore[assignment]
     t0 = time.monotonic()
     try:
-        report = training.train(
+        report = train(
             {
                 "dataset": f"csv:{data}",
                 "text_column": "text",
@@ -105,7 +106,7 @@ def run_veil_train(data: Path, out: Path, args: argparse.Namespace) -> dict[str,
             }
         )
     finally:
-        training.train_steps = inner  # type: ignore[assignment]
+        execute.train_steps = inner  # type: ignore[assignment]
     wall = time.monotonic() - t0
     d = report.to_dict()
     return {

@@ -204,7 +204,7 @@ sys.path.insert(0, sys.argv[1])
 from common import current_rss_bytes, peak_rss_since_reset_bytes, reset_peak_rss
 import pyarrow.parquet, torch  # noqa: F401  (imported before the baseline memory is read)
 import veil.pipeline.data as pdata
-import veil.training as vt
+import veil.training.execute as vt
 from veil import train
 config = json.loads(sys.argv[2])
 timing, peaks = {}, {}

@@ -24,10 +24,12 @@ def _table(path: Path) -> Path:
 
 
 def _plan(tmp_path: Path):
-    from veil.training import _prepare
+    from veil.training.prepare import prepare_run
 
     cfg = {"dataset": f"csv:{_table(tmp_path / 't.csv')}", "target": "y", "classes": ["n", "y"]}
-    return _prepare(make_config({**cfg, "epochs": 1, "epsilon": 1.0, "model": "logreg"}), None, check=False)
+    return prepare_run(
+        make_config({**cfg, "epochs": 1, "epsilon": 1.0, "model": "logreg"}), None, check=False
+    )
 
 
 def test_a_linear_baseline_reaches_what_a_converged_solver_reaches(tmp_path: Path) -> None:

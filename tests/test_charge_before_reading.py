@@ -91,9 +91,9 @@ def test_an_ordinary_train_settles_to_its_ledger_and_an_over_budget_one_reads_no
     def no_reading(*_args: Any, **_kwargs: Any) -> None:
         raise AssertionError("the data was read")
 
-    import veil.training
+    import veil.training.run
 
-    monkeypatch.setattr(veil.training, "_prepare", no_reading)
+    monkeypatch.setattr(veil.training.run, "prepare_run", no_reading)
     code = main(["train", *table, "--epochs", "1", "--epsilon", "1", "--out", str(tmp_path / "b")])
     err = capsys.readouterr().err
     assert code == 2 and "over its budget" in err and "data was read" not in err

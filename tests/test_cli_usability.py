@@ -137,7 +137,7 @@ def test_db_names_the_registry_a_charged_command_uses(
 def test_ctrl_c_in_train_prints_the_resume_command_once(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    import veil.training as training
+    import veil.training.execute as training
 
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt

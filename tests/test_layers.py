@@ -63,14 +63,10 @@ KNOWN_UPWARD: set[tuple[str, str]] = {
     # engine.make_private resolves the torch.distributed setup itself (issue 26: pass it in from above)
     ("veil.engine", "veil.distributed"),
     ("veil.engine", "veil.distributed.setup"),
-    # the multi-process launcher runs the train job on each rank
-    ("veil.distributed.job", "veil.training"),
     # the shared steps call the text-model helpers lazily (optional extra veil[hf])
     ("veil.pipeline.checks", "veil.hf.features"),
     ("veil.pipeline.data", "veil.hf.data"),
     ("veil.pipeline.model", "veil.hf.finetune"),
-    # `veil train --audit`: the training loop calls the audit package's hook (docs/architecture.md)
-    ("veil.pipeline.loop", "veil.audit.hook"),
     # the table predictor rebuilds a trained model and reads its run folder through the pipeline
     ("veil.tables.predict", "veil.pipeline.model"),
     ("veil.tables.predict", "veil.pipeline.run_folder"),

@@ -66,9 +66,9 @@ def test_an_exhausted_dataset_is_refused_before_a_row_is_read(
     def no_reading(*_args: Any, **_kwargs: Any) -> None:
         raise AssertionError("the data was read")
 
-    import veil.training
+    import veil.training.run
 
-    monkeypatch.setattr(veil.training, "_prepare", no_reading)
+    monkeypatch.setattr(veil.training.run, "prepare_run", no_reading)
     code, _, err = _train(tmp_path / "second", 0.1, capsys)
     assert code == 2 and "refused before any row was parsed" in err and "data was read" not in err
     assert not (tmp_path / "second").exists()

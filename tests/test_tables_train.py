@@ -68,11 +68,11 @@ def test_the_baseline_takes_at_most_ten_steps_per_dp_step(
     baseline says it stopped there (its validation loss may still have been falling)."""
     import veil.pipeline.baseline as baseline
     from veil.config import make_config
-    from veil.training import _prepare
+    from veil.training.prepare import prepare_run
 
     cfg = {"dataset": f"csv:{gbsg2()}", "table_schema": str(files["schema"]), "epochs": 2}
-    n_train = _prepare(make_config(cfg), None, check=False).data.n_train  # the keyed split's share
-    plan = _prepare(make_config({**cfg, "batch_size": n_train}), None, check=False)
+    n_train = prepare_run(make_config(cfg), None, check=False).data.n_train  # the keyed split's share
+    plan = prepare_run(make_config({**cfg, "batch_size": n_train}), None, check=False)
     assert plan.steps.steps_planned == 2
     monkeypatch.setattr(baseline, "MIN_STEPS", 0)
     monkeypatch.setattr(baseline, "LBFGS_ITERATIONS", 3)  # a convex model: 3 L-BFGS steps a round

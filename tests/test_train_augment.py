@@ -40,9 +40,9 @@ def test_train_augment_runs_the_grouped_step_with_the_same_accounting(
     assert any(n > 0 for _, n, _ in grouped)
     # The accounting is the plain run's: σ, q and the steps do not depend on K.
     from veil.config import make_config
-    from veil.training import _prepare
+    from veil.training.prepare import prepare_run
 
-    plain = _prepare(
+    plain = prepare_run(
         make_config({"dataset": "digits", "model": "logreg", "epochs": 1, "batch_size": 256}),
         None,
         check=False,
@@ -85,7 +85,7 @@ def test_adaptive_clip_norm_resumes_from_its_checkpoint(
     """A run interrupted after its checkpoint at step 4 resumes with C at the checkpointed value (not
     the initial one), and the clipper and optimizer use it from the first resumed step."""
     import veil.pipeline.loop as loop
-    import veil.training  # noqa: F401  (bound to the real evaluate_released before the patch below)
+    import veil.training.execute  # noqa: F401  (bound to the real evaluate_released before the patch below)
     from veil.clipping.adaptive import AdaptiveClipping
     from veil.pipeline import checkpoints as ckpt
 

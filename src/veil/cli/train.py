@@ -24,7 +24,8 @@ def run_train(
 ) -> dict[str, Any] | None:
     """The work of ``veil train``: resolve the config (defaults < file < flags), train, return the report.
 
-    Across processes (``nproc_per_node``, or started by torchrun): :mod:`veil.distributed.job`; then
+    Across processes: the launcher :mod:`veil.distributed.job` (``nproc_per_node``), each rank
+    :mod:`veil.training.rank` (started by the launcher or torchrun); then
     None on every rank but rank 0."""
     from veil.config import load_config_file, make_config, resolve_config, snake_keys
     from veil.distributed.launch import launched_by_torchrun
@@ -34,7 +35,7 @@ def run_train(
     if json_output:
         given["progress"] = False
     if launched_by_torchrun():
-        from veil.distributed.job import train_as_rank
+        from veil.training.rank import train_as_rank
 
         return train_as_rank(config_file, given, resume)
     if nproc_per_node is not None:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -41,12 +42,13 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from veil.audit.hook import OneRunAudit
     from veil.engine import PrivacyEngine
     from veil.optimizer import DPOptimizer
     from veil.report import Check
 
 __all__ = [
+    "AttachAudit",
+    "RunAudit",
     "RunPlan",
     "Session",
     "checkpoint",
@@ -56,6 +58,18 @@ __all__ = [
     "train_steps",
     "trainable_view",
 ]
+
+
+class RunAudit(Protocol):
+    """An audit attached to a run by its job (``veil train --audit``:
+    :class:`veil.audit.hook.OneRunAudit`): the loop only carries it; the job finishes it."""
+
+    def finish(self, *, delta: float, epsilon_theoretical: float | None) -> dict[str, Any]: ...
+
+
+AttachAudit = Callable[[Any, "nn.Module", "DPOptimizer", "PrivacyEngine", np.ndarray], RunAudit]
+"""``(cfg, private model, DP optimizer, engine, training inputs) -> RunAudit``: a job's audit hook,
+called by :func:`start` right after ``make_private`` (the pipeline imports no audit code)."""
 
 
 @dataclass
@@ -125,7 +139,7 @@ class Session:
     x_test: np.ndarray
     clip_check: Check
     fingerprint: torch.Tensor | None
-    one_run: OneRunAudit | None
+    one_run: RunAudit | None
     ema: dict[str, torch.Tensor]
     history: list[dict[str, float]]
     applied: int
@@ -171,14 +185,14 @@ def _collate_rows(items: list[Any]) -> Any:
     return default_collate(items)
 
 
-def start(plan: RunPlan, run_dir: Path, ledger: Ledger) -> Session:
-    """Release (or restore) the preprocessing, build the private model and restore a checkpoint."""
-    import torch
+def start(plan: RunPlan, run_dir: Path, ledger: Ledger, attach_audit: AttachAudit | None = None) -> Session:
+    """Release (or restore) the preprocessing, build the private model and restore a checkpoint.
+
+    ``attach_audit``: the job's audit hook (``veil train --audit`` passes
+    :func:`veil.audit.hook.train_audit`), called right after ``make_private``; None: no audit."""
     from torch import nn
-    from torch.utils.data import DataLoader
 
     cfg, data, device = plan.cfg, plan.data, plan.cfg.device
-    assert cfg.max_grad_norm is not None and cfg.batch_size is not None
     ensure_preprocessing(plan, run_dir, ledger)
     net = build_net(cfg, data, cfg.seed)
     view, x_train, x_test = trainable_view(plan, net, device)
@@ -189,22 +203,69 @@ def start(plan: RunPlan, run_dir: Path, ledger: Ledger) -> Session:
     criterion = nn.CrossEntropyLoss()
     clip_check = clipping_check(view.full, data, cfg.seed, criterion)
     engine = make_engine(cfg, cfg.seed)
-    if cfg.stream:  # the training rows stay in the Parquet file (veil.pipeline.streaming)
+    model, dp_optimizer, dp_loader = _make_private(plan, engine, view, x_train, criterion, ledger)
+    one_run = None if attach_audit is None else attach_audit(cfg, model, dp_optimizer, engine, x_train)
+    state = _restore(run_dir, ledger, cfg, model, dp_optimizer, engine)
+    # The released weights: an exponential moving average of the DP iterates (post-processing, so
+    # free of privacy cost), evaluated on a hook-free copy of the model.
+    ema = {
+        k: v.detach().clone() for k, v in (state["ema"] if state is not None else model.state_dict()).items()
+    }
+    eval_model = trainable_view(plan, build_net(cfg, data, cfg.seed), device)[0]
+    return Session(
+        model=model,
+        full=eval_model.full,
+        engine=engine,
+        optimizer=dp_optimizer,
+        loader=dp_loader,
+        criterion=criterion,
+        eval_model=eval_model.model,
+        x_test=x_test,
+        clip_check=clip_check,
+        fingerprint=ckpt.front_fingerprint(net, data.input_shape),
+        one_run=one_run,
+        ema=ema,
+        history=list(state["history"]) if state is not None else [],
+        applied=int(state["applied"]) if state is not None else 0,
+        resumed=state is not None,
+        augment=_augmenter(cfg, data.input_shape) if cfg.augment > 1 else None,
+    )
+
+
+def _row_loader(plan: RunPlan, x_train: np.ndarray) -> Any:
+    """The loader ``make_private`` turns into Poisson batches: the training rows in memory, or in the
+    Parquet file with ``--stream`` (:mod:`veil.pipeline.streaming`)."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    cfg, data = plan.cfg, plan.data
+    if cfg.stream:
         from veil.pipeline.streaming import StreamedDataset, rows_dataset
 
         assert isinstance(data, StreamedDataset)
         rows: Any = rows_dataset(data, _Rows)
     else:
         rows = _rows_dataset(torch.from_numpy(x_train), torch.from_numpy(data.y_train))
-    loader = DataLoader(
-        rows,
-        batch_size=cfg.batch_size,
-        collate_fn=_collate_rows,
-    )
+    return DataLoader(rows, batch_size=cfg.batch_size, collate_fn=_collate_rows)
+
+
+def _make_private(
+    plan: RunPlan,
+    engine: PrivacyEngine,
+    view: Trainable,
+    x_train: np.ndarray,
+    criterion: nn.Module,
+    ledger: Ledger,
+) -> tuple[nn.Module, DPOptimizer, Any]:
+    """``make_private`` with the plan's σ and C, then the loop's options on the private objects
+    (streamed windows, adaptive clipping, augmentation groups); refuses an engine whose per-step event
+    differs from the one the ledger charges."""
+    cfg, data = plan.cfg, plan.data
+    assert cfg.max_grad_norm is not None and cfg.batch_size is not None
     model, dp_optimizer, dp_loader = engine.make_private(
         module=view.model,
         optimizer=make_optimizer(cfg, view.model.parameters()),
-        data_loader=loader,
+        data_loader=_row_loader(plan, x_train),
         noise_multiplier=plan.steps.sigma,
         max_grad_norm=cfg.max_grad_norm,
         criterion=criterion,
@@ -233,42 +294,21 @@ def start(plan: RunPlan, run_dir: Path, ledger: Ledger) -> Session:
             "the engine would account steps differently from the ledger",
             "report this as a bug",
         )
-    one_run = None
-    if cfg.audit:
-        from veil.audit.hook import train_audit
+    return model, dp_optimizer, dp_loader
 
-        one_run = train_audit(cfg, model, dp_optimizer, engine, x_train)
+
+def _restore(
+    run_dir: Path, ledger: Ledger, cfg: Any, model: nn.Module, optimizer: DPOptimizer, engine: PrivacyEngine
+) -> dict[str, Any] | None:
+    """The last checkpoint's state loaded into the private objects (None: a fresh run)."""
     state = ckpt.load_checkpoint(run_dir, ledger)
     if state is not None:
         model.load_state_dict(state["model"])
-        dp_optimizer.load_state_dict(state["optimizer"])
+        optimizer.load_state_dict(state["optimizer"])
         engine.load_state_dict(state["engine"])
         if cfg.clip == "adaptive" and "adaptive_clip" in state:  # C continues from where it was
-            dp_optimizer.adaptive.restore(state["adaptive_clip"])
-    # The released weights: an exponential moving average of the DP iterates (post-processing, so
-    # free of privacy cost), evaluated on a hook-free copy of the model.
-    ema = {
-        k: v.detach().clone() for k, v in (state["ema"] if state is not None else model.state_dict()).items()
-    }
-    eval_model = trainable_view(plan, build_net(cfg, data, cfg.seed), device)[0]
-    return Session(
-        model=model,
-        full=eval_model.full,
-        engine=engine,
-        optimizer=dp_optimizer,
-        loader=dp_loader,
-        criterion=criterion,
-        eval_model=eval_model.model,
-        x_test=x_test,
-        clip_check=clip_check,
-        fingerprint=ckpt.front_fingerprint(net, data.input_shape),
-        one_run=one_run,
-        ema=ema,
-        history=list(state["history"]) if state is not None else [],
-        applied=int(state["applied"]) if state is not None else 0,
-        resumed=state is not None,
-        augment=_augmenter(cfg, data.input_shape) if cfg.augment > 1 else None,
-    )
+            optimizer.adaptive.restore(state["adaptive_clip"])
+    return state
 
 
 def _records_drawn(s: Session, rows: int) -> int:

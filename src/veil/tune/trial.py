@@ -106,7 +106,8 @@ def run_trial(
     import torch
 
     from veil.engine import refuse_example_mixing
-    from veil.training import _execute, _header
+    from veil.training.execute import execute_run
+    from veil.training.prepare import run_header
 
     t0 = time.monotonic()
     prepared, x_val, y_val, units_val = split_trial(cfg, validation)
@@ -127,10 +128,10 @@ def run_trial(
     )
     out.mkdir(parents=True, exist_ok=False)
     with RunLock(out):
-        ledger = Ledger.create(out / LEDGER, {**_header(plan), "job": "tune-trial"})
+        ledger = Ledger.create(out / LEDGER, {**run_header(plan), "job": "tune-trial"})
         try:
             write_config(cfg, out / CONFIG)
-            report = _execute(plan, out, ledger, t0, False)
+            report = execute_run(plan, out, ledger, t0, False)
             model = assemble(plan.prep, plan.data.input_shape, build_net(cfg, plan.data, cfg.seed))
             model.load_state_dict(torch.load(out / "model.pt", weights_only=True))
             model.eval()

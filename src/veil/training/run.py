@@ -1,0 +1,205 @@
+"""``veil train`` as a function: :func:`train` runs one DP training job end to end, returns a :class:`Report`.
+
+Flow: config → budget (a stand-in of the target ε at δ reserved before a row is read: a refusal after
+reading stays charged) → data (load, check, split) → model (zoo or the user's factory) →
+validate/fix → preprocessing plan → σ calibrated so that the whole planned run (preprocessing
+included) fits the target (ε, δ) → the plan replaces the stand-in → run folder (lock,
+``config.toml``, ledger) → DP preprocessing release → DP-SGD with Poisson sampling → evaluation →
+non-private baseline → ``report.json``, ``report.html``, plots, ``model.pt``.
+
+Guarantee. The released weights (``model.pt``) are (ε_spent, δ)-DP for the training split under
+add/remove-one neighbouring, where ε_spent is the accountant's ε for *every* event in the run's
+ledger and never exceeds the target: before each step, the step's event is checked to fit and is
+written and fsync'ed to the ledger before its noisy update is computed; training stops before a step
+that would not fit. A resumed run charges every step ever recorded, including steps whose updates a
+crash lost. Everything is validated (config, data, model, calibration, output folder) before the run
+folder is created, so bad input leaves nothing behind and existing outputs untouched.
+
+Randomness. Noise and Poisson sampling come from the OS CSPRNG unless research mode is asked for
+(``reproducible``; :mod:`veil.pipeline.randomness`); the report says which (``randomness``) and
+whether the model may be released (``release_ready``: secure randomness and every check passed).
+
+Not covered by the guarantee (the report's one ``non_private`` section): the test metrics (a
+non-private release about the held-out rows), the non-private baseline (trained on the private
+split; skip it with ``--no-baseline``), the one-run audit, and the dataset's sha256 fingerprint. N
+is treated as public; the label set is public by declaration.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from veil.accounting.events import PrivacyEvent, SelfComposed
+from veil.accounting.ledger import Ledger, RunLock
+from veil.config import TrainConfig, load_config_file, make_config, write_config
+from veil.errors import CheckpointError, ConfigError, DataError, InvalidParameterError, RunInterrupted
+from veil.pipeline import checkpoints as ckpt
+from veil.pipeline.loop import RunPlan
+from veil.pipeline.private_data import stand_in_plan
+from veil.pipeline.run_folder import CONFIG, LEDGER, check_out, default_out
+from veil.registry.charge import DatasetCharge
+from veil.report import Report
+from veil.training.execute import execute_run, planned_curve
+from veil.training.prepare import prepare_run, run_header
+
+__all__ = ["Report", "train"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Entry points
+# ----------------------------------------------------------------------------------------------
+def _open_charge(cfg: TrainConfig, *, refuse_if_spent: bool = True) -> DatasetCharge:
+    """The dataset's account in the budget registry, opened before a row is read, through the
+    pipeline's private-data path (:mod:`veil.pipeline.private_data`: the one identity resolver)."""
+    from veil.pipeline.private_data import data_ref, open_account
+
+    try:
+        return open_account(data_ref(cfg.dataset, cfg), job="train", refuse_if_spent=refuse_if_spent).charge
+    except (DataError, InvalidParameterError):
+        # A dataset that cannot be identified (a missing file, ...): the loader's own message says why.
+        # Should the loader accept it, the identity error stands: no run is left unrecorded.
+        prepare_run(cfg, None, check=False)
+        raise
+
+
+def _check_declarations(cfg: TrainConfig) -> None:
+    """Refuse what is wrong in the user's own files before the budget check, which could otherwise
+    hide it behind "budget exhausted": today the table schema (syntax, types, reviewed). Reads no row."""
+    if cfg.table_schema is not None:
+        from veil.tables.schema import load_schema
+
+        load_schema(cfg.table_schema).require_reviewed(cfg.table_schema)
+
+
+def _planned_events(
+    plan: RunPlan, spent: list[PrivacyEvent] | None = None, done: int = 0
+) -> list[PrivacyEvent]:
+    """What the run may still release on top of ``spent``: its preprocessing, then the allowed steps."""
+    steps = SelfComposed(plan.steps.step_event, max(plan.allowed - done, 0))
+    return [*(plan.prepared.pre_events if spent is None else spent), steps]
+
+
+def _resume(run_dir: Path, overrides: Mapping[str, Any], progress: bool | None, t0: float) -> Report:
+    if not (run_dir / LEDGER).is_file() or not (run_dir / CONFIG).is_file():
+        raise CheckpointError(
+            "resume",
+            str(run_dir),
+            "there is no veil run in this folder (no ledger.jsonl and config.toml), so nothing to continue",
+            "pass the --out folder of an earlier veil train run",
+        )
+    with RunLock(run_dir):
+        saved = make_config(load_config_file(run_dir / CONFIG), source="saved config")
+        update = ckpt.check_overrides(saved, overrides)
+        cfg = saved.model_copy(update={**update, "out": str(run_dir)})
+        if cfg.audit:
+            raise ConfigError(
+                "audit",
+                True,
+                "the canaries injected before the interruption were lost with the process, so the "
+                "audit's guesses could not be scored against them",
+                "run the audit in an uninterrupted run, or audit the finished run with veil audit --run",
+            )
+        ckpt.verify_files(
+            run_dir, Ledger.open(run_dir / LEDGER, repair=False) if ckpt.intact(run_dir) else None
+        )
+        ledger = Ledger.open(run_dir / LEDGER, repair=True)
+        charge = _open_charge(cfg, refuse_if_spent=False)  # its own reservation is part of the spend
+        resumed = False
+        try:
+            plan = prepare_run(cfg, run_dir, check=False)
+            ckpt.check_header(ledger.header, run_header(plan))
+            state = ckpt.load_checkpoint(run_dir, ledger)
+            if state is not None:
+                now = ckpt.front_fingerprint(plan.net, plan.data.input_shape)
+                ckpt.check_front_fingerprint(state, now, run_dir)
+            run_id = ledger.header.get("budget_run_id") or uuid.uuid4().hex
+            charge.resume(run_id, _planned_events(plan, ledger.events(), ledger.steps), cfg.delta)
+            resumed = True
+            ledger.append("resume", charged=ledger.steps)
+            try:
+                return execute_run(plan, run_dir, ledger, t0, progress)
+            except KeyboardInterrupt as exc:
+                raise RunInterrupted(str(run_dir)) from exc
+        finally:
+            ledger.close()
+            if resumed:
+                charge.settle(ledger.events())
+            charge.close()
+
+
+def train(
+    config: TrainConfig | Mapping[str, Any] | None = None,
+    *,
+    resume: str | os.PathLike[str] | None = None,
+    progress: bool | None = None,
+) -> Report:
+    """Run ``veil train``: DP training to the configured target, returning the :class:`Report`.
+
+    ``config``: a :class:`~veil.config.TrainConfig` or a dict of its fields (unset ones take the
+    defaults and tuned presets). ``resume``: the folder of an interrupted run to continue; ``config``
+    may then only repeat its settings (or change performance-only ones). ``progress``: force the
+    progress bar on or off (default: on when stdout is a terminal). See the module docstring for the
+    guarantee.
+    """
+    t0 = time.monotonic()
+    if resume is not None:
+        if isinstance(config, TrainConfig):
+            overrides: dict[str, Any] = {k: getattr(config, k) for k in config.model_fields_set}
+        else:
+            overrides = dict(make_config(config or {}).model_dump(exclude_unset=True))
+        return _resume(Path(resume), overrides, progress, t0)
+    cfg = config if isinstance(config, TrainConfig) else make_config(config or {})
+    _check_declarations(cfg)  # mistakes found without the data come before the budget's verdict
+    _check_public(cfg)  # what needs no row is refused before anything is charged
+    charge = _open_charge(cfg)  # refuses an exhausted dataset before a row is read
+    try:
+        run_id = uuid.uuid4().hex
+        # Admission before reading: the stand-in (the target ε at δ; the plan itself needs N). Refused:
+        # nothing read, nothing recorded.
+        charge.reserve(stand_in_plan(cfg.epsilon, cfg.delta), run_id, cfg.delta, before_reading=True)
+        ledger: Ledger | None = None
+        try:
+            charge.reading()  # from here the run stays charged, whatever happens
+            plan = prepare_run(cfg, None)
+            # Before the folder exists: an accounting failure leaves nothing behind.
+            curve = planned_curve(plan, None)
+            # The whole plan against the dataset's budget, before anything is written or released.
+            charge.replan(_planned_events(plan), cfg.delta)
+            run_dir = plan.out
+            run_dir.mkdir(parents=True, exist_ok=True)
+            with RunLock(run_dir):
+                header = {
+                    **run_header(plan),
+                    "budget_run_id": run_id,
+                    "budget_dataset_id": charge.identity.id,
+                }
+                ledger = Ledger.create(run_dir / LEDGER, header)  # exclusive: never over another run
+                try:
+                    write_config(plan.cfg, run_dir / CONFIG)
+                    return execute_run(plan, run_dir, ledger, t0, progress, curve)
+                except KeyboardInterrupt as exc:  # Ctrl-C: the ledger holds every step; say how to go on
+                    raise RunInterrupted(str(run_dir)) from exc
+                finally:
+                    ledger.close()
+        finally:
+            # What the ledger holds is what was released; no ledger: the plan (or the stand-in) stays.
+            if ledger is None:
+                charge.release()
+            else:
+                charge.settle(ledger.events())
+    finally:
+        charge.close()
+
+
+def _check_public(cfg: TrainConfig) -> None:
+    """The checks that need no private row (the device's precision, the output folder), run before
+    the run is charged: such bad input is refused for free."""
+    from veil.precision import autocast
+
+    autocast(cfg.device, cfg.precision)
+    check_out(Path(cfg.out or default_out(cfg.dataset)))
