@@ -125,8 +125,8 @@ def veil_split(folder: str, rows: list[dict[str, str]], classes: list[str], max_
     """Which rows ``veil train`` holds out (its own split: a keyed hash of each tokenized row), so
     both runs train on the same rows and are tested on the same rows."""
     from veil.data import held_out
-    from veil.hf.load import inspect_folder, load_tokenizer
-    from veil.hf.text import tokenize
+    from veil.text.load import inspect_folder, load_tokenizer
+    from veil.text.tokens import tokenize
 
     x = tokenize(load_tokenizer(inspect_folder(folder)), [r["text"] for r in rows], max_length)
     y = np.array([classes.index(r["sentiment"]) for r in rows], dtype=np.int64)

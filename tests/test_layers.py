@@ -44,6 +44,7 @@ LAYER: dict[str, int] = {
             "registry",
             "sampling",
             "tables",
+            "text",
             "toml_syntax",
             "units",
             "utils",
@@ -54,7 +55,7 @@ LAYER: dict[str, int] = {
     ),
     # pipeline: the steps every job shares, the report, MLflow logging, multi-process setup
     **dict.fromkeys(["pipeline", "report", "mlflow_log", "distributed"], PIPELINE),
-    # jobs: one per subcommand family (hf: the text-model job and DPTrainer; lightning: the callback)
+    # jobs: one per subcommand family (hf: DPTrainer over veil.text; lightning: the callback)
     **dict.fromkeys(["training", "audit", "pate", "tune", "synth", "federated", "hf", "lightning"], JOBS),
     **dict.fromkeys(["cli", "__main__"], CLI),
 }
@@ -63,10 +64,6 @@ KNOWN_UPWARD: set[tuple[str, str]] = {
     # engine.make_private resolves the torch.distributed setup itself (issue 26: pass it in from above)
     ("veil.engine", "veil.distributed"),
     ("veil.engine", "veil.distributed.setup"),
-    # the shared steps call the text-model helpers lazily (optional extra veil[hf])
-    ("veil.pipeline.checks", "veil.hf.features"),
-    ("veil.pipeline.data", "veil.hf.data"),
-    ("veil.pipeline.model", "veil.hf.finetune"),
     # the table predictor rebuilds a trained model and reads its run folder through the pipeline
     ("veil.tables.predict", "veil.pipeline.model"),
     ("veil.tables.predict", "veil.pipeline.run_folder"),

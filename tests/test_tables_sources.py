@@ -212,7 +212,7 @@ def test_schema_infer_with_epsilon_writes_a_dp_schema(sources, capsys, tmp_path:
 
 def test_a_text_dataset_with_a_password_in_its_url_is_refused_before_it_is_read() -> None:
     from veil.errors import ConfigError
-    from veil.hf.data import _sql_columns
+    from veil.text.data import _sql_columns
 
     with pytest.raises(ConfigError, match="password") as err:
         _sql_columns("sql:postgresql://u:s3cret@127.0.0.1:1/db", "t", None)  # nothing listens there

@@ -1,12 +1,13 @@
-"""DP fine-tuning of pretrained Hugging Face models on text (the optional extra ``veil[hf]``).
+"""DP fine-tuning of pretrained Hugging Face models on text (the optional extra ``veil[hf]``): the
+public names of the text models (built in :mod:`veil.text`, below the jobs, where the pipeline
+builds them for ``veil train --model hf:DIR``) and the job-level adapter:
 
-* :mod:`veil.hf.load` — checking a local model folder (config, weights, tokenizer) and its memory
-  needs before anything is loaded; offline only;
-* :mod:`veil.hf.text` — text columns checked and tokenized to fixed-shape arrays;
-* :mod:`veil.hf.features` — a frozen encoder as a fixed feature map (``head`` mode);
-* :mod:`veil.hf.finetune` — classifiers in ``head`` / ``lora`` / ``full`` mode, bf16 autocast;
 * :mod:`veil.hf.trainer` — ``DPTrainer``, the ``transformers.Trainer`` with DP-SGD, and its
-  ``PrivacyArguments`` (imported on first use: ``veil.hf.DPTrainer``).
+  ``PrivacyArguments`` (imported on first use: ``veil.hf.DPTrainer``);
+* from :mod:`veil.text`: model folder checks (``inspect_folder``, ``check_fits``,
+  ``load_tokenizer``), text checks and tokenizing (``check_texts``, ``tokenize``), the frozen
+  encoder (``FrozenTextEncoder``) and the classifiers (``build_text_classifier``, ``LoraSettings``,
+  ``apply_lora``, ``SequenceClassifier``, ``autocast``).
 
 Per-sample clipping of peft's LoRA layers lives with the other layer rules
 (:mod:`veil.clipping.rules.lora`, registered the first time such a layer is seen). Importing this
@@ -17,8 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from veil.hf.features import FrozenTextEncoder
-from veil.hf.finetune import (
+from veil.text.features import FrozenTextEncoder
+from veil.text.finetune import (
     FINE_TUNE_MODES,
     LoraSettings,
     SequenceClassifier,
@@ -26,8 +27,8 @@ from veil.hf.finetune import (
     autocast,
     build_text_classifier,
 )
-from veil.hf.load import ModelFolder, check_fits, inspect_folder, load_tokenizer
-from veil.hf.text import DEFAULT_MAX_LENGTH, check_texts, tokenize
+from veil.text.load import ModelFolder, check_fits, inspect_folder, load_tokenizer
+from veil.text.tokens import DEFAULT_MAX_LENGTH, check_texts, tokenize
 
 __all__ = [
     "DEFAULT_MAX_LENGTH",

@@ -46,8 +46,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, IterableDataset
 
 from veil.errors import ConfigError
-from veil.hf.load import require_transformers
 from veil.pipeline.external import ExternalRun, PrivacyTarget, planned_steps
+from veil.text.load import require_transformers
 
 if TYPE_CHECKING:
     from veil.optimizer import DPOptimizer

@@ -89,7 +89,7 @@ def clipping_check(model: nn.Module, data: Dataset, seed: int, criterion: nn.Mod
     gen = torch.Generator().manual_seed(derive_seed(seed, Purpose.CLIP_CHECK))
     shape = (_CLIP_CHECK_EXAMPLES, *data.input_shape)
     if data.kind == "text":
-        from veil.hf.features import synthetic_tokens
+        from veil.text.features import synthetic_tokens
 
         x = synthetic_tokens(model, shape, gen)
     elif data.kind == "image" and data.pixel_max:

@@ -93,7 +93,7 @@ def load_data(cfg: TrainConfig, *, streaming: bool = False, units: bool = False)
 
         refuse_too_large(cfg)
     if cfg.text_column is not None or cfg.model.startswith("hf:"):
-        from veil.hf.data import load_text_dataset
+        from veil.text.data import load_text_dataset
 
         return load_text_dataset(
             cfg.dataset,

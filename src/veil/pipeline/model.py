@@ -48,7 +48,7 @@ def build_net(cfg: TrainConfig, data: Dataset, seed: int) -> nn.Module:
         torch.manual_seed(seed)
         embeddings = data.encoder.embeddings if data.encoder is not None else []
         if cfg.model.startswith("hf:"):
-            from veil.hf.finetune import pipeline_net
+            from veil.text.finetune import pipeline_net
 
             net = pipeline_net(cfg, data.num_classes)
         elif embeddings:  # wide categoricals: learned embeddings in front of the model (veil.tables)

@@ -1,7 +1,7 @@
 """A text classification dataset for ``veil train --model hf:DIR --text-column COL``.
 
 Reads a CSV (UTF-8) or Parquet file, or a SQL table or query (through the tables' SQLAlchemy
-reader, :mod:`veil.tables.sources`), checks the text column (:func:`veil.hf.text.check_texts`) and
+reader, :mod:`veil.tables.sources`), checks the text column (:func:`veil.text.tokens.check_texts`) and
 the labels, tokenizes every text with the model folder's own tokenizer (public) to the declared
 ``max_length``, and splits by the run's seed. Like the other readers, nothing here computes a
 statistic of the data: token ids are a fixed per-example map, so the arrays are as private as the
@@ -76,8 +76,8 @@ def load_text_dataset(
         read_parquet_columns,
         require_target,
     )
-    from veil.hf.load import check_fits, inspect_folder, load_tokenizer
-    from veil.hf.text import check_texts, tokenize
+    from veil.text.load import check_fits, inspect_folder, load_tokenizer
+    from veil.text.tokens import check_texts, tokenize
 
     scheme, _, path = dataset.partition(":")
     if scheme not in TEXT_SCHEMES or not path:

@@ -1,7 +1,7 @@
 """Text classifiers from a pretrained Hugging Face model, in three fine-tuning modes.
 
 * ``head``: the pretrained encoder is frozen and used as a fixed feature map
-  (:class:`~veil.hf.features.FrozenTextEncoder`, mean-pooled, unit norm); only a linear head is
+  (:class:`~veil.text.features.FrozenTextEncoder`, mean-pooled, unit norm); only a linear head is
   trained. The model is ``Sequential(Identity(), FixedFeaturesThenHead(encoder, head))``, the
   fixed-front layout, so a trainer computes the features once (:func:`veil.models.fixed_features`)
   and DP-SGD runs on the head alone: the cheapest mode by far, and the one that needs the least
@@ -12,7 +12,7 @@
 * ``full``: every parameter is trained (per-sample clipping over the whole model).
 
 Models take one tensor ``[B, 2, L]`` (token ids and attention mask, from
-:func:`veil.hf.text.tokenize`) and return logits ``[B, K]``, like every other veil model, so the
+:func:`veil.text.tokens.tokenize`) and return logits ``[B, K]``, like every other veil model, so the
 engine's probes and samplers apply unchanged. The Hugging Face model stays reachable as
 ``.model`` with its own methods (``save_pretrained``, ``generate``, ...).
 """
@@ -26,9 +26,9 @@ import torch
 from torch import Tensor, nn
 
 from veil.errors import ConfigError
-from veil.hf.features import FrozenTextEncoder, trim_padding
-from veil.hf.load import FineTune, ModelFolder, check_fits, require_transformers
 from veil.precision import autocast
+from veil.text.features import FrozenTextEncoder, trim_padding
+from veil.text.load import FineTune, ModelFolder, check_fits, require_transformers
 
 __all__ = [
     "FINE_TUNE_MODES",
@@ -196,8 +196,8 @@ def pipeline_net(cfg: Any, num_classes: int) -> nn.Module:
     preprocessing layer in front and precomputes the features); ``lora``/``full``: a
     :class:`SequenceClassifier`.
     """
-    from veil.hf.data import model_folder
-    from veil.hf.load import inspect_folder
+    from veil.text.data import model_folder
+    from veil.text.load import inspect_folder
 
     if getattr(cfg, "init_from", None) is not None:
         raise ConfigError(
