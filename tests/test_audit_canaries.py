@@ -19,15 +19,15 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import veil
-from veil.audit.canaries import (
+from veil.audit.canaries import GradientCanaries
+from veil.audit.coordinates import (
     AUTO_CANARIES,
-    GradientCanaries,
-    InputCanaries,
     auto_canary_count,
     coordinate_activity,
     hook_free_copy,
     quiet_coordinates,
 )
+from veil.audit.input_canaries import InputCanaries
 from veil.audit.run import AuditSettings, audit, run_one_run_audit
 from veil.errors import InvalidParameterError
 from veil.mechanisms.rng import SeededSource

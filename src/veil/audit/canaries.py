@@ -41,13 +41,20 @@ canary stays in the dataset with weight 0, i.e. it contributes an exactly zero g
 
 from __future__ import annotations
 
-import copy
 import math
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from veil.audit.bounds import OneRunBound, bound_from_scores
+from veil.audit.coordinates import (
+    Direction,
+    auto_canary_count,
+    coordinate_activity,
+    max_gradient_canaries,
+    quiet_coordinates,
+    trainable_parameters,
+)
 from veil.errors import InvalidParameterError
 
 if TYPE_CHECKING:
@@ -58,146 +65,16 @@ if TYPE_CHECKING:
     from veil.mechanisms.rng import RandomSource
     from veil.optimizer import DPOptimizer
 
-__all__ = [
-    "GradientCanaries",
-    "InputCanaries",
-    "auto_canary_count",
-    "coordinate_activity",
-    "hook_free_copy",
-    "max_gradient_canaries",
-    "max_input_canaries",
-    "quiet_coordinates",
-]
+__all__ = ["GradientCanaries", "ScoreKind", "check_count"]
 
-Direction = Literal["dirac", "random"]
 ScoreKind = Literal["sum", "likelihood"]
-_RANDOM_MAX_FLOATS = 50_000_000  # m·d floats kept for random-direction canaries (200 MB float32)
-_ACTIVITY_SAMPLE = 64
 
 
-def _count(name: str, value: Any) -> int:
+def check_count(name: str, value: Any) -> int:
+    """A canary count: an int ≥ 1 (a bool, float or smaller value refused)."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise InvalidParameterError(name, value, "it counts canaries", "pass an integer ≥ 1")
     return int(value)
-
-
-def _trainable(model: nn.Module) -> list[torch.nn.Parameter]:
-    return [p for p in model.parameters() if p.requires_grad]
-
-
-def max_gradient_canaries(model: nn.Module, direction: Direction = "dirac") -> int:
-    """Most gradient canaries a model allows: one coordinate each (Dirac), or m·d within memory."""
-    d = sum(p.numel() for p in _trainable(model))
-    if direction == "dirac":
-        return d
-    return max(1, min(d, _RANDOM_MAX_FLOATS // max(d, 1)))
-
-
-def max_input_canaries(held_out: int) -> int:
-    """Input canaries come from held-out examples; half stay clean non-members for the attacks."""
-    return max(0, held_out // 2)
-
-
-def hook_free_copy(model: nn.Module) -> nn.Module:
-    """A deep copy with every module hook dropped (e.g. a clipper's), for side measurements."""
-    twin = copy.deepcopy(model)
-    for module in twin.modules():
-        for name, value in list(vars(module).items()):
-            if "hooks" in name and isinstance(value, dict):
-                value.clear()
-    return twin
-
-
-def coordinate_activity(
-    model: nn.Module, x: np.ndarray, y: np.ndarray, *, max_grad_norm: float, rng: RandomSource
-) -> np.ndarray:
-    """Per flat coordinate j (over trainable parameters): mean of ``|clip_C(g_n)_j|`` over up to 64
-    training examples at the current weights (cross-entropy loss, hook-free copy in eval mode).
-
-    Uses the data, never the canary bits, so choosing canaries by it cannot bias the audit.
-    """
-    import torch
-
-    twin = hook_free_copy(model).eval()
-    n = min(len(x), _ACTIVITY_SAMPLE)
-    pick = np.sort(np.argsort(rng.uniform(len(x)), kind="stable")[:n])
-    xs, ys = torch.as_tensor(x[pick]), torch.as_tensor(y[pick]).long()
-    try:
-        per = _per_example_vmap(twin, xs, ys)
-    except Exception:  # a model torch.func cannot batch: one backward pass per example
-        per = _per_example_loop(twin, xs, ys)
-    per = per.double()
-    factor = torch.clamp(max_grad_norm / per.norm(dim=1).clamp_min(1e-300), max=1.0)
-    return np.asarray((per.abs() * factor[:, None]).mean(dim=0).numpy())
-
-
-def _per_example_vmap(model: nn.Module, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
-    import torch
-    import torch.nn.functional as F
-    from torch.func import functional_call, grad, vmap
-
-    names = [name for name, p in model.named_parameters() if p.requires_grad]
-    values = {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
-    others = {name: p.detach() for name, p in model.named_parameters() if not p.requires_grad}
-    others.update(dict(model.named_buffers()))
-
-    def one(vals: dict[str, torch.Tensor], xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
-        out = functional_call(model, {**vals, **others}, (xi.unsqueeze(0),))
-        return F.cross_entropy(out, yi.unsqueeze(0))
-
-    grads = vmap(grad(one), in_dims=(None, 0, 0))(values, xs, ys)
-    return torch.cat([grads[name].reshape(len(xs), -1) for name in names], dim=1)
-
-
-def _per_example_loop(model: nn.Module, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
-    import torch
-    import torch.nn.functional as F
-
-    params = _trainable(model)
-    rows = []
-    for i in range(len(xs)):
-        loss = F.cross_entropy(model(xs[i : i + 1]), ys[i : i + 1])
-        grads = torch.autograd.grad(loss, params, allow_unused=True)
-        rows.append(
-            torch.cat(
-                [
-                    (g if g is not None else torch.zeros_like(p)).detach().reshape(-1)
-                    for g, p in zip(grads, params, strict=True)
-                ]
-            )
-        )
-    return torch.stack(rows)
-
-
-def quiet_coordinates(activity: np.ndarray, count: int, *, rng: RandomSource) -> np.ndarray:
-    """The ``count`` coordinates with the least activity, ties (e.g. dead inputs) broken at random."""
-    jitter = rng.uniform(activity.size)
-    order = np.lexsort((jitter, np.asarray(activity, dtype=np.float64)))  # by activity, then at random
-    return np.asarray(order[:count], dtype=np.int64)
-
-
-AUTO_CANARIES = 2000
-
-
-def auto_canary_count(
-    activity: np.ndarray,
-    *,
-    expected_batch_size: int,
-    max_grad_norm: float,
-    noise_multiplier: float,
-    limit: int,
-) -> int:
-    """How many Dirac canaries to use when none is asked for: as many as the model allows, up to
-    :data:`AUTO_CANARIES`.
-
-    The scores subtract the real data's clipped sum (see :class:`GradientCanaries`), so a canary's
-    score carries only its own signal and the noise, whatever its coordinate's activity: each
-    Dirac canary (a coordinate of its own) adds evidence without interfering with the others, and
-    the one-run bound only tightens with more of them (at σ = 0, all guessed right: 2.9 for 100,
-    5.2 for 1000, 6.3 for 3000 at 95 %). ``activity``, ``expected_batch_size``, ``max_grad_norm``
-    and ``noise_multiplier`` are accepted for callers of the earlier, drift-limited rule."""
-    del activity, expected_batch_size, max_grad_norm, noise_multiplier
-    return int(max(1, min(AUTO_CANARIES, limit)))
 
 
 class GradientCanaries:
@@ -273,7 +150,7 @@ class GradientCanaries:
             raise InvalidParameterError(
                 "canary_direction", direction, "unknown canary kind", "use 'dirac' or 'random'"
             )
-        params = _trainable(model)
+        params = trainable_parameters(model)
         d = sum(p.numel() for p in params)
         limit = max_gradient_canaries(model, direction)
         activity = None
@@ -292,7 +169,7 @@ class GradientCanaries:
                 count = max(1, min(1000, limit // 2))
             if cap is not None:
                 count = max(1, min(count, cap))
-        count = _count("canaries", count)
+        count = check_count("canaries", count)
         if count > limit:
             what = (
                 f"the model has {d} trainable parameters and each Dirac canary needs a coordinate of its own"
@@ -499,67 +376,4 @@ class GradientCanaries:
             "mean_inclusions_per_included_canary": float(self.inclusions[self.included].mean())
             if self.included.any()
             else 0.0,
-        }
-
-
-class InputCanaries:
-    """Black-box input canaries: held-out examples with a wrong label, each in the data w.p. ½."""
-
-    def __init__(self, x: np.ndarray, y: np.ndarray, source: np.ndarray, included: np.ndarray) -> None:
-        self.x = x
-        self.y = y
-        self.source = source  # indices into the held-out set they were taken from
-        self.included = np.asarray(included, dtype=bool)
-        self.count = int(self.included.size)
-        self._scores: np.ndarray | None = None
-
-    @classmethod
-    def design(
-        cls, x_held: np.ndarray, y_held: np.ndarray, count: int, num_classes: int, *, rng: RandomSource
-    ) -> InputCanaries:
-        """Take ``count`` held-out examples at random and give each a random wrong label."""
-        count = _count("canaries", count)
-        limit = max_input_canaries(len(y_held))
-        if count > limit:
-            raise InvalidParameterError(
-                "canaries",
-                count,
-                f"input canaries are held-out examples and there are {len(y_held)}; half must stay clean "
-                "non-members for the membership attacks",
-                f"pass --canaries ≤ {limit}, or use gradient canaries",
-            )
-        if num_classes < 2:
-            raise InvalidParameterError(
-                "num_classes", num_classes, "a wrong label needs a second class", "use labelled data"
-            )
-        source = np.argsort(rng.uniform(len(y_held)), kind="stable")[:count]
-        shift = np.asarray(rng.integers(1, num_classes, size=count))
-        labels = (np.asarray(y_held)[source].astype(np.int64) + shift) % num_classes
-        included = rng.bernoulli(count, 0.5)
-        return cls(np.asarray(x_held)[source], labels, source, included)
-
-    def weights(self) -> np.ndarray:
-        """Per-canary training weight: 1 if included, 0 if not (an exactly zero gradient)."""
-        return self.included.astype(np.float32)
-
-    def score(self, model: nn.Module, *, device: str = "cpu") -> np.ndarray:
-        """Logit-scaled confidence of each canary's (wrong) label under the trained model."""
-        from veil.audit.mia import logit_confidence, model_logits
-
-        self._scores = logit_confidence(model_logits(model, self.x, device=device), self.y)
-        return self._scores
-
-    def bound(self, confidence: float = 0.95, *, delta: float = 0.0, share: int = 1) -> OneRunBound:
-        if self._scores is None:
-            raise InvalidParameterError(
-                "canaries", "not scored", "score the canaries on the trained model first", "call score(model)"
-            )
-        return bound_from_scores(self._scores, self.included, confidence=confidence, delta=delta, share=share)
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            "kind": "input",
-            "count": self.count,
-            "included": int(self.included.sum()),
-            "score": "confidence",
         }

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from veil.audit.bounds import check_confidence
-from veil.audit.canaries import Direction, GradientCanaries
+from veil.audit.canaries import GradientCanaries
+from veil.audit.coordinates import Direction
 from veil.audit.report import reading, verdict
 from veil.errors import InvalidParameterError
 from veil.pipeline.outputs import finite

@@ -30,9 +30,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from veil.audit.attacks import membership_attacks, mia_section, plots
-from veil.audit.canaries import GradientCanaries, InputCanaries, max_gradient_canaries, max_input_canaries
+from veil.audit.canaries import GradientCanaries
+from veil.audit.coordinates import max_gradient_canaries
 from veil.audit.fit import Fit, Setup, fit, make_model, prepare_audit, sigma_for, theoretical_epsilon
 from veil.audit.hook import OneRunAudit, check_delta_room, delta_cap, run_one_run_audit
+from veil.audit.input_canaries import InputCanaries, max_input_canaries
 from veil.audit.report import reading, verdict
 from veil.audit.settings import (
     DEFAULT_INPUT_CANARIES,

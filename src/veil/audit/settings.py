@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from veil.audit.bounds import check_confidence
-from veil.audit.canaries import Direction
+from veil.audit.coordinates import Direction
 from veil.errors import ConfigError, InvalidParameterError
 from veil.pipeline.outputs import finite
 
@@ -45,7 +45,7 @@ class AuditSettings:
     attack: Attack = "canary"
     canaries: int | None = None
     """Canaries per kind. Default: gradient canaries on the model's quiet coordinates (50 to 1000, see
-    :func:`~veil.audit.canaries.auto_canary_count`); 500 input canaries, capped by the held-out data.
+    :func:`~veil.audit.coordinates.auto_canary_count`); 500 input canaries, capped by the held-out data.
     An explicit count above the model's or the data's limit is refused."""
     canary_kind: CanaryKind = "gradient"
     canary_direction: Direction = "dirac"
