@@ -105,63 +105,21 @@ def build_report(
 ) -> dict[str, Any]:
     """The report: guarantee, what was measured (private) and utility against the real data (internal)."""
     import veil
-    from veil.synth.utility import marginal_tv, mean_tv
     from veil.tables.sources import parse_source  # describe(): the password of a SQL URL hidden
 
     names = domain.names
-    sizes = domain.sizes
-    total = fit.total
-    marginals = []
-    for clique, std, cells in fit.measured:
-        marginals.append(
-            {
-                "columns": [names[a] for a in clique],
-                "cells": cells,
-                "noise_std": std,
-                "expected_noise_tv": math.sqrt(2 / math.pi) * std * cells / (2 * total),
-            }
-        )
     secure = settings.secure_rng
     randomness = (
         "secure (OS CSPRNG)" if secure else f"seeded (research mode, not for release), seed {settings.seed}"
     )
-    kinds = [e for _, e in fit.spend.events]
-    statement = (
-        f"({spent:.4g}, {settings.delta:g})-differential privacy for the synthetic table and this report's "
-        "private sections, under adding or removing "
-        + (
-            "one row of the table (a person with several rows gets weaker protection)"
-            if settings.privacy_unit is None
-            else f"any one person with all their rows: each person (unit column `{settings.privacy_unit}`), "
-            "whatever number of rows they have"
-        )
-        + ", for the columns the schema "
-        f"uses; {settings.mechanism.upper()} with {sum(k.kind == 'gaussian' for k in kinds)} Gaussian "
-        f"measurements and {sum(k.kind == 'exponential_mechanism' for k in kinds)} exponential-mechanism "
-        "selections, composed as zCDP/RDP and converted to (ε, δ)."
-    )
-    checks = [
-        {"name": "ε within target", "passed": spent <= settings.epsilon * (1 + 1e-9),
-         "detail": f"composed ε = {spent:.6g} ≤ {settings.epsilon:g} at δ = {settings.delta:g}"},
-        {"name": "δ below 1/N", "passed": True, "detail": "δ < 1/N checked before any release"},
-        {"name": "randomness", "passed": secure, "detail": randomness},
-        {"name": "ledger", "passed": True, "detail": "each event fsync'ed to ledger.jsonl on release"},
-    ]  # fmt: skip
-    limit = 500
-    non_private = {
-        "internal": True,
-        "note": "computed from the real table without noise: NOT private, do not release",
-        "rows": int(real.shape[0]),
-        "mean_tv": {str(k): mean_tv(real, fit.codes, sizes, k, limit) for k in (1, 2, 3)},
-        "measured_tv": [marginal_tv(real, fit.codes, sizes, c) for c, _, _ in fit.measured],
-    }
+    checks = _checks(settings, spent, randomness)
     return _envelope(
         out,
         settings,
-        statement,
+        _statement(settings, fit, spent),
         secure and checks[0]["passed"],
         checks,
-        non_private,
+        _non_private(domain, real, fit),
         table_names,
         {
             "veil_version": veil.__version__,
@@ -183,7 +141,7 @@ def build_report(
             "secure_rng": secure,
             "release_ready": secure and checks[0]["passed"],
             "rows_written": int(fit.codes.shape[0]),
-            "rows_estimated": total,
+            "rows_estimated": fit.total,
             "domain": {
                 "columns": [{"name": a.name, "kind": a.kind, "cells": a.size} for a in domain.attributes],
                 "cells": float(domain.cells),
@@ -194,10 +152,69 @@ def build_report(
                 "cells": int(sum(b.size for b in fit.model.theta)),
             },
             "events": [_event_row(label, e) for label, e in fit.spend.events],
-            "marginals": marginals,
+            "marginals": _marginals(names, fit),
             "duration_s": seconds,
         },
     )
+
+
+def _marginals(names: list[str], fit: Any) -> list[dict[str, Any]]:
+    """Each measured marginal: its columns, cells, noise std and the total-variation error the noise
+    alone is expected to cause (post-processing of the noisy total)."""
+    total = fit.total
+    return [
+        {
+            "columns": [names[a] for a in clique],
+            "cells": cells,
+            "noise_std": std,
+            "expected_noise_tv": math.sqrt(2 / math.pi) * std * cells / (2 * total),
+        }
+        for clique, std, cells in fit.measured
+    ]
+
+
+def _statement(settings: Any, fit: Any, spent: float) -> str:
+    """The guarantee in words: (ε, δ), what it covers, the neighbouring relation, the mechanisms."""
+    kinds = [e for _, e in fit.spend.events]
+    return (
+        f"({spent:.4g}, {settings.delta:g})-differential privacy for the synthetic table and this report's "
+        "private sections, under adding or removing "
+        + (
+            "one row of the table (a person with several rows gets weaker protection)"
+            if settings.privacy_unit is None
+            else f"any one person with all their rows: each person (unit column `{settings.privacy_unit}`), "
+            "whatever number of rows they have"
+        )
+        + ", for the columns the schema "
+        f"uses; {settings.mechanism.upper()} with {sum(k.kind == 'gaussian' for k in kinds)} Gaussian "
+        f"measurements and {sum(k.kind == 'exponential_mechanism' for k in kinds)} exponential-mechanism "
+        "selections, composed as zCDP/RDP and converted to (ε, δ)."
+    )
+
+
+def _checks(settings: Any, spent: float, randomness: str) -> list[dict[str, Any]]:
+    """The report's checklist (ε within the target first: release readiness reads it)."""
+    return [
+        {"name": "ε within target", "passed": spent <= settings.epsilon * (1 + 1e-9),
+         "detail": f"composed ε = {spent:.6g} ≤ {settings.epsilon:g} at δ = {settings.delta:g}"},
+        {"name": "δ below 1/N", "passed": True, "detail": "δ < 1/N checked before any release"},
+        {"name": "randomness", "passed": settings.secure_rng, "detail": randomness},
+        {"name": "ledger", "passed": True, "detail": "each event fsync'ed to ledger.jsonl on release"},
+    ]  # fmt: skip
+
+
+def _non_private(domain: Domain, real: np.ndarray, fit: Any) -> dict[str, Any]:
+    """Utility against the real table, computed without noise: internal, never released."""
+    from veil.synth.utility import marginal_tv, mean_tv
+
+    sizes, limit = domain.sizes, 500
+    return {
+        "internal": True,
+        "note": "computed from the real table without noise: NOT private, do not release",
+        "rows": int(real.shape[0]),
+        "mean_tv": {str(k): mean_tv(real, fit.codes, sizes, k, limit) for k in (1, 2, 3)},
+        "measured_tv": [marginal_tv(real, fit.codes, sizes, c) for c, _, _ in fit.measured],
+    }
 
 
 _RELEASED = ("rows_estimated", "model", "marginals", "events")

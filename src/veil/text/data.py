@@ -50,6 +50,41 @@ def _sql_columns(dataset: str, table: str | None, query: str | None) -> tuple[st
     return source.describe(), source_fingerprint(dataset, table, query), columns
 
 
+def _read_columns(
+    dataset: str, table: str | None, query: str | None
+) -> tuple[str, str | None, dict[str, Any]]:
+    """The printable name, fingerprint and columns of ``csv:PATH``, ``parquet:PATH`` or ``sql:URL``
+    (``table``/``query`` only for SQL)."""
+    from veil.accounting.ledger import file_sha256
+    from veil.data.tabular import data_file, read_csv_columns, read_parquet_columns
+
+    scheme, _, path = dataset.partition(":")
+    if scheme == "sql":
+        return _sql_columns(dataset, table, query)
+    if table is not None or query is not None:
+        raise DataError(
+            "--table/--query", table or query, "only a sql: source has tables", "drop it, or use sql:URL"
+        )
+    p = data_file(path)
+    columns = read_csv_columns(p) if scheme == "csv" else read_parquet_columns(p)
+    return f"{scheme}:{p}", file_sha256(p), columns
+
+
+def _check_text_column(text_column: str, label: str, columns: list[str]) -> None:
+    """The text column exists and is not the label column (names only: no value is read)."""
+    if text_column not in columns:
+        raise DataError(
+            "text_column",
+            text_column,
+            "there is no such column in the data",
+            f"pass --text-column with one of: {', '.join(columns[:20])}",
+        )
+    if text_column == label:
+        raise DataError(
+            "text_column", text_column, "it is also the target column", "name the text and label columns"
+        )
+
+
 def load_text_dataset(
     dataset: str,
     *,
@@ -69,13 +104,7 @@ def load_text_dataset(
     """Tokenized texts ``[N, 2, max_length]`` (int64) and labels from ``csv:PATH``, ``parquet:PATH``
     or ``sql:URL`` (with ``table`` or ``query``). With ``fine_tune``, a model too large to fine-tune
     that way on ``device`` is refused before the data is read."""
-    from veil.accounting.ledger import file_sha256
-    from veil.data.tabular import (
-        data_file,
-        read_csv_columns,
-        read_parquet_columns,
-        require_target,
-    )
+    from veil.data.tabular import require_target
     from veil.text.load import check_fits, inspect_folder, load_tokenizer
     from veil.text.tokens import check_texts, tokenize
 
@@ -90,29 +119,9 @@ def load_text_dataset(
     folder = inspect_folder(model_folder(model))  # before reading the data: a bad folder fails fast
     if fine_tune in ("head", "lora", "full"):
         check_fits(folder, fine_tune, device)  # type: ignore[arg-type]
-    digest: str | None
-    if scheme == "sql":
-        name, digest, columns = _sql_columns(dataset, table, query)
-    else:
-        if table is not None or query is not None:
-            raise DataError(
-                "--table/--query", table or query, "only a sql: source has tables", "drop it, or use sql:URL"
-            )
-        p = data_file(path)
-        name, digest = f"{scheme}:{p}", file_sha256(p)
-        columns = read_csv_columns(p) if scheme == "csv" else read_parquet_columns(p)
+    name, digest, columns = _read_columns(dataset, table, query)
     label = require_target(target, scheme, list(columns))
-    if text_column not in columns:
-        raise DataError(
-            "text_column",
-            text_column,
-            "there is no such column in the data",
-            f"pass --text-column with one of: {', '.join(list(columns)[:20])}",
-        )
-    if text_column == label:
-        raise DataError(
-            "text_column", text_column, "it is also the target column", "name the text and label columns"
-        )
+    _check_text_column(text_column, label, list(columns))
     texts = check_texts(columns[text_column], text_column)
     y, classes = encode_labels(columns[label], f"column {label}", classes)
     keep, rules = drop_unlabelled(y)  # an undeclared or missing label drops the row (docs/tables.md)

@@ -132,11 +132,7 @@ def tune(
         full, _, _ = prepare_trial(make_config({**base, "epsilon": epsilon}), None)
         mask = validation_mask(full.data, validation_fraction, seed)
         n_train = records_outside(mask, full.data.units_train)  # rows, or units with a privacy unit
-        check_delta(delta, n_train)
-        for b in space.batch_size:
-            if b > n_train:
-                raise ConfigError("batch_size", b, "the sampling rate B/N must be ≤ 1", "lower it")
-        split = _plan(base, space, mask, epsilon, count, score_noise, n_train)
+        split = _admit(base, space, mask, epsilon, count, score_noise, n_train)
         account.reserve(split.event(), delta)  # the whole procedure, before any trial or file
     except BaseException:
         account.abandon()  # settled at the stand-in (or the plan): never released after reading
@@ -144,17 +140,7 @@ def tune(
 
     k = count.sample()
     account.start(out_dir)
-    trials: list[dict[str, Any]] = []
-    planned = split.trial_curve()
-    for i in range(k):
-        cand = space.draw()
-        shape = split.shape(cand.epochs, cand.batch_size)
-        own = split.trial_epsilon(shape.events(split.prefix, split.score_event))
-        cfg = trial_config(base, cand, shape, own * 1.05 + 0.01, out_dir / "trials" / str(i + 1))
-        result = run_trial(cfg, mask, shape, score_noise, out_dir / "trials" / str(i + 1))
-        spent = trial_rdp(result.pop("events"), ORDERS)
-        result["within_plan"] = bool(np.all(spent <= planned + 1e-12))
-        trials.append({"trial": i + 1, **cand.to_dict(), **result})
+    trials = _run_trials(k, base, space, split, mask, score_noise, out_dir)
     chosen = max(trials, key=lambda t: t["noisy_score"]) if trials else None
     if chosen is not None:
         shutil.copyfile(out_dir / "trials" / str(chosen["trial"]) / "model.pt", out_dir / "model.pt")
@@ -175,3 +161,46 @@ def tune(
     )
     account.settle()
     return report
+
+
+def _admit(
+    base: dict[str, Any],
+    space: SearchSpace,
+    mask: np.ndarray,
+    epsilon: float,
+    count: TrialCount,
+    score_noise: float,
+    n_train: int,
+) -> BudgetSplit:
+    """δ < 1/N and B ≤ N on the training part, then the budget split of the whole procedure (refused
+    here, before any trial, if it cannot fit)."""
+    check_delta(base["delta"], n_train)
+    for b in space.batch_size:
+        if b > n_train:
+            raise ConfigError("batch_size", b, "the sampling rate B/N must be ≤ 1", "lower it")
+    return _plan(base, space, mask, epsilon, count, score_noise, n_train)
+
+
+def _run_trials(
+    k: int,
+    base: dict[str, Any],
+    space: SearchSpace,
+    split: BudgetSplit,
+    mask: np.ndarray,
+    score_noise: float,
+    out_dir: Path,
+) -> list[dict[str, Any]]:
+    """``k`` trials, each a candidate drawn from the space and trained at its shape's σ; each records
+    whether its spent RDP curve stayed under the planned one."""
+    trials: list[dict[str, Any]] = []
+    planned = split.trial_curve()
+    for i in range(k):
+        cand = space.draw()
+        shape = split.shape(cand.epochs, cand.batch_size)
+        own = split.trial_epsilon(shape.events(split.prefix, split.score_event))
+        cfg = trial_config(base, cand, shape, own * 1.05 + 0.01, out_dir / "trials" / str(i + 1))
+        result = run_trial(cfg, mask, shape, score_noise, out_dir / "trials" / str(i + 1))
+        spent = trial_rdp(result.pop("events"), ORDERS)
+        result["within_plan"] = bool(np.all(spent <= planned + 1e-12))
+        trials.append({"trial": i + 1, **cand.to_dict(), **result})
+    return trials
