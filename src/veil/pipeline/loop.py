@@ -90,7 +90,7 @@ def trainable_view(plan: RunPlan, net: nn.Module, device: str) -> tuple[Trainabl
     data = plan.data
     if view.front is None:
         return view, data.x_train, data.x_test
-    if not plan.feature_cache:  # the front was probed with the whole model by _prepare
+    if not plan.feature_cache:  # the front was probed with the whole model by the job (veil.training.prepare)
         for split, x in (("train", data.x_train), ("test", data.x_test)):
             plan.feature_cache[split] = view.inputs(x, device)
     return view, plan.feature_cache["train"], plan.feature_cache["test"]
