@@ -55,7 +55,10 @@ LAYER: dict[str, int] = {
     # pipeline: the steps every job shares, the report, MLflow logging, multi-process setup
     **dict.fromkeys(["pipeline", "report", "mlflow_log", "distributed"], PIPELINE),
     # jobs: one per subcommand family (hf: the text-model job and DPTrainer; lightning: the callback)
-    **dict.fromkeys(["training", "audit", "pate", "tune", "synth", "federated", "hf", "lightning"], JOBS),
+    # predict: veil predict, a released table model rebuilt through the pipeline
+    **dict.fromkeys(
+        ["training", "audit", "pate", "tune", "synth", "federated", "hf", "lightning", "predict"], JOBS
+    ),
     **dict.fromkeys(["cli", "__main__"], CLI),
 }
 
@@ -71,9 +74,6 @@ KNOWN_UPWARD: set[tuple[str, str]] = {
     ("veil.pipeline.model", "veil.hf.finetune"),
     # `veil train --audit`: the training loop calls the audit package's hook (docs/architecture.md)
     ("veil.pipeline.loop", "veil.audit.hook"),
-    # the table predictor rebuilds a trained model and reads its run folder through the pipeline
-    ("veil.tables.predict", "veil.pipeline.model"),
-    ("veil.tables.predict", "veil.pipeline.run_folder"),
 }
 
 
