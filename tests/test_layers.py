@@ -16,7 +16,8 @@ CORE, PIPELINE, JOBS, CLI = 0, 1, 2, 3
 _NAMES = {CORE: "core", PIPELINE: "pipeline", JOBS: "jobs", CLI: "cli"}
 
 LAYER: dict[str, int] = {
-    # core: mechanisms, accounting, the engine and what it is built from, data and model building
+    # core: mechanisms, accounting, the engine and what it is built from (data_parallel: its pieces
+    # across ranks; the launcher and rank-side job stay in distributed/), data and model building
     # blocks, the budget registry (the pipeline charges it; it imports no step)
     **dict.fromkeys(
         [
@@ -27,6 +28,7 @@ LAYER: dict[str, int] = {
             "compat",
             "config",
             "data",
+            "data_parallel",
             "engine",
             "errors",
             "layers",
@@ -63,9 +65,6 @@ LAYER: dict[str, int] = {
 }
 
 KNOWN_UPWARD: set[tuple[str, str]] = {
-    # engine.make_private resolves the torch.distributed setup itself (issue 26: pass it in from above)
-    ("veil.engine", "veil.distributed"),
-    ("veil.engine", "veil.distributed.setup"),
     # the multi-process launcher runs the train job on each rank
     ("veil.distributed.job", "veil.training"),
     # the shared steps call the text-model helpers lazily (optional extra veil[hf])
