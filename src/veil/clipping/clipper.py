@@ -185,6 +185,11 @@ class PerSampleClipper:
         """The bound per group (per-layer) or the single flat bound."""
         return list(self._bounds)
 
+    @property
+    def _calls(self) -> list[Call]:
+        """The forward calls captured since the last :meth:`accumulate` (read-only; for inspection)."""
+        return self._capture.calls
+
     def accumulate(self) -> Tensor:
         """Clip this physical batch's per-example gradients and add their sum to the accumulator.
 
