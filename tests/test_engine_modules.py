@@ -1,4 +1,6 @@
-"""``make_private(distributed=context)``: a run across ranks described by a caller's own RankContext.
+"""The engine's modules through the facade: a caller's own RankContext, and the shuffled loader's σ.
+
+``make_private(distributed=context)``: a run across ranks described by a caller's own RankContext.
 
 The engine knows a multi-process run only through :class:`veil.engine.ranks.RankContext`; a caller
 above the engine may build one and pass it in. These tests pass a recording context (one process, no
@@ -6,6 +8,8 @@ process group) and check that the engine trains the context's module, runs every
 step of the context in make_private's order, draws its batches from the context's sampler and wraps
 the optimizer with the context's optimizer class; and that a refusal by the context leaves the
 engine untouched. A plain bool still resolves the torch.distributed setup (tests/test_distributed*.py).
+The last test checks :func:`veil.engine.planning.noise_multiplier` for the shuffled loader against an
+independent composition of its per-step events.
 """
 
 from __future__ import annotations
@@ -125,3 +129,22 @@ def test_one_process_needs_no_context_and_anything_else_is_refused() -> None:
     assert resolve_ranks(outer, None) is None and resolve_ranks(outer, False) is None
     with pytest.raises(ConfigError, match="explicit"):
         resolve_ranks(outer, "yes")  # type: ignore[arg-type]
+
+
+def test_a_shuffled_run_calibrated_to_a_target_meets_it_at_sensitivity_2c() -> None:
+    """σ calibrated for the opt-in shuffled loader: each step is Gaussian(σ/2) (replacement, 2C), so
+    the composed ε of those steps (an independent composition, not the engine's accountant) meets the
+    target and is close to it; σ calibrated as if the sensitivity were C would exceed it."""
+    from veil.accounting.calibrate import epsilon_of
+    from veil.accounting.events import Gaussian
+
+    _, inner, opt, loader = _setup()
+    engine = PrivacyEngine()
+    engine.make_private(
+        module=inner, optimizer=opt, data_loader=loader, max_grad_norm=1.0, target_epsilon=2.0,
+        target_delta=1e-3, epochs=3, poisson_sampling=False, allow_non_poisson=True,
+    )  # fmt: skip
+    sigma, steps = engine.noise_multiplier, 3 * 4
+    assert sigma is not None
+    epsilon = epsilon_of([Gaussian(sigma / 2)] * steps, 1e-3)
+    assert 1.9 <= epsilon <= 2.0
