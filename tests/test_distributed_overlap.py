@@ -1,5 +1,5 @@
 """The distributed optimizer's overlap: the next step's secure noise slice is drawn while the all-reduce
-is in flight (veil.distributed.optimizer). In one process, on a 1-rank gloo group (no spawn: fast).
+is in flight (veil.data_parallel.optimizer). In one process, on a 1-rank gloo group (no spawn: fast).
 
 What must hold: every step's noise is one fresh draw used once (the buffered draw is the one added, and
 never again); a buffered draw of the wrong standard deviation is discarded; the seeded source and

@@ -316,7 +316,7 @@ def test_a_job_that_cannot_protect_units_is_refused_on_a_unit_dataset(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The registry's door refuses it before reading: `schema infer --epsilon` protects rows."""
-    import veil.tables.sources as sources
+    from veil.tables.sources import csv_reader
 
     spec = f"csv:{files['csv']}"
     code, _, err = _cli(
@@ -328,8 +328,8 @@ def test_a_job_that_cannot_protect_units_is_refused_on_a_unit_dataset(
     def no_read(*args: object, **kwargs: object) -> None:
         raise AssertionError("a row was read")
 
-    monkeypatch.setattr(sources, "_csv_batches", no_read)
-    monkeypatch.setattr(sources, "_read_csv", no_read)
+    monkeypatch.setattr(csv_reader, "read_batches", no_read)
+    monkeypatch.setattr(csv_reader, "read_table", no_read)
     out = tmp_path / "schema.toml"
     code, _, err = _cli(
         capsys, "schema", "infer", spec, "--target", "outcome", "--out", str(out), "--epsilon", "1"

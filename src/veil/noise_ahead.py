@@ -3,7 +3,7 @@
 A secure noise draw costs time the step would otherwise wait for; it depends on nothing but the
 noise's shape, standard deviation, dtype and device, so it can be made earlier: by a worker thread
 while the next forward and backward run (:class:`~veil.optimizer.DPOptimizer`, one process), or
-while an all-reduce is in flight (:class:`~veil.distributed.optimizer.DistributedDPOptimizer`).
+while an all-reduce is in flight (:class:`~veil.data_parallel.optimizer.DistributedDPOptimizer`).
 Both keep their draws here, under the same rules:
 
 * **exactly once**: :meth:`NoiseAhead.take` removes the draw it returns, so a draw is added to one

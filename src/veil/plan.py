@@ -1,7 +1,7 @@
 """The privacy settings of a DP-SGD run (:class:`PrivacyPlan`), apart from the engine that builds them.
 
 :class:`veil.engine.PrivacyEngine` fixes the plan in ``make_private``; the distributed setup
-(:mod:`veil.distributed.setup`) checks that every rank built the same one. Both import it from here, so
+(:mod:`veil.data_parallel.setup`) checks that every rank built the same one. Both import it from here, so
 neither imports the other for it (``veil.engine`` re-exports it).
 """
 

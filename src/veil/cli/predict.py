@@ -21,7 +21,7 @@ def register(app: typer.Typer) -> None:
         json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     ) -> None:
         """Predict the class of new rows with a model trained on a table, encoded as in training."""
-        from veil.tables.predict import predict_table
+        from veil.predict import predict_table
 
         summary = predict_table(run_dir, dataset, out, table=table, query=query, force=force)
         emit(summary, json_output, title="predictions")

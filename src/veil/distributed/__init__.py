@@ -9,10 +9,10 @@
 Guarantee (add/remove-one neighbouring, the same as one process with the same plan). Each logical
 step releases ``(Σ_{i ∈ batch} clip_C(g_i) + N(0, σ²Δ²I)) / (q·N)`` to every rank, where the batch
 is a Poisson(q) sample of the whole dataset of size N: each example is included with probability q,
-decided once, by the rank that owns it (:mod:`veil.distributed.sampler`); the clipped sums are
+decided once, by the rank that owns it (:mod:`veil.data_parallel.sampler`); the clipped sums are
 all-reduced once per step and the noise enters once: each rank draws N(0, σ²C²) for its own slice
 of the coordinates from OS entropy (secure, the default), or rank 0 draws it all (seeded research mode)
-(:mod:`veil.distributed.optimizer`).
+(:mod:`veil.data_parallel.optimizer`).
 So the accountant's ``PoissonSampled(q, Gaussian(σ))`` per step holds whatever the world size.
 Replicas start from rank 0's parameters and apply the same all-reduced update, so they stay
 identical; every rank takes every logical step (an empty local batch contributes zeros).
@@ -27,13 +27,13 @@ from __future__ import annotations
 from typing import Any
 
 _LAZY = {
-    "DistributedDPOptimizer": "veil.distributed.optimizer",
-    "DistributedSetup": "veil.distributed.setup",
-    "ShardedPoissonBatchSampler": "veil.distributed.sampler",
+    "DistributedDPOptimizer": "veil.data_parallel.optimizer",
+    "DistributedSetup": "veil.data_parallel.setup",
+    "ShardedPoissonBatchSampler": "veil.data_parallel.sampler",
     "is_writer": "veil.distributed.runtime",
-    "owner_of": "veil.distributed.sampler",
+    "owner_of": "veil.data_parallel.sampler",
     "rank_and_world": "veil.distributed.runtime",
-    "resolve_setup": "veil.distributed.setup",
+    "resolve_setup": "veil.data_parallel.setup",
 }
 
 __all__ = sorted(_LAZY)

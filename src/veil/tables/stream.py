@@ -71,19 +71,19 @@ PROBE_ROWS = 256
 
 def parquet_rows(path: str | Path) -> int:
     """The number of rows of a Parquet file, from its metadata (no row is read)."""
-    from veil.tables.sources import TableSource, _need, _parquet_file
+    from veil.tables.sources.common import TableSource
+    from veil.tables.sources.parquet_reader import open_parquet
 
-    source = TableSource("parquet", str(path))
-    return int(_parquet_file(_need("pyarrow.parquet", source.describe()), source).metadata.num_rows)
+    return int(open_parquet(TableSource("parquet", str(path))).metadata.num_rows)
 
 
 def _open(path: str | Path, encoder: TableEncoder) -> tuple[Any, list[str], np.ndarray]:
     """The Parquet file (columns checked against the schema), the used columns, row-group starts."""
-    from veil.tables.sources import TableSource, _need, _parquet_file, check_columns
+    from veil.tables.sources.common import TableSource, check_columns
+    from veil.tables.sources.parquet_reader import open_parquet
 
     source = TableSource("parquet", str(path))
-    pq = _need("pyarrow.parquet", source.describe())
-    pf = _parquet_file(pq, source)
+    pf = open_parquet(source)
     check_columns(encoder.schema, pf.schema_arrow.names, source.describe(), need_target=True)
     columns = [c.name for c in encoder.schema.columns if c.used]
     sizes = [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)]

@@ -7,7 +7,7 @@
 Why the inner module. DDP all-reduces ``p.grad`` during ``backward()``: averaged *unclipped*
 gradients, which DP-SGD must never form (and veil's clipper never materialises that gradient, so
 DDP's reducer would also wait for gradients that never come). veil instead all-reduces the clipped
-sums once per logical step (:class:`~veil.distributed.optimizer.DistributedDPOptimizer`). The DDP
+sums once per logical step (:class:`~veil.data_parallel.optimizer.DistributedDPOptimizer`). The DDP
 wrapper is guarded: a forward through it that could record gradients raises
 :class:`~veil.errors.ConfigError` naming the fix, so its averaging never sees a gradient.
 
@@ -36,8 +36,8 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 from torch.utils.hooks import RemovableHandle
 
-from veil.distributed.optimizer import DistributedDPOptimizer
-from veil.distributed.sampler import ShardedPoissonBatchSampler
+from veil.data_parallel.optimizer import DistributedDPOptimizer
+from veil.data_parallel.sampler import ShardedPoissonBatchSampler
 from veil.errors import ConfigError, SamplingError
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""``veil predict``: a trained table model's predictions for new rows, encoded as in training.
+"""job: ``veil predict``, a trained table model's predictions for new rows, encoded as in training.
 
 The model is rebuilt from the run folder alone: ``config.toml`` (which network), ``encoder.json``
 (the schema and feature layout the model was trained on) and ``model.pt`` (the released DP weights).

@@ -19,7 +19,7 @@ where ``Z`` enters exactly once, in one of two ways fixed by the noise source:
 
 Because
 the local batches partition a Poisson sample of the whole dataset
-(:class:`~veil.distributed.sampler.ShardedPoissonBatchSampler`), ``Σ_r S_r`` is the clipped sum one
+(:class:`~veil.data_parallel.sampler.ShardedPoissonBatchSampler`), ``Σ_r S_r`` is the clipped sum one
 process would form, with sensitivity ``Δ``; the divisor is the constant global ``B``, never a local or
 realised batch size. Ranks then apply the same update from the same all-reduced bytes, so replicas
 stay identical.

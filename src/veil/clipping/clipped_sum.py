@@ -1,0 +1,85 @@
+"""The clipped sum: clip factors from the per-example norms, applied inside one weighted sum per parameter.
+
+Flat clipping: ``c_i = min(1, C / ‖g_i‖)``; per-layer: ``c_ik = min(1, C_k / ‖g_ik‖)`` per group.
+The factors are computed at ≥ float32, times the loss-scale factor and the rounding margin
+(:func:`rounding_margin`), and applied as ``Σ_i c_i g_i``: one weighted matmul for materialised
+gradients, the rule's own weighted sum for ghost ones (book-keeping: no second backward pass). Each
+parameter's sum is formed at its dtype promoted to at least float32 (:func:`sum_dtypes`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from veil.clipping.norms import Norms
+
+__all__ = ["STABILITY", "clip_weights", "rounding_margin", "sum_dtypes", "weighted_sums"]
+
+STABILITY = 1e-12
+
+
+def sum_dtypes(parameters: list[nn.Parameter]) -> dict[int, torch.dtype]:
+    """Accumulator dtype per parameter: the parameter's own, at least float32."""
+    return {id(p): torch.promote_types(p.dtype, torch.float32) for p in parameters}
+
+
+def rounding_margin(parameters: list[nn.Parameter]) -> float:
+    """``1 - 2u`` for the coarsest parameter dtype (unit roundoff ``u``: bf16 2⁻⁸, fp16 2⁻¹¹).
+
+    Clip factors are computed at ≥ float32 and multiplied by this margin, so that a contribution
+    rounded to its parameter's dtype (one rounding per coordinate, relative error ≤ u) keeps
+    norm ≤ C, with u of slack left for float32 arithmetic in the norms and the weighted sums.
+    """
+    roundoff = max((torch.finfo(p.dtype).eps / 2 for p in parameters), default=0.0)
+    return 1.0 - 2.0 * roundoff
+
+
+def clip_weights(
+    squares: list[list[Tensor]],
+    bounds: list[float],
+    clipping: Literal["flat", "per_layer"],
+    scale: float,
+    margin: float,
+    batch: int,
+    norm_dtype: torch.dtype,
+    device: torch.device,
+) -> tuple[Tensor, list[Tensor]]:
+    """``(flat per-example norms [B], one weight vector [B] per group)``: ``c_i · scale · margin``."""
+
+    def total(parts: list[Tensor]) -> Tensor:
+        if not parts:
+            return torch.zeros(batch, dtype=norm_dtype, device=device)
+        return parts[0] if len(parts) == 1 else torch.stack(parts).sum(dim=0)
+
+    if clipping == "flat":
+        flat_norms = total([t for parts in squares for t in parts]).sqrt() * scale
+        weight = torch.clamp(bounds[0] / (flat_norms + STABILITY), max=1.0) * (scale * margin)
+        return flat_norms, [weight] * len(squares)
+    group_sq = torch.stack([total(parts) for parts in squares])
+    flat_norms = group_sq.sum(dim=0).sqrt() * scale
+    limits = torch.tensor(bounds, dtype=norm_dtype, device=device).unsqueeze(1)
+    factors = torch.clamp(limits / (group_sq.sqrt() * scale + STABILITY), max=1.0)
+    return flat_norms, list((factors * (scale * margin)).unbind(0))
+
+
+def weighted_sums(
+    norms: Norms,
+    weights: list[Tensor],
+    group_of: dict[int, int],
+    dtypes: dict[int, torch.dtype],
+    batch: int,
+    norm_dtype: torch.dtype,
+) -> dict[int, Tensor]:
+    """id(parameter) → ``Σ_i w_i g_i`` at ≥ float32 (weights never cast down; one rounding to the sum)."""
+    added: dict[int, Tensor] = {}
+    for pid, grads in norms.materialised.items():
+        work = torch.promote_types(grads.dtype, norm_dtype)
+        w = weights[group_of[pid]].to(work)
+        added[pid] = (w @ grads.reshape(batch, -1).to(work)).view(grads.shape[1:]).to(dtypes[pid])
+    for pid, ghost in norms.ghosts:
+        part = ghost.weighted_sum(weights[group_of[pid]]).to(dtypes[pid])
+        added[pid] = part if pid not in added else added[pid] + part
+    return added

@@ -1,0 +1,266 @@
+"""The one CSV parser (pyarrow): typed reads for tables, batches for streaming, text cells for loaders.
+
+Quoted newlines are allowed in values; only ``\n``/``\r`` end a row, so U+0085 (NEL) or U+2028 inside
+a cell stays in its row. The delimiter (``,``, ``;`` or tab) is read from the header line alone; the
+text encoding is declared (UTF-8 by default, e.g. ``latin-1``), never guessed from the rows. A cell of a
+numeric column that is not a number makes the reader read those columns as text (the encoder then
+makes such a cell missing: a per-record rule, never a refusal). A parse error is told by its line,
+never its content (pyarrow's own message quotes the row, which holds private values).
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from veil.errors import DataError
+from veil.tables.sources.common import RawTable, TableSource, first_line, need
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from veil.tables.schema import TableSchema
+
+__all__ = ["header", "newline_count", "read_batches", "read_csv_text", "read_table"]
+
+
+def _open_text(p: Path, encoding: str) -> Any:
+    import gzip
+
+    opener: Any = gzip.open if p.name.lower().endswith(".gz") else open
+    codec = "utf-8-sig" if encoding in ("utf-8", "utf_8") else encoding
+    return opener(p, "rt", encoding=codec, newline="")
+
+
+def header(p: Path, encoding: str = "utf-8") -> list[str]:
+    try:
+        with _open_text(p, encoding) as fh:
+            header = next(csv.reader(fh, delimiter=_delimiter(p, encoding)), None)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _not_decodable(p, encoding, exc) from None
+    if not header:
+        raise DataError(
+            "dataset file", str(p), "the CSV has no header row", "add a header naming the columns"
+        )
+    names = [h.strip() for h in header]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup is not None:
+        raise DataError("CSV header", dup, "column names must be unique to be declared", "rename duplicates")
+    return names
+
+
+def _not_decodable(p: Path, encoding: str, exc: BaseException) -> DataError:
+    return DataError(
+        "dataset file",
+        str(p),
+        f"it cannot be read as {encoding} text ({exc.__class__.__name__})",
+        "save it as UTF-8, or declare its encoding (e.g. encoding='latin-1')",
+    )
+
+
+def _delimiter(p: Path, encoding: str) -> str:
+    """``,``, ``;`` or tab: whichever occurs most in the header line (the first line), ``,`` on a tie."""
+    try:
+        with _open_text(p, encoding) as fh:
+            first = fh.readline()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _not_decodable(p, encoding, exc) from None
+    counts = {d: first.count(d) for d in (",", ";", "\t")}
+    best = max(counts, key=lambda d: counts[d])
+    return best if counts[best] > counts[","] else ","
+
+
+def _csv_options(
+    p: Path, encoding: str, names: list[str], block_size: int | None = None, skip: int = 0
+) -> dict[str, Any]:
+    """pyarrow's read and parse options shared by every CSV read: the header's (stripped) names, the
+    declared encoding, the header's delimiter, and newlines allowed inside quoted values."""
+    import pyarrow.csv as pa_csv
+
+    read = pa_csv.ReadOptions(
+        column_names=names,
+        skip_rows=1,
+        skip_rows_after_names=skip,
+        encoding=encoding,
+        **({"block_size": block_size} if block_size else {}),
+    )
+    parse = pa_csv.ParseOptions(delimiter=_delimiter(p, encoding), newlines_in_values=True)
+    return {"read_options": read, "parse_options": parse}
+
+
+def newline_count(path: Path) -> int:
+    """Newlines in the file: at least the number of data rows (+1 for a last line without one)."""
+    count = 0
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 24), b""):
+            count += block.count(b"\n")
+    return count + 1
+
+
+def read_batches(
+    path: Path,
+    schema: TableSchema,
+    wanted: list[str],
+    source: TableSource,
+    names: list[str],
+    *,
+    text: Sequence[str] = (),
+    numbers_as_text: bool = False,
+    skip: int = 0,
+) -> Iterator[RawTable]:
+    """The CSV block by block. A cell of a numeric column that is not a number stops pyarrow's typed
+    reader; the rest of the file is then read with those columns as text, from the first row not yet
+    yielded, and the encoder makes such a cell missing (a per-record rule, never a refusal)."""
+    pa_csv = need("pyarrow.csv", source.describe())
+    import pyarrow as pa
+
+    missing = list(schema.missing_values)
+    convert = pa_csv.ConvertOptions(
+        column_types={
+            **_csv_types(schema, numbers_as_text=numbers_as_text),
+            **{name: pa.string() for name in text},
+        },
+        null_values=missing,
+        strings_can_be_null=True,
+        include_columns=wanted,
+        true_values=["true", "True", "TRUE"],
+        false_values=["false", "False", "FALSE"],
+    )
+    offset = skip
+    try:
+        reader = pa_csv.open_csv(
+            path, convert_options=convert, **_csv_options(path, source.encoding, names, 1 << 22, skip)
+        )
+        for batch in reader:
+            if batch.num_rows:
+                yield RawTable(pa.Table.from_batches([batch]), source, first_row=offset + 2)
+                offset += batch.num_rows
+    except pa.ArrowInvalid as exc:
+        if numbers_as_text or not _conversion_error(exc):
+            _csv_error(path, exc)
+        retry = True
+    else:
+        retry = False
+    if retry:
+        yield from read_batches(
+            path, schema, wanted, source, names, text=text, numbers_as_text=True, skip=offset
+        )
+
+
+def _conversion_error(exc: BaseException) -> bool:
+    """pyarrow could not convert a cell to its column's type (not a malformed row)."""
+    return "conversion error" in str(exc)
+
+
+def _csv_types(schema: TableSchema | None, *, numbers_as_text: bool = False) -> dict[str, Any]:
+    """Column types for pyarrow's reader; numeric features as float32, or as text (then converted by
+    the encoder, which makes a cell that is not a number missing)."""
+    import pyarrow as pa
+
+    if schema is None:
+        return {}
+    types: dict[str, Any] = {}
+    for c in schema.columns:
+        if not c.used:
+            continue
+        if c.type == "numeric" and c.role == "feature":
+            types[c.name] = pa.string() if numbers_as_text else pa.float32()
+        elif c.type in ("categorical", "ordinal") or c.role == "target":
+            types[c.name] = pa.dictionary(pa.int32(), pa.string())
+        else:
+            types[c.name] = pa.string()
+    return types
+
+
+def read_table(
+    p: Path,
+    schema: TableSchema | None,
+    wanted: list[str],
+    encoding: str = "utf-8",
+    names: list[str] | None = None,
+) -> pa.Table:
+    pa_csv = need("pyarrow.csv", f"csv:{p}")
+    import pyarrow as pa
+
+    from veil.tables.schema import DEFAULT_MISSING_VALUES
+
+    missing = list(schema.missing_values if schema is not None else DEFAULT_MISSING_VALUES)
+    names = names if names is not None else header(p, encoding)
+    for numbers_as_text in (False, True):  # a cell that is not a number: read those columns as text
+        convert = pa_csv.ConvertOptions(
+            column_types=_csv_types(schema, numbers_as_text=numbers_as_text),
+            null_values=missing,
+            strings_can_be_null=True,
+            include_columns=wanted,
+            true_values=["true", "True", "TRUE"],
+            false_values=["false", "False", "FALSE"],
+        )
+        try:
+            return pa_csv.read_csv(p, convert_options=convert, **_csv_options(p, encoding, names))
+        except pa.ArrowInvalid as exc:
+            if numbers_as_text or not _conversion_error(exc):
+                _csv_error(p, exc)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def read_csv_text(source: TableSource) -> dict[str, list[str]]:
+    """A CSV's every cell as written (text, no type inference, no missing-value markers), by column:
+    the table reader with all columns read as strings, for loaders that parse cells themselves."""
+    if source.kind != "csv":
+        raise DataError("dataset", source.describe(), "only a CSV is read as text cells", "pass csv:PATH")
+    pa_csv = need("pyarrow.csv", source.describe())
+    import pyarrow as pa
+
+    p = Path(source.location)
+    names = header(p, source.encoding)
+    convert = pa_csv.ConvertOptions(
+        column_types={n: pa.string() for n in names},
+        null_values=[],
+        strings_can_be_null=False,
+        quoted_strings_can_be_null=False,
+    )
+    try:
+        table = pa_csv.read_csv(p, convert_options=convert, **_csv_options(p, source.encoding, names))
+    except pa.ArrowInvalid as exc:
+        _csv_error(p, exc)
+    return {name: table.column(name).to_pylist() for name in names}
+
+
+def _csv_error(p: Path, exc: Exception) -> NoReturn:
+    """pyarrow's parse error as one line that names the row, never its content (pyarrow's own message
+    quotes the row, which holds private values)."""
+    message = first_line(exc)
+    ragged = re.search(r"Expected (\d+) columns, got (\d+)", message)
+    if ragged:
+        line = _ragged_line(p, int(ragged.group(1)))
+        raise DataError(
+            f"line {line}" if line is not None else "a row",
+            f"{ragged.group(2)} fields (row not shown)",
+            f"the CSV header has {ragged.group(1)} columns and every row must have as many",
+            "fix that row of the file (a field with a comma or a newline must be quoted)",
+        ) from None
+    raise DataError(
+        "dataset file",
+        str(p),
+        f"the CSV cannot be parsed ({message.split(':')[0]}; the parser's detail is not shown: it may "
+        "quote a private row)",
+        "check the file's quoting and encoding",
+    ) from None
+
+
+def _ragged_line(p: Path, columns: int) -> int | None:
+    """The line on which the first row with another number of fields than ``columns`` ends (on the
+    error path only)."""
+    try:
+        with _open_text(p, "utf-8") as fh:
+            reader = csv.reader(fh, delimiter=_delimiter(p, "utf-8"))
+            next(reader, None)
+            for record in reader:
+                if record and len(record) != columns:
+                    return reader.line_num
+    except (OSError, UnicodeDecodeError, csv.Error, DataError):
+        return None
+    return None

@@ -1,0 +1,147 @@
+"""SQL databases through SQLAlchemy: a table or a query, fetched in partitions and converted to Arrow.
+
+Reading writes nothing: a SQLite URL naming a file that does not exist is refused (SQLite would create
+it). Errors show the URL with its password hidden.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from veil.errors import DataError
+from veil.tables.sources.common import TableSource, first_line, need
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["SQL_PARTITION_ROWS", "read_table"]
+
+SQL_PARTITION_ROWS = 65_536
+
+
+def _engine(source: TableSource) -> Any:
+    sqlalchemy = need("sqlalchemy", source.describe())
+    from sqlalchemy.engine import make_url
+
+    try:
+        url = make_url(source.location)
+    except Exception:
+        url = None
+    database = str(url.database or "") if url is not None else ""
+    if (
+        url is not None
+        and url.get_backend_name() == "sqlite"
+        and database not in ("", ":memory:")
+        and not database.startswith("file:")
+        and not Path(database).expanduser().is_file()
+    ):
+        # SQLite would create an empty database file: reading must write nothing.
+        raise DataError(
+            "dataset",
+            source.describe(),
+            "the SQLite database file does not exist",
+            "check the path in the URL",
+        )
+    try:
+        return sqlalchemy.create_engine(source.location)
+    except Exception as exc:
+        raise DataError(
+            "dataset",
+            source.describe(),
+            f"not a usable database URL ({first_line(exc)})",
+            "write sql:DIALECT[+DRIVER]://USER:PASSWORD@HOST/DB, e.g. sql:sqlite:///data.db",
+        ) from None
+
+
+def _connect_error(source: TableSource, exc: BaseException) -> DataError:
+    text = first_line(getattr(exc, "orig", None) or exc)
+    lowered = str(exc).lower()
+    if "password authentication failed" in lowered or "access denied" in lowered:
+        return DataError(
+            "dataset",
+            source.describe(),
+            "the database refused the user name or password",
+            "check the user and password in the URL (or the PGPASSWORD/.pgpass the driver reads)",
+        )
+    return DataError(
+        "dataset",
+        source.describe(),
+        f"the database cannot be reached ({text})",
+        "check the host, port and database name, and that the server is running",
+    )
+
+
+def read_table(source: TableSource, limit: int | None = None) -> pa.Table:
+    """Run the table read or query; ``limit=0`` fetches the column names only."""
+    import pyarrow as pa
+
+    sqlalchemy = need("sqlalchemy", source.describe())
+    from sqlalchemy import exc as sa_exc
+
+    engine = _engine(source)
+    try:
+        try:
+            conn = engine.connect()
+        except sa_exc.SQLAlchemyError as exc:
+            raise _connect_error(source, exc) from None
+        with conn:
+            statement = _statement(sqlalchemy, conn, source, limit)
+            try:
+                result = conn.execution_options(stream_results=True).execute(statement)
+            except sa_exc.SQLAlchemyError as exc:
+                raise DataError(
+                    "query" if source.query else "table",
+                    source.query or source.table,
+                    f"the database refused it ({first_line(getattr(exc, 'orig', None) or exc)})",
+                    "check the SQL and the table and column names",
+                ) from None
+            names = [str(k) for k in result.keys()]  # noqa: SIM118 - a Result, not a dict
+            dup = next((n for n in names if names.count(n) > 1), None)
+            if dup is not None:
+                raise DataError(
+                    "query columns", dup, "two result columns share a name", "alias them apart (AS ...)"
+                )
+            if limit == 0:
+                result.close()
+                return pa.table({n: pa.array([], pa.null()) for n in names})
+            parts = [_partition(names, rows) for rows in result.partitions(SQL_PARTITION_ROWS)]
+    finally:
+        engine.dispose()
+    if not parts:
+        return pa.table({n: pa.array([], pa.null()) for n in names})
+    return pa.concat_tables(parts, promote_options="permissive")
+
+
+def _partition(names: list[str], rows: Sequence[Sequence[Any]]) -> pa.Table:
+    """Rows of a result partition → an Arrow table, column by column (types inferred by Arrow)."""
+    import pyarrow as pa
+
+    columns = list(zip(*rows, strict=True)) if rows else [() for _ in names]
+    return pa.table({n: pa.array(list(c)) for n, c in zip(names, columns, strict=True)})
+
+
+def _statement(sqlalchemy: Any, conn: Any, source: TableSource, limit: int | None) -> Any:
+    if source.query is not None:
+        text = source.query.strip().rstrip(";")
+        if limit == 0:
+            text = f"SELECT * FROM ({text}) AS veil_q WHERE 1 = 0"
+        return sqlalchemy.text(text)
+    assert source.table is not None
+    schema_name, _, name = source.table.rpartition(".")
+    inspector = sqlalchemy.inspect(conn)
+    if not inspector.has_table(name, schema=schema_name or None):
+        known = inspector.get_table_names(schema=schema_name or None)
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        raise DataError(
+            "table",
+            source.table,
+            "the database has no such table",
+            f"{hint}tables there: {', '.join(known[:15]) or 'none'}",
+        )
+    table = sqlalchemy.Table(name, sqlalchemy.MetaData(), schema=schema_name or None, autoload_with=conn)
+    statement = sqlalchemy.select(table)
+    return statement.where(sqlalchemy.false()) if limit == 0 else statement
