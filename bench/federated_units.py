@@ -132,7 +132,8 @@ def main() -> None:
           f"{args.local_steps} steps, B = {args.local_batch}, δ = {args.delta:g}\n")  # fmt: skip
     head = ["ε", "protects", "ε spent", "q per silo", "σ", "K", "test accuracy", "seconds"]
     table_rows = [
-        [r["epsilon"], r["protects"], f"{r['epsilon_spent']:.3f}", ", ".join(map(str, r["silo_sampling_rates"])),
+        [r["epsilon"], r["protects"], f"{r['epsilon_spent']:.3f}",
+         ", ".join(map(str, r["silo_sampling_rates"])),
          r["silo_sigmas"][0], r["max_rows_per_unit"] or "–", f"{r['test_accuracy']:.3f}", r["seconds"]]
         for r in results
     ]  # fmt: skip
