@@ -25,6 +25,9 @@ silo whose ε is largest alone (curves can cross once composed). The charge is:
   composed in RDP).
 
 Silo sizes n_k (hence q_k, σ_k) are treated as public, as DP-SGD's q = B/N is in ``veil train``.
+With a privacy unit (:mod:`veil.federated.units`) read "record" as "person with all their rows": a
+person lies in one silo and n_k counts the silo's units; the registry's relation is then add/remove
+one unit, and the same argument gives the same charge.
 
 **Client-level DP-FedAvg.** Its guarantee is per client (add/remove one whole client). A record
 added to the dataset lands in one client c, which stays in the federation: c's clipped update moves
