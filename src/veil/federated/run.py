@@ -7,8 +7,8 @@ target over the planned rounds → the whole plan reserved in the registry (refu
 nothing written, nothing charged; record level: a stand-in — the target ε at δ — is reserved before
 the data is read, and the silos' plan replaces it once their sizes are known) → the run folder →
 Flower (the simulation engine here; real SuperLink/SuperNodes on loopback with
-:mod:`veil.federated.deploy`) → the registry settled with what the ledger charged → the report, computed from the run folder. What is charged and why:
-:mod:`veil.federated.charge`.
+:mod:`veil.federated.deploy`) → the registry settled with what the ledger charged → the report,
+computed from the run folder. What is charged and why: :mod:`veil.federated.charge`.
 """
 
 from __future__ import annotations
