@@ -35,20 +35,20 @@ person.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from veil.errors import ConfigError
 
-if TYPE_CHECKING:
-    from veil.federated.settings import FederatedSettings
-
 __all__ = ["check_unit_settings", "silo_positions", "unit_section"]
 
 
-def check_unit_settings(s: FederatedSettings) -> None:
-    """Refuse, from the settings alone (before a row is read), a unit the run cannot honour."""
+def check_unit_settings(s: Any) -> None:
+    """Refuse, from the settings alone (before a row is read), a unit the run cannot honour.
+
+    ``s``: the :class:`~veil.federated.settings.FederatedSettings` being built (which calls this
+    from its own checks; typed loosely so that this module does not import it back)."""
     from veil.units import check_max_rows_per_unit
 
     if not s.privacy_unit:
@@ -96,7 +96,7 @@ def silo_positions(units: np.ndarray, seed: int) -> np.ndarray:
     return record_positions(np.zeros((len(units), 0)), [], "veil.federated.silo", seed, units=units)
 
 
-def unit_section(s: FederatedSettings, silos: dict[str, Any]) -> dict[str, Any] | None:
+def unit_section(s: Any, silos: dict[str, Any]) -> dict[str, Any] | None:
     """The report's ``privacy_unit`` section (as ``veil train``'s), or None for a row-level run.
 
     ``units`` (the sum of the silos' units) is public by declaration, as each silo's size is;
