@@ -113,7 +113,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--local-steps", type=int, default=10)
     p.add_argument("--local-batch", type=int, default=64)
-    p.add_argument("--lr", type=float, default=2.0)
+    p.add_argument("--lr", type=float, default=0.5)
     p.add_argument("--delta", type=float, default=1e-5)
     p.add_argument("--epsilons", default="1,3")
     p.add_argument("--seed", type=int, default=0)
