@@ -105,6 +105,9 @@ def test_a_unit_level_federated_run_reports_people_and_samples_units(
     assert section["column"] == "patient_id" and section["units"] == len(np.unique(fed.units))
     assert section["max_rows_per_unit"] == 16 and section["rows_used_per_step"] == 16 * 16  # default K
     assert g["epsilon"] <= 4.0 * (1 + 1e-9)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["delta"]["passed"] and "n its units" in checks["delta"]["detail"]
+    assert checks["budget"]["passed"] and checks["silo accounts agree"]["passed"]
     text = stdout + err + (out / "report.json").read_text() + (out / "report.html").read_text()
     assert "PATIENT-" not in text
     assert _show(capsys, table["csv"])["privacy_unit"] == "patient_id"
