@@ -123,7 +123,9 @@ def register(app: typer.Typer) -> None:
             3.0, "--epsilon", help="Target ε (client- or record-level, by --mode)."
         ),
         delta: float = typer.Option(
-            DEFAULT_DELTA, "--delta", help=DELTA_HELP + " N: clients (client-level) or a silo's rows (people with --privacy-unit)."
+            DEFAULT_DELTA,
+            "--delta",
+            help=DELTA_HELP + " N: clients (client-level) or a silo's rows (people with --privacy-unit).",
         ),
         partition: str = typer.Option("iid", "--partition", help="iid, dirichlet:ALPHA or column:NAME."),
         model: str = typer.Option(
