@@ -279,7 +279,7 @@ def test_every_row_of_a_person_lands_on_one_side_of_the_split() -> None:
         (["--privacy-unit", "patient_id", "--max-rows-per-unit", "0"], None, "max_rows_per_unit"),
         (["--max-rows-per-unit", "3"], None, "no unit column"),
         (["--privacy-unit", "patient_id", "--audit"], None, "--audit"),
-        (["--privacy-unit", "patient_id", "--stream"], "parquet", "--stream"),
+        (["--privacy-unit", "person", "--stream"], "parquet", "not a column"),
         (["--privacy-unit", "patient_id"], "no-schema", "schema"),
     ],
 )

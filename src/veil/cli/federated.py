@@ -44,6 +44,15 @@ def run_federated_command(options: dict[str, Any]) -> dict[str, Any]:
 
         return simulate(saved_settings(Path(resume)).replace(out=str(Path(resume).resolve())), resume=True)
     rate, per_round = options.pop("client_sampling_rate"), options.pop("clients_per_round")
+    k = options.pop("max_rows_per_unit")
+    if k is not None:  # 0 stands for the default rule in the settings: a K the user gives must be ≥ 1
+        from veil.units import check_max_rows_per_unit
+
+        check_max_rows_per_unit(k)
+    options["max_rows_per_unit"] = k or 0
+    options["table_schema"] = options.pop("schema") or ""
+    for name in ("table", "query", "privacy_unit"):
+        options[name] = options[name] or ""
     if options["mode"] == "record-level":
         if rate is not None or per_round is not None:
             raise ConfigError(
@@ -80,6 +89,22 @@ def register(app: typer.Typer) -> None:
         data_dir: str = typer.Option(
             "", "--data-dir", help="Folder of the IDX files (fashion-mnist, mnist)."
         ),
+        schema: str = opts.SCHEMA,
+        table: str = opts.TABLE,
+        query: str = opts.QUERY,
+        privacy_unit: str = typer.Option(
+            None,
+            "--privacy-unit",
+            metavar="COLUMN",
+            help="record-level: protect every row sharing this column's value (a person) as one unit; "
+            "a person's rows share one silo (docs/privacy-unit.md).",
+        ),
+        max_rows_per_unit: int = typer.Option(
+            None,
+            "--max-rows-per-unit",
+            metavar="K",
+            help="With --privacy-unit: rows one unit contributes per step at most (default 1024/B, 1..16).",
+        ),
         dataset_id: str = typer.Option(
             "", "--dataset-id", help="Charge the budget registry under this declared dataset identity."
         ),
@@ -98,7 +123,9 @@ def register(app: typer.Typer) -> None:
             3.0, "--epsilon", help="Target ε (client- or record-level, by --mode)."
         ),
         delta: float = typer.Option(
-            DEFAULT_DELTA, "--delta", help=DELTA_HELP + " N: clients (client-level) or a silo's rows."
+            DEFAULT_DELTA,
+            "--delta",
+            help=DELTA_HELP + " N: clients (client-level) or a silo's rows (people with --privacy-unit).",
         ),
         partition: str = typer.Option("iid", "--partition", help="iid, dirichlet:ALPHA or column:NAME."),
         model: str = typer.Option(

@@ -220,6 +220,18 @@ def unit_hashes(ids: list[object], seed: int) -> np.ndarray:
     return np.array(row_hashes(np.zeros((len(texts), 0)), texts, "veil.unit", seed), dtype=np.uint64)
 
 
+def unit_sides(
+    ids: list[object], test_fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(known, keys, test)``: which rows have a unit id (a missing one, ``None``, is in no split),
+    the keyed hash of each known row's id and whether it is held out (its key below
+    ``test_fraction``·2⁶⁴). A function of each row's id alone: the one rule of the in-memory split
+    (:func:`split_by_unit`) and of a streamed scan (:func:`veil.tables.stream.scan_parquet`)."""
+    known = np.array([v is not None for v in ids], dtype=bool)
+    keys = unit_hashes([v for v in ids if v is not None], seed)
+    return known, keys, keys < np.uint64(min(int(test_fraction * 2.0**64), 2**64 - 1))
+
+
 def split_by_unit(
     x: np.ndarray, y: np.ndarray, ids: list[object], test_fraction: float, seed: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -229,10 +241,8 @@ def split_by_unit(
     ``test_fraction``), so every row of a person lands on the same side, and adding or removing one
     person (all their rows) leaves every other person's rows where they were. A row with a missing
     id (``None``) belongs to no unit and is dropped (a per-record rule, never a refusal)."""
-    known = np.array([v is not None for v in ids], dtype=bool)
-    keys = unit_hashes([v for v in ids if v is not None], seed)
+    known, keys, test = unit_sides(ids, test_fraction, seed)
     x, y = x[known], y[known]
-    test = keys < np.uint64(min(int(test_fraction * 2.0**64), 2**64 - 1))
     if test.all() or not test.any():
         raise DataError(
             "dataset",

@@ -35,6 +35,17 @@ def refuse_audit(values: Mapping[str, Any]) -> None:
         )
 
 
+def _refuse_unit(values: Mapping[str, Any]) -> None:
+    """Before any rank starts: unit sampling (:mod:`veil.units`) runs in one process."""
+    if values.get("privacy_unit"):
+        raise ConfigError(
+            "privacy_unit",
+            values["privacy_unit"],
+            "unit-level DP-SGD samples units in one process; across ranks it is not implemented",
+            "train a privacy-unit run in one process (drop --nproc-per-node)",
+        )
+
+
 def launch_train(
     config_file: str | None, given: dict[str, Any], resume: str | None, nproc_per_node: int
 ) -> dict[str, Any]:
@@ -48,6 +59,7 @@ def launch_train(
         if resume is None:
             cfg = resolve_config(config_file, given)
             refuse_audit(cfg.model_dump())
+            _refuse_unit(cfg.model_dump())
             out = Path(cfg.out) if cfg.out is not None else default_out(cfg.dataset)
             check_out(out)
             cfg = cfg.model_copy(update={"out": str(out), "progress": False})
@@ -59,6 +71,7 @@ def launch_train(
             values["progress"] = False
             make_config(values)  # typos and wrong types are refused before any rank starts
             refuse_audit(values)
+            _refuse_unit(values)
             settings.write_text(_toml(snake_keys(values)))
             out = Path(resume)
             argv = ["train", str(settings), "--resume", str(out)]

@@ -13,6 +13,8 @@ Two guarantees, two modes:
 * **record-level** across silos: neighbouring datasets differ by one record of one silo. Each silo
   trains with veil's DP-SGD engine on its own data and accounts its own ε; the silos hold disjoint
   records, so by parallel composition the global model's record-level ε is the largest silo's ε.
+  With ``--privacy-unit COLUMN`` the record is a person: every row of a person lies in one silo and
+  each silo runs unit-level DP-SGD (:mod:`.units`).
 
 Modules: :mod:`.settings` (the run's settings, flat for Flower's run config), :mod:`.partition`
 (data over clients), :mod:`.privacy` (calibration and accounting), :mod:`.aggregate` (clip, sum,

@@ -62,14 +62,17 @@ def make_client_app(settings: FederatedSettings | None = None) -> ClientApp:
 
         s = _settings(settings, context)
         pid = _partition_id(context)
-        n = len(federation(s).parts[pid])
+        fed = federation(s)
+        n = fed.records(pid)  # what DP-SGD samples: rows, or units with a privacy unit
         plan = _silo_plan(s, context, n)
         metrics = {
             "partition-id": pid,
-            "num-examples": n,
+            "num-examples": len(fed.parts[pid]),
             "sampling-rate": plan["q"],
             "noise-multiplier": plan["sigma"],
         }
+        if fed.units is not None:
+            metrics["units"] = n
         return Message(RecordDict({"silo": MetricRecord(cast(Any, metrics))}), reply_to=msg)
 
     @app.train()
@@ -95,8 +98,9 @@ def make_client_app(settings: FederatedSettings | None = None) -> ClientApp:
         else:
             from veil.accounting.calibrate import dpsgd_epsilon
 
-            plan = cast(Any, _silo_plan(s, context, len(x)))
-            taken = local.local_dpsgd(head, x, y, s, float(plan["sigma"]), seed)
+            plan = cast(Any, _silo_plan(s, context, fed.records(pid)))
+            units = local.silo_units(s, pid)
+            taken = local.local_dpsgd(head, x, y, s, float(plan["sigma"]), seed, units)
             plan["steps"] = int(plan["steps"]) + taken
             eps = dpsgd_epsilon(
                 float(plan["q"]), float(plan["sigma"]), int(plan["steps"]), s.delta, s.accountant

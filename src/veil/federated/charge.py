@@ -25,6 +25,9 @@ silo whose ε is largest alone (curves can cross once composed). The charge is:
   composed in RDP).
 
 Silo sizes n_k (hence q_k, σ_k) are treated as public, as DP-SGD's q = B/N is in ``veil train``.
+With a privacy unit (:mod:`veil.federated.units`) read "record" as "person with all their rows": a
+person lies in one silo and n_k counts the silo's units; the registry's relation is then add/remove
+one unit, and the same argument gives the same charge.
 
 **Client-level DP-FedAvg.** Its guarantee is per client (add/remove one whole client). A record
 added to the dataset lands in one client c, which stays in the federation: c's clipped update moves
@@ -87,7 +90,8 @@ Form = Literal["dominating", "one_of"]
 
 @functools.lru_cache(maxsize=256)
 def silo_plan(s: FederatedSettings, n: int) -> tuple[float, float]:
-    """``(q, σ)`` of a silo of ``n`` rows: q = min(1, B/n) and σ calibrated for the target ε over the planned
+    """``(q, σ)`` of a silo of ``n`` records (rows, or units with a privacy unit): q = min(1, B/n)
+    and σ calibrated for the target ε over the planned
     ``rounds × local_steps`` DP-SGD steps (what every silo computes for itself, :mod:`.apps`)."""
     from veil.accounting.calibrate import calibrate_noise
     from veil.federated.local import silo_sampling_rate
@@ -240,6 +244,22 @@ class FederatedCharge:
         self.charge.reserve(planned_events(s, silo_sizes), run_id, s.delta)
         return s.replace(budget_run_id=run_id, budget_dataset_id=self.charge.identity.id)
 
+    def reserve_stand_in(self, s: FederatedSettings) -> FederatedSettings:
+        """Record level, before a row is read: admit the stand-in (the target ε at δ,
+        :func:`~veil.pipeline.private_data.stand_in_plan`) or refuse with nothing recorded; from here
+        the run stays charged (the data is read next)."""
+        from veil.pipeline.private_data import stand_in_plan
+
+        run_id = uuid.uuid4().hex
+        self.charge.reserve(stand_in_plan(s.epsilon, s.delta), run_id, s.delta, before_reading=True)
+        self.charge.reading()
+        return s.replace(budget_run_id=run_id, budget_dataset_id=self.charge.identity.id)
+
+    def replan(self, s: FederatedSettings, silo_sizes: Sequence[int]) -> None:
+        """Replace the stand-in by the whole planned run (silos of ``silo_sizes`` records); over the
+        budget: :class:`~veil.errors.BudgetExhaustedError`, the stand-in stays charged."""
+        self.charge.replan(planned_events(s, silo_sizes), s.delta)
+
     def resume(self, s: FederatedSettings, run_dir: Path, remaining: int) -> None:
         """Re-admit a stopped run: what its ledger charged plus its ``remaining`` rounds."""
         from veil.federated.files import SILOS
@@ -271,4 +291,5 @@ class FederatedCharge:
 def _silo_sizes(s: FederatedSettings) -> list[int]:
     from veil.federated.local import federation
 
-    return [len(p) for p in federation(s).parts]
+    fed = federation(s)
+    return [fed.records(k) for k in range(len(fed.parts))]

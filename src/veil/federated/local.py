@@ -54,6 +54,16 @@ class Federation:
     data: Dataset
     parts: tuple[np.ndarray, ...]
 
+    @property
+    def units(self) -> np.ndarray | None:
+        """Each training row's unit key (privacy units), or None: each row is its own record."""
+        return self.data.units_train
+
+    def records(self, pid: int) -> int:
+        """What silo ``pid``'s DP-SGD samples: its distinct units, else its rows."""
+        rows = self.parts[pid]
+        return len(rows) if self.units is None else len(np.unique(self.units[rows]))
+
 
 def _drop_column(data: Dataset, column: str) -> tuple[Dataset, np.ndarray]:
     names = data.feature_names or []
@@ -83,18 +93,45 @@ def _drop_column(data: Dataset, column: str) -> tuple[Dataset, np.ndarray]:
     return data, values
 
 
+@dataclass(frozen=True)
+class _Source:
+    """What names the data of a run (hashable: the federation is cached per source)."""
+
+    dataset: str
+    data_dir: str
+    target: str
+    test_fraction: float
+    table_schema: str
+    table: str
+    query: str
+    privacy_unit: str
+
+
 @functools.lru_cache(maxsize=2)
-def _federation(
-    dataset: str, data_dir: str, target: str, test_fraction: float, partition: str, clients: int
-) -> Federation:
+def _federation(source: _Source, partition: str, clients: int) -> Federation:
     spec = parse_partition(partition)
-    data = load_dataset(
-        dataset, data_dir=data_dir or None, target=target or None, test_fraction=test_fraction, seed=0
+    data = load_dataset(  # the one loader of every job (schemas, units, splits by unit)
+        source.dataset,
+        data_dir=source.data_dir or None,
+        target=source.target or None,
+        test_fraction=source.test_fraction,
+        seed=0,
+        schema=source.table_schema or None,
+        table=source.table or None,
+        query=source.query or None,
+        privacy_unit=source.privacy_unit or None,
     )
     column_values = None
     if spec.kind == "column":
         data, column_values = _drop_column(data, spec.column)
-    positions = None if spec.kind == "column" else row_positions(data.x_train, data.y_train, FRONT_SEED)
+    if data.units_train is not None:  # every row of a person in one silo (veil.federated.units)
+        from veil.federated.units import silo_positions
+
+        positions = silo_positions(data.units_train, FRONT_SEED)
+    elif spec.kind == "column":
+        positions = None
+    else:
+        positions = row_positions(data.x_train, data.y_train, FRONT_SEED)
     parts = split_rows(
         spec,
         data.y_train,
@@ -110,7 +147,10 @@ def _federation(
 def federation(s: FederatedSettings) -> Federation:
     """The run's data split over its clients (cached per process: simulated clients share it). Always
     ``s.clients`` of them, whatever the data holds (``column:`` hashes values onto them)."""
-    return _federation(s.dataset, s.data_dir, s.target, s.test_fraction, s.partition, s.clients)
+    source = _Source(
+        s.dataset, s.data_dir, s.target, s.test_fraction, s.table_schema, s.table, s.query, s.privacy_unit
+    )
+    return _federation(source, s.partition, s.clients)
 
 
 def _preprocess(data: Dataset) -> nn.Module:
@@ -198,9 +238,9 @@ def local_sgd(
 
 
 def silo_sampling_rate(s: FederatedSettings, n: int) -> float:
-    """q_k = min(1, B / n_k) of a silo's Poisson batches (its size n_k is treated as public, as in
-    DP-SGD): a silo smaller than the expected batch takes every row in each step (fewer rows than B),
-    an empty one takes none; never a refusal once the rows are read."""
+    """q_k = min(1, B / n_k) of a silo's Poisson batches, n_k its records (rows, or units with a
+    privacy unit; treated as public, as in DP-SGD): a silo smaller than the expected batch takes every
+    record in each step (fewer than B), an empty one takes none; never a refusal once the rows are read."""
     return min(1.0, s.local_batch / n) if n > 0 else 1.0
 
 
@@ -219,15 +259,33 @@ def _engine(s: FederatedSettings, seed: int | None) -> Any:
     return PrivacyEngine(accountant=s.accountant, **kwargs)
 
 
+def silo_units(s: FederatedSettings, pid: int) -> np.ndarray | None:
+    """Silo ``pid``'s rows' unit keys (in the order of :func:`partition_features`), or None."""
+    fed = federation(s)
+    return None if fed.units is None else fed.units[fed.parts[pid]]
+
+
 def local_dpsgd(
-    head: nn.Module, x: torch.Tensor, y: torch.Tensor, s: FederatedSettings, sigma: float, seed: int | None
+    head: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    s: FederatedSettings,
+    sigma: float,
+    seed: int | None,
+    units: np.ndarray | None = None,
 ) -> int:
     """``local_steps`` DP-SGD steps with veil's engine on the silo's rows; returns the steps taken (as
-    charged). A silo without rows leaves the model unchanged (a zero update) and counts its steps."""
+    charged). A silo without rows leaves the model unchanged (a zero update) and counts its steps.
+
+    ``units`` (one unit key per row): unit-level DP-SGD (:mod:`veil.units`, the engine's
+    ``unit_ids``): the silo's units are Poisson-sampled at q = min(1, B / n_units), each contributes
+    at most ``s.unit_rows`` rows, the mean of its rows' gradients clipped once to C."""
     from torch.utils.data import DataLoader, TensorDataset
 
     if len(x) == 0:
         return s.local_steps
+    records = len(x) if units is None else len(np.unique(units))
+    unit_args: dict[str, Any] = {} if units is None else {"unit_ids": units, "max_rows_per_unit": s.unit_rows}
 
     engine = _engine(s, seed)
     opt = torch.optim.SGD(head.parameters(), lr=s.local_lr)
@@ -235,11 +293,12 @@ def local_dpsgd(
     model, optimizer, loader = engine.make_private(
         module=head,
         optimizer=opt,
-        # q = min(1, B/n): a silo smaller than its batch takes every row in each step.
-        data_loader=DataLoader(TensorDataset(x, y), batch_size=min(s.local_batch, len(x))),
+        # q = min(1, B/n): a silo smaller than its batch takes every record in each step.
+        data_loader=DataLoader(TensorDataset(x, y), batch_size=min(s.local_batch, records)),
         max_grad_norm=s.clip,
         noise_multiplier=sigma,
         criterion=loss_fn,
+        **unit_args,
     )
     model.train()
     while engine.steps < s.local_steps:

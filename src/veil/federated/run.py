@@ -4,10 +4,11 @@ Order (nothing expensive and nothing written before every check passed): setting
 registry's account for the dataset, before a row is read (an exhausted dataset is refused here) →
 the data and its partition (every client non-empty, the column present) → σ for the client-level
 target over the planned rounds → the whole plan reserved in the registry (refused over budget:
-nothing written, nothing charged) → the run folder → Flower (the simulation engine here; real
-SuperLink/SuperNodes on loopback with :mod:`veil.federated.deploy`) → the registry settled with what
-the ledger charged → the report, computed from the run folder. What is charged and why:
-:mod:`veil.federated.charge`.
+nothing written, nothing charged; record level: a stand-in — the target ε at δ — is reserved before
+the data is read, and the silos' plan replaces it once their sizes are known) → the run folder →
+Flower (the simulation engine here; real SuperLink/SuperNodes on loopback with
+:mod:`veil.federated.deploy`) → the registry settled with what the ledger charged → the report,
+computed from the run folder. What is charged and why: :mod:`veil.federated.charge`.
 """
 
 from __future__ import annotations
@@ -41,20 +42,25 @@ def plan(s: FederatedSettings) -> FederatedSettings:
 
 
 def check_data(s: FederatedSettings) -> None:
-    """Refuse a missing column, more clients than rows and (record level) δ ≥ 1/n of a non-empty silo.
-    An empty client contributes a zero update and a silo smaller than its batch trains with fewer rows
-    (:func:`veil.federated.local.silo_sampling_rate`): neither is refused."""
+    """Refuse a missing column, more clients than rows and (record level) δ ≥ 1/n of a non-empty silo,
+    n its records (rows, or units with a privacy unit). An empty client contributes a zero update and
+    a silo smaller than its batch trains with fewer records
+    (:func:`veil.federated.local.silo_sampling_rate`): neither is refused. A record-level run reads
+    the data under its stand-in reservation (:func:`charged`), so a refusal here stays charged."""
     from veil.federated.local import federation
 
     fed = federation(s)
     if s.mode == "client-level":
         return
-    smallest = min((len(p) for p in fed.parts if len(p)), default=1)
+    sizes = [fed.records(k) for k in range(len(fed.parts))]
+    smallest = min((n for n in sizes if n), default=1)
+    what = "units" if fed.units is not None else "records"
     if s.delta >= 1.0 / smallest:
         raise ConfigError(
             "delta",
             s.delta,
-            f"δ ≥ 1/n for the smallest silo (n = {smallest}) allows publishing one of its records outright",
+            f"δ ≥ 1/n for the smallest silo (n = {smallest} {what}) allows publishing one of its "
+            f"{what} outright",
             "pass a smaller --delta",
         )
 
@@ -161,8 +167,17 @@ def charged(s: FederatedSettings, run_dir: Path, *, resume: bool = False) -> Ite
                 account.release()
                 raise
         else:
-            s = plan(s)  # the silos' sizes (q = B/n) need the data: reserved after planning, as veil train
-            s = account.reserve(s, [len(p) for p in federation(s).parts])
+            # The silos' sizes (q = B/n) need the data: as veil train, the stand-in (the target ε at δ)
+            # is reserved before a row is read, and the plan replaces it once the silos are known; a
+            # refusal in between (δ against the smallest silo) stays charged at the stand-in.
+            s = account.reserve_stand_in(s)
+            try:
+                s = plan(s)
+                fed = federation(s)
+                account.replan(s, [fed.records(k) for k in range(len(fed.parts))])
+            except BaseException:
+                account.release()  # rows were read: settled at the stand-in, never un-charged
+                raise
         try:
             yield s
         finally:

@@ -106,6 +106,8 @@ def _register_silos(grid: Grid, nodes: list[int], s: FederatedSettings) -> dict[
             "noise_multiplier": float(m["noise-multiplier"]),
             "steps_per_round": s.local_steps,
         }
+        if "units" in m:  # privacy units: q = B / units, the δ check is against 1/units
+            silos[f"silo-{int(m['partition-id'])}"]["units"] = int(m["units"])
     return dict(sorted(silos.items()))
 
 

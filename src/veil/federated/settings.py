@@ -68,6 +68,17 @@ class FederatedSettings:
     """The budget registry's id of this run (set when it is admitted; kept for a resume)."""
     budget_dataset_id: str = ""
     """The dataset identity the run is charged to (for the record in the ledger header)."""
+    table_schema: str = ""
+    """A reviewed table schema (``--schema``) for ``csv:``/``parquet:``/``sql:`` data, read through the
+    one loader every job uses (:func:`veil.data.load_dataset`)."""
+    table: str = ""
+    query: str = ""
+    privacy_unit: str = ""
+    """record-level: the unit column (``--privacy-unit``): each silo protects people, not rows
+    (:mod:`veil.federated.units`)."""
+    max_rows_per_unit: int = 0
+    """With a unit: K, the rows one unit contributes per step at most; 0 means the default rule
+    (:func:`veil.units.default_max_rows_per_unit` of ``local_batch``)."""
     fail_client: int = -1
     """Fault injection for tests: the client with this partition id raises in round ``fail_round``."""
     fail_round: int = 0
@@ -90,10 +101,20 @@ class FederatedSettings:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and value > 0):
                 raise ConfigError(name, value, "it must be a positive number", f"pass {name} > 0")
+        from veil.federated.units import check_unit_settings
+
+        check_unit_settings(self)
 
     @property
     def secure(self) -> bool:
         return self.seed < 0
+
+    @property
+    def unit_rows(self) -> int:
+        """K of a privacy-unit run: the declared one, else the default rule on ``local_batch``."""
+        from veil.units import default_max_rows_per_unit
+
+        return self.max_rows_per_unit or default_max_rows_per_unit(self.local_batch)
 
     @property
     def expected_clients(self) -> float:

@@ -142,7 +142,7 @@ def load_streamed(cfg: TrainConfig) -> StreamedDataset:
         )
     source = parse_source(cfg.dataset)
     encoder = TableEncoder(schema)
-    scan = scan_parquet(source.location, encoder, cfg.test_fraction, cfg.seed)
+    scan = scan_parquet(source.location, encoder, cfg.test_fraction, cfg.seed, unit_column=cfg.privacy_unit)
     provenance = 'released with DP (reviewed = "dp")' if schema.reviewed == "dp" else "declared public"
     return StreamedDataset(
         name=source.describe(),
@@ -164,6 +164,8 @@ def load_streamed(cfg: TrainConfig) -> StreamedDataset:
         rows=ParquetRows(source.location, encoder, np.asarray(scan.positions)),
         scan=scan,
         budget_rows=cfg.stream_rows or DEFAULT_BUDGET_ROWS,
+        units_train=scan.units,  # privacy units: every training row's unit key (not its id)
+        unit_column=cfg.privacy_unit,
     )
 
 
@@ -194,14 +196,19 @@ def rows_dataset(data: StreamedDataset, batch_type: type) -> Any:
 def install_window(loader: Any, data: StreamedDataset) -> None:
     """Read the engine loader's Poisson batches window by window: its sampler, chunked
     (:mod:`veil.tables.sampler`: the same draws in the same order), wrapped in a
-    :class:`~veil.tables.stream.WindowedSampler`."""
+    :class:`~veil.tables.stream.WindowedSampler`. A privacy-unit run keeps the engine's
+    :class:`~veil.units.UnitPoissonSampler` itself (units sampled, at most K rows each), wrapped the
+    same way: the streamed run draws exactly what the in-memory run draws."""
     from veil.sampling import PoissonBatchSampler
     from veil.tables.sampler import ChunkedPoissonSampler
     from veil.tables.stream import WindowedSampler
+    from veil.units import UnitPoissonSampler
 
     chunker, inner = loader.batch_sampler, loader.logical_sampler
     assert data.rows is not None and hasattr(chunker, "logical") and chunker.logical is inner
     assert isinstance(inner, PoissonBatchSampler)  # one process, Poisson (check_streamable)
-    windowed = WindowedSampler(ChunkedPoissonSampler.like(inner), data.rows, data.budget_rows)
+    # Privacy units: the engine's own unit sampler, unchanged (its mask is over units, not rows).
+    drawn = inner if isinstance(inner, UnitPoissonSampler) else ChunkedPoissonSampler.like(inner)
+    windowed = WindowedSampler(drawn, data.rows, data.budget_rows)
     chunker.logical = windowed
     loader.logical_sampler = windowed  # resume tokens: saved and restored through the same sampler

@@ -1,7 +1,8 @@
 """The privacy unit of a job (``--privacy-unit COLUMN``): what each job supports, checked before reading.
 
 Which jobs protect units (docs/privacy-unit.md): ``veil train`` and ``veil tune`` on a table read
-through a reviewed schema (CSV, Parquet, SQL), in one process, without ``--stream`` or ``--audit``
+through a reviewed schema (CSV, Parquet, SQL, and Parquet with ``--stream``), in one process, without
+``--audit``
 (``veil synth`` has its own rule: :mod:`veil.synth.units`). Every other combination is refused here,
 from the configuration alone, before a row is read.
 """
@@ -36,11 +37,6 @@ def check_unit_request(cfg: Any, job: str, *, supported: bool) -> None:
             "drop --privacy-unit for this job (see docs/privacy-unit.md for the jobs that support it)",
         )
     for flag, on, why in (
-        (
-            "stream",
-            getattr(cfg, "stream", False),
-            "a streamed run samples rows window by window and cannot gather a unit's rows",
-        ),
         (
             "audit",
             getattr(cfg, "audit", False),

@@ -136,6 +136,9 @@ class StreamScan:
     x_probe: np.ndarray
     y_probe: np.ndarray
     row_groups: int
+    units: np.ndarray | None = None
+    """Privacy units: each training row's unit key (``units[i]`` for ``positions[i]``; 8 bytes a row),
+    the keyed hash of its id (:func:`veil.data.unit_sides`); None for a row-level run."""
 
 
 def scan_parquet(
@@ -146,16 +149,27 @@ def scan_parquet(
     *,
     eval_rows: int = DEFAULT_EVAL_ROWS,
     probe_rows: int = PROBE_ROWS,
+    unit_column: str | None = None,
 ) -> StreamScan:
-    """One pass over the file: encode each row group, split it by the keyed hash, keep what a run needs."""
+    """One pass over the file: encode each row group, split it by the keyed hash, keep what a run needs.
+
+    ``unit_column`` (privacy units, :mod:`veil.tables.units`): checked against the file's header
+    before a row is read; each row's id is read as text, a row without one is in no split, and the
+    split is by the keyed hash of the id (:func:`veil.data.unit_sides`, the in-memory rule), so
+    the training rows, their order and their units are exactly those of the in-memory path."""
     from veil.data import held_out
     from veil.tables.sources import RawTable, TableSource
 
     pf, columns, starts = _open(path, encoder)
     source = TableSource("parquet", str(path))
+    if unit_column is not None:
+        from veil.tables.units import check_unit_column
+
+        check_unit_column(encoder.schema, pf.schema_arrow.names, unit_column, source.describe())
     n = int(starts[-1])
     index_type = np.uint32 if n < 2**32 else np.int64
     positions = np.empty(n, index_type)  # filled in order, then cut: no list of parts to concatenate
+    units = np.empty(n if unit_column is not None else 0, np.uint64)
     n_train = 0
     tests: list[tuple[np.ndarray, np.ndarray]] = []
     probes: list[tuple[np.ndarray, np.ndarray]] = []
@@ -166,11 +180,18 @@ def scan_parquet(
         )
         assert encoded.y is not None and encoded.dropped is not None
         valid = ~encoded.dropped  # a row the schema's rules drop (label or feature) is in no split
+        keys = None
+        if unit_column is not None:  # a row without a unit id belongs to no one: in no split
+            known, keys, test = _unit_sides(pf, g, unit_column, valid, test_fraction, seed)
+            valid &= known
         if not valid.all():
             encoded.x, encoded.y = encoded.x[valid], encoded.y[valid]
-        test = held_out(encoded.x, encoded.y, test_fraction, seed)
+        if keys is None:
+            test = held_out(encoded.x, encoded.y, test_fraction, seed)
         train_rows = np.flatnonzero(valid)[~test] + starts[g]
         positions[n_train : n_train + len(train_rows)] = train_rows
+        if keys is not None:
+            units[n_train : n_train + len(train_rows)] = keys[~test]
         n_train += len(train_rows)
         n_test += int(test.sum())
         if kept_test < eval_rows and test.any():
@@ -195,7 +216,36 @@ def scan_parquet(
 
     x_test, y_test = stack(tests)
     x_probe, y_probe = stack(probes)
-    return StreamScan(train, n, n_test, x_test, y_test, x_probe, y_probe, pf.num_row_groups)
+    return StreamScan(
+        train,
+        n,
+        n_test,
+        x_test,
+        y_test,
+        x_probe,
+        y_probe,
+        pf.num_row_groups,
+        units[:n_train] if unit_column is not None else None,
+    )
+
+
+def _unit_sides(
+    pf: Any, group: int, column: str, valid: np.ndarray, test_fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Row group ``group``'s unit ids (text): ``(known, keys, test)`` of :func:`veil.data.unit_sides`,
+    ``known`` over the whole group, ``keys`` and ``test`` over its rows that stay (``valid`` and known)."""
+    import pyarrow as pa
+
+    from veil.data import unit_sides
+
+    values = pf.read_row_group(group, columns=[column]).column(column)
+    if not pa.types.is_string(values.type) and not pa.types.is_large_string(values.type):
+        values = values.cast(pa.string())
+    ids = values.to_pylist()
+    known = np.array([v is not None for v in ids], dtype=bool)
+    kept = [v for v, keep in zip(ids, valid & known, strict=True) if keep]
+    _, keys, test = unit_sides(kept, test_fraction, seed)
+    return known, keys, test
 
 
 @dataclass

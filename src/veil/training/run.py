@@ -197,9 +197,11 @@ def train(
 
 
 def _check_public(cfg: TrainConfig) -> None:
-    """The checks that need no private row (the device's precision, the output folder), run before
-    the run is charged: such bad input is refused for free."""
+    """The checks that need no private row (the privacy unit's combinations, the device's precision,
+    the output folder), run before the run is charged: such bad input is refused for free."""
+    from veil.pipeline.units import check_unit_request
     from veil.precision import autocast
 
+    check_unit_request(cfg, "veil train", supported=True)  # --stream/--audit/ranks with a unit
     autocast(cfg.device, cfg.precision)
     check_out(Path(cfg.out or default_out(cfg.dataset)))
