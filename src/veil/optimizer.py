@@ -86,7 +86,8 @@ class DPOptimizer(Optimizer):
         # See veil.noise_ahead.
         self.noise_ahead = NoiseAhead(noise_source)
         devices = [p.device for p in clipper.parameters]
-        self.draw_ahead = bool(noise_source.secure) and worth_drawing_ahead(devices)
+        coordinates = sum(p.numel() for p in clipper.parameters)
+        self.draw_ahead = bool(noise_source.secure) and worth_drawing_ahead(devices, coordinates)
 
     @property
     def noise_draws(self) -> int:
