@@ -124,15 +124,19 @@ def test_shared_lookup_is_refused_without_the_expansion() -> None:
         clipper.remove()
 
 
-def test_batch_of_expands_only_a_batch_of_one() -> None:
+def test_batch_of_expands_only_a_lookup_of_one_row_of_the_batch_tokens() -> None:
     emb = torch.nn.Embedding(10, 3)
     from veil.hf.batch_lookups import expand_shared_lookups
 
     expand_shared_lookups(emb)
     shared = torch.arange(4).unsqueeze(0)
-    own = torch.arange(8).reshape(2, 4)
-    with batch_of(5):
+    with batch_of(5, 4):
         assert emb(shared).shape == (5, 4, 3)
-        assert emb(own).shape == (2, 4, 3)  # already one row per example: untouched
+        assert emb(input=shared).shape == (5, 4, 3)
+        assert emb(torch.arange(8).reshape(2, 4)).shape == (2, 4, 3)  # one row per example already
         assert emb(torch.arange(4)).shape == (4, 3)  # one dimension: no batch to expand
+        assert emb(torch.zeros(1, 3, dtype=torch.long)).shape == (1, 3, 3)  # not one entry per token
+        assert emb(torch.zeros(1, 4, 4, dtype=torch.long)).shape == (1, 4, 4, 3)  # a table, not ids
+    with batch_of(1, 4):  # a batch of one text: nothing to expand
+        assert emb(shared).shape == (1, 4, 3)
     assert emb(shared).shape == (1, 4, 3)  # outside a batch: untouched

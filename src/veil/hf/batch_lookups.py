@@ -7,13 +7,15 @@ the examples in dimension 0, so it refuses such a lookup (a batch of 1 against B
 full fine-tune could only train these embeddings by freezing them.
 
 :func:`expand_shared_lookups` hooks every ``nn.Embedding`` of a model: inside a forward run under
-:func:`batch_of` ``B`` (which :class:`~veil.hf.finetune.SequenceClassifier` does for its batch), an
-index tensor with a batch dimension of 1 (at least 2 dimensions, first one 1) is expanded to ``B``
-rows (a view, no copy) before the lookup. Exact: the expanded lookup returns the same rows for every
-example, ``emb(idx.expand(B, T)) = emb(idx).expand(B, T, D)``, which is what the broadcast addition
-produced; the summed gradient is unchanged, and example ``i``'s own gradient of the table is now
-visible to the clipper (the output gradients of its own row). The hook is a module-level function
-reading a context variable, so copies and pickles of the model carry no reference to any batch.
+:func:`batch_of` ``(B, T)`` (which :class:`~veil.hf.finetune.SequenceClassifier` does for its
+``B`` texts of ``T`` tokens), an index of shape ``[1, T]`` (a batch dimension of 1, one entry per
+token) is expanded to ``[B, T]`` (a view, no copy) before the lookup; other shapes are left alone
+(ids already one row per example, a ``[T, T]`` relative-position table). Exact: the expanded lookup
+returns the same rows for every example, ``emb(idx.expand(B, T)) = emb(idx).expand(B, T, D)``, which
+is what the broadcast addition produced; the summed gradient is unchanged, and example ``i``'s own
+gradient of the table is now visible to the clipper (the output gradients of its own row). The hook
+is a module-level function reading a context variable, so copies and pickles of the model carry no
+reference to any batch.
 """
 
 from __future__ import annotations
@@ -27,22 +29,23 @@ from torch import Tensor, nn
 
 __all__ = ["batch_of", "expand_shared_lookups"]
 
-_BATCH: ContextVar[int | None] = ContextVar("veil_hf_batch", default=None)
+_BATCH: ContextVar[tuple[int, int] | None] = ContextVar("veil_hf_batch", default=None)
 
 
 @contextlib.contextmanager
-def batch_of(size: int) -> Iterator[None]:
-    """Within this block, a batch-1 lookup of a hooked embedding is expanded to ``size`` rows."""
-    token = _BATCH.set(int(size))
+def batch_of(size: int, tokens: int) -> Iterator[None]:
+    """Within this block, a ``[1, tokens]`` lookup of a hooked embedding is expanded to ``size`` rows."""
+    token = _BATCH.set((int(size), int(tokens)))
     try:
         yield
     finally:
         _BATCH.reset(token)
 
 
-def _expanded(index: Any, batch: int) -> Any:
-    if isinstance(index, Tensor) and index.dim() >= 2 and index.shape[0] == 1 and batch > 1:
-        return index.expand(batch, *index.shape[1:])
+def _expanded(index: Any, batch: tuple[int, int]) -> Any:
+    size, tokens = batch
+    if isinstance(index, Tensor) and tuple(index.shape) == (1, tokens) and size > 1:
+        return index.expand(size, tokens)
     return index
 
 

@@ -94,7 +94,7 @@ class SequenceClassifier(nn.Module):
         if x.dim() != 3 or x.shape[1] != 2:
             raise ValueError(f"expected tokenized text [B, 2, L] (ids, mask), got shape {tuple(x.shape)}")
         ids, mask = trim_padding(x[:, 0].long(), x[:, 1].long())
-        with batch_of(ids.shape[0]):
+        with batch_of(ids.shape[0], ids.shape[1]):
             logits: Tensor = self.model(input_ids=ids, attention_mask=mask).logits
         return logits
 
