@@ -7,10 +7,11 @@ the examples in dimension 0, so it refuses such a lookup (a batch of 1 against B
 full fine-tune could only train these embeddings by freezing them.
 
 :func:`expand_shared_lookups` hooks every ``nn.Embedding`` of a model: inside a forward run under
-:func:`batch_of` ``(B, T)`` (which :class:`~veil.hf.finetune.SequenceClassifier` does for its
-``B`` texts of ``T`` tokens), an index of shape ``[1, T]`` (a batch dimension of 1, one entry per
-token) is expanded to ``[B, T]`` (a view, no copy) before the lookup; other shapes are left alone
-(ids already one row per example, a ``[T, T]`` relative-position table). Exact: the expanded lookup
+:func:`batch_of` ``(B, T)`` (which :class:`~veil.hf.finetune.SequenceClassifier` and
+:class:`~veil.hf.trainer.DPTrainer` do for ``B`` texts of ``T`` tokens), an index of shape
+``[1, T]`` (a batch dimension of 1, one entry per token) is expanded to ``[B, T]`` (a view, no copy)
+before the lookup; other shapes are left alone (ids already one row per example, a ``[T, T]``
+relative-position table). Exact: the expanded lookup
 returns the same rows for every example, ``emb(idx.expand(B, T)) = emb(idx).expand(B, T, D)``, which
 is what the broadcast addition produced; the summed gradient is unchanged, and example ``i``'s own
 gradient of the table is now visible to the clipper (the output gradients of its own row). The hook
@@ -65,5 +66,5 @@ def _expand_lookup(
 def expand_shared_lookups(model: nn.Module) -> None:
     """Hook every ``nn.Embedding`` in ``model`` to expand a batch-1 index under :func:`batch_of`."""
     for module in model.modules():
-        if isinstance(module, nn.Embedding):
-            module.register_forward_pre_hook(_expand_lookup, with_kwargs=True)
+        if isinstance(module, nn.Embedding) and _expand_lookup not in module._forward_pre_hooks.values():
+            module.register_forward_pre_hook(_expand_lookup, with_kwargs=True)  # once per module
