@@ -11,12 +11,11 @@ full fine-tune could only train these embeddings by freezing them.
 :class:`~veil.hf.trainer.DPTrainer` do for ``B`` texts of ``T`` tokens), an index of shape
 ``[1, T]`` (a batch dimension of 1, one entry per token) is expanded to ``[B, T]`` (a view, no copy)
 before the lookup; other shapes are left alone (ids already one row per example, a ``[T, T]``
-relative-position table). Exact: the expanded lookup
-returns the same rows for every example, ``emb(idx.expand(B, T)) = emb(idx).expand(B, T, D)``, which
-is what the broadcast addition produced; the summed gradient is unchanged, and example ``i``'s own
-gradient of the table is now visible to the clipper (the output gradients of its own row). The hook
-is a module-level function reading a context variable, so copies and pickles of the model carry no
-reference to any batch.
+relative-position table). Exact: the expanded lookup returns the same rows for every example,
+``emb(idx.expand(B, T)) = emb(idx).expand(B, T, D)``, which is what the broadcast addition produced;
+the summed gradient is unchanged, and example ``i``'s own gradient of the table is now visible to the
+clipper (the output gradients of its own row). The hook is a module-level function reading a context
+variable, so copies and pickles of the model carry no reference to any batch.
 """
 
 from __future__ import annotations
