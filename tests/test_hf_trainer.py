@@ -31,7 +31,7 @@ from veil.registry.identity import dataset_identity  # noqa: E402
 VOCAB, LENGTH = 30, 6
 
 
-def _model(dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+def _model(dtype: torch.dtype = torch.float32, full: bool = False) -> torch.nn.Module:
     torch.manual_seed(0)
     config = transformers.BertConfig(
         vocab_size=VOCAB,
@@ -44,6 +44,8 @@ def _model(dtype: torch.dtype = torch.float32) -> torch.nn.Module:
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
     )
+    if full:  # every parameter trained, the position embeddings (looked up as [1, T]) included
+        return transformers.BertForSequenceClassification(config).to(dtype)
     lora = peft.LoraConfig(r=2, lora_alpha=4, target_modules=["query", "value"], task_type="SEQ_CLS")
     return peft.get_peft_model(transformers.BertForSequenceClassification(config), lora).to(dtype)
 
@@ -120,13 +122,16 @@ def _per_example_clipped_sum(
     return total
 
 
-def test_trainer_path_clips_like_a_per_example_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("full", [False, True], ids=["lora", "full"])
+def test_trainer_path_clips_like_a_per_example_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, full: bool
+) -> None:
     """Virtual batches (3 physical chunks of 2 per logical batch): the clipped sum the noise is added
     to equals the naive per-example loop over the logical batch, in float64. C is the median
     per-example norm, so some examples are clipped and some are not. The same run: ε in
     ``log_history`` at every logging step, the report written, the registry charged."""
-    model = _model(torch.float64)
-    reference = _model(torch.float64)  # same seed, same weights; lr = 0 keeps the trained one equal
+    model = _model(torch.float64, full)
+    reference = _model(torch.float64, full)  # same seed, same weights; lr = 0 keeps the trained one equal
     data = _data(12)
     trainable = [p for p in reference.parameters() if p.requires_grad]
     everyone = {k: torch.stack([row[k] for row in data]) for k in data[0]}

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from veil.engine import PrivacyEngine
 from veil.mechanisms import SecureSource, SeededSource
-from veil.noise_ahead import NoiseAhead, worth_drawing_ahead
+from veil.noise_ahead import MIN_COORDINATES_AHEAD, NoiseAhead, worth_drawing_ahead
 from veil.optimizer import release_grid
 
 N, BATCH = 40, 8
@@ -172,12 +172,25 @@ def test_a_failed_draw_ahead_fails_the_step_that_takes_it() -> None:
 
 def test_drawing_ahead_is_the_default_where_a_core_or_device_is_free(monkeypatch: pytest.MonkeyPatch) -> None:
     cpu, cores = torch.device("cpu"), len(os.sched_getaffinity(0))
+    big = MIN_COORDINATES_AHEAD
     assert worth_drawing_ahead([torch.device("cuda", 0)])  # the host is free while the device computes
+    assert worth_drawing_ahead([torch.device("cuda", 0)], big)
     monkeypatch.setattr(torch, "get_num_threads", lambda: cores)
     assert not worth_drawing_ahead([cpu])  # every core busy with the step: the thread would compete
+    assert not worth_drawing_ahead([cpu], big)
     _, _, optimizer, _ = _private(secure=True, default_ahead=True)
     assert optimizer.draw_ahead is False
     monkeypatch.setattr(torch, "get_num_threads", lambda: cores - 1)
     assert worth_drawing_ahead([cpu]) == (cores > 1)
-    _, _, optimizer, _ = _private(secure=True, default_ahead=True)
-    assert optimizer.draw_ahead is (cores > 1)
+    assert worth_drawing_ahead([cpu], big) == (cores > 1)
+
+
+def test_a_small_draw_is_made_at_the_step_even_with_a_free_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A thread a step costs more than a draw this small hides (see veil.noise_ahead): public sizes only.
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert worth_drawing_ahead([torch.device("cpu")], MIN_COORDINATES_AHEAD)
+    assert not worth_drawing_ahead([torch.device("cpu")], MIN_COORDINATES_AHEAD - 1)
+    assert not worth_drawing_ahead([torch.device("cuda", 0)], MIN_COORDINATES_AHEAD - 1)
+    _, _, optimizer, _ = _private(secure=True, default_ahead=True)  # 620 parameters
+    assert optimizer.draw_ahead is False

@@ -5,7 +5,7 @@ Two transforms are checked alike: the float64 one (64-bit words, float64 noise) 
 CPU through the torch ChaCha20).
 
 Statistical tests. Every check in :func:`misfits` is at α = 1e-7 and there are 13 of them, so one
-call on a correct sampler fails with probability ≤ 1.3e-6. This file makes six such calls on fresh
+call on a correct sampler fails with probability ≤ 1.3e-6. This file makes seven such calls on fresh
 secure draws and two uniformity tests of keystream bytes at 1e-7 (the other statistical tests use
 seeded words and are deterministic): it fails spuriously with probability < 1e-5 per run. The same
 checks are run on deliberately broken samplers (built from seeded words, so deterministic), for both
@@ -117,6 +117,24 @@ def test_secure_normal_is_gaussian_across_chunks(monkeypatch: pytest.MonkeyPatch
     # The chunked layout interleaves cos and sin halves per chunk; the moment, CDF and tail checks
     # are layout-free (the pair checks then compare arbitrary halves, still independent).
     assert misfits(z, 0.25) == []
+
+
+def test_a_release_split_across_threads_is_gaussian_with_a_key_per_piece(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A large host release is drawn in pieces on several threads: each piece its own fresh key."""
+    monkeypatch.setattr(rng_module, "PARALLEL_PIECE", 1000)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    assert rng_module.host_parts(N, 3) == 3 and rng_module.host_parts(2999, 3) == 2
+    src = SecureSource()
+    keys = _count_keys(monkeypatch)
+    z = src.normal((N,), 0.5).double().numpy()
+    assert keys == [32] * 3 and src.release_keys == 3  # one OS key per piece, none shared
+    assert misfits(z, 0.5) == []
+    third = N // 3
+    a, b = z[:third], z[third : 2 * third]
+    assert not np.array_equal(a, b)
+    assert abs(float(np.corrcoef(a, b)[0, 1])) < Z_CRIT / math.sqrt(third)  # independent pieces
 
 
 def test_device_keystream_path_is_gaussian(monkeypatch: pytest.MonkeyPatch) -> None:

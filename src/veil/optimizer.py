@@ -86,7 +86,8 @@ class DPOptimizer(Optimizer):
         # See veil.noise_ahead.
         self.noise_ahead = NoiseAhead(noise_source)
         devices = [p.device for p in clipper.parameters]
-        self.draw_ahead = bool(noise_source.secure) and worth_drawing_ahead(devices)
+        coordinates = sum(p.numel() for p in clipper.parameters)
+        self.draw_ahead = bool(noise_source.secure) and worth_drawing_ahead(devices, coordinates)
 
     @property
     def noise_draws(self) -> int:
@@ -197,10 +198,15 @@ class DPOptimizer(Optimizer):
         for key, members in self._noise_groups().items():
             numels = [self.clipper.parameters[i].numel() for i in members]
             flat = self.noise_ahead.take(key, sum(numels), std * inverse)  # drawn ahead, or now
-            for i, piece in zip(members, flat.split(numels), strict=True):
+            pieces = flat.split(numels)
+            for i, piece in zip(members, pieces, strict=True):
+                piece.view(self.clipper.parameters[i].shape).add_(sums[i], alpha=inverse)
+            # Rounded once for the whole group (three ops, not three a parameter: on a busy machine each
+            # multi-threaded op waits for its threads); exact: grid is a power of two.
+            flat.div_(grid).round_().mul_(grid)
+            for i, piece in zip(members, pieces, strict=True):
                 p = self.clipper.parameters[i]
-                g = piece.view(p.shape).add_(sums[i], alpha=inverse)
-                g.div_(grid).round_().mul_(grid)  # exact: grid is a power of two
+                g = piece.view(p.shape)
                 p.grad = g if g.dtype == p.dtype else g.to(p.dtype)
 
     def _noise_groups(self) -> dict[NoiseKey, list[int]]:

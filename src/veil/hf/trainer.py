@@ -37,6 +37,7 @@ per-example loss for.
 from __future__ import annotations
 
 import copy
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -47,6 +48,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from veil.errors import ConfigError
 from veil.pipeline.external import ExternalRun, PrivacyTarget, planned_steps
+from veil.text.batch_lookups import batch_of, expand_shared_lookups
 from veil.text.load import require_transformers
 
 if TYPE_CHECKING:
@@ -154,6 +156,7 @@ class DPTrainer(Trainer):
                 num_workers=self.args.dataloader_num_workers,
                 pin_memory=self.args.dataloader_pin_memory,
             )
+            expand_shared_lookups(self.model)  # BERT's [1, T] position ids: one row per example
             _, optimizer, loader = self.privacy.make_private(
                 self.model, plain_optimizer, plain, loss_reduction="sum"
             )
@@ -222,7 +225,13 @@ class DPTrainer(Trainer):
         (ignored labels, -100, count 0); the mean in evaluation."""
         features = dict(inputs)
         labels = features.pop("labels")
-        outputs = model(**features)
+        tokens = features.get("input_ids", features.get("inputs_embeds"))
+        with (
+            batch_of(*tokens.shape[:2])
+            if isinstance(tokens, torch.Tensor) and tokens.dim() >= 2
+            else nullcontext()
+        ):
+            outputs = model(**features)
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
         reduction = "sum" if model.training else "mean"
         loss = F.cross_entropy(  # label smoothing is per example too: each term stays its own

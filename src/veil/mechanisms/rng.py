@@ -24,6 +24,7 @@ import torch (the tensor methods import it when first called).
 from __future__ import annotations
 
 import abc
+import itertools
 import math
 import os
 import zlib
@@ -430,8 +431,10 @@ class SecureSource(RandomSource):
             from veil.mechanisms.box_muller import normal_from_words
 
             noise = torch.empty(n, dtype=torch.float32, device=dev)
-            on_device = uses_device_keystream(dev)
-            normal_from_words(noise if on_device else noise.numpy(), self._release_words(dev), std)
+            if uses_device_keystream(dev):
+                normal_from_words(noise, self._release_words(dev), std)
+            else:
+                self._host_normal32(noise.numpy(), std, host_parts(n, torch.get_num_threads()))
             return (noise if out_dtype == torch.float32 else noise.to(out_dtype)).reshape(dims)
         out = torch.empty(n, dtype=out_dtype, device=dev)
         stream = self._release_stream()  # one key per release: the next release is independent of it
@@ -446,6 +449,32 @@ class SecureSource(RandomSource):
             seg[:m].copy_(torch.cos(angle).mul_(r))
             seg[m:].copy_(angle.sin_().mul_(r)[: k - m])
         return out.reshape(dims)
+
+    def _host_normal32(self, out: np.ndarray, std: float, parts: int) -> None:
+        """Fill ``out`` with float32 noise on the host, in ``parts`` contiguous pieces drawn in parallel.
+
+        Each piece is drawn from a keystream of its own under a fresh OS key (keyed here, on the
+        calling thread, before any worker starts): one release may use several keys, never a key of
+        another release or another piece, so the pieces are independent and the guarantee of
+        :meth:`normal` holds piece by piece. numpy's transform (about three quarters of a draw's
+        time) releases the GIL, so the pieces run on that many cores while the step waits for its
+        noise; ``parts`` comes from :func:`host_parts` (public sizes and thread counts only).
+        """
+        import torch
+
+        from veil.mechanisms.box_muller import normal_from_words
+
+        host = torch.device("cpu")
+        if parts <= 1:
+            normal_from_words(out, self._release_words(host), std)
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        bounds = [len(out) * i // parts for i in range(parts + 1)]
+        pieces = [(out[lo:hi], self._release_words(host)) for lo, hi in itertools.pairwise(bounds)]
+        with ThreadPoolExecutor(max_workers=parts, thread_name_prefix="veil-noise") as pool:
+            for done in [pool.submit(normal_from_words, piece, words, std) for piece, words in pieces]:
+                done.result()  # a failed piece fails the release
 
     def _release_words(self, device: torch.device) -> Callable[[int], Any]:
         """int32 keystream words for one release, made where the noise is needed, under a fresh key.
@@ -529,6 +558,16 @@ def angle_from_words(words: np.ndarray) -> np.ndarray:
     """``θ = 2π·j·2⁻⁵³`` (float64) with ``j`` the top 53 bits of each uint64 word."""
     j = np.asarray(words, dtype=np.uint64) >> np.uint64(11)
     return j.astype(np.float64) * _ANGLE_STEP
+
+
+#: Coordinates a host thread draws at least, when a secure float32 release is split across threads.
+PARALLEL_PIECE = 1 << 21
+
+
+def host_parts(n: int, threads: int) -> int:
+    """Pieces a host release of ``n`` float32 coordinates is drawn in: one per thread torch may use,
+    each at least :data:`PARALLEL_PIECE` coordinates (a thread costs more than a smaller draw)."""
+    return max(1, min(threads, n // PARALLEL_PIECE))
 
 
 def uses_device_keystream(device: torch.device) -> bool:

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from veil.errors import ConfigError
 from veil.precision import autocast
+from veil.text.batch_lookups import batch_of, expand_shared_lookups
 from veil.text.features import FrozenTextEncoder, trim_padding
 from veil.text.load import FineTune, ModelFolder, check_fits, require_transformers
 
@@ -79,18 +80,22 @@ class SequenceClassifier(nn.Module):
 
     Trailing columns that are padding in the whole batch are dropped before the forward (exact:
     they are masked out), which saves most of the work on short texts padded to a long
-    ``max_length``.
+    ``max_length``. Embedding lookups the model shares across the batch (BERT's position ids,
+    ``[1, T]``) get one row per example (:mod:`veil.text.batch_lookups`), so a full fine-tune trains
+    and clips them like every other parameter.
     """
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
+        expand_shared_lookups(model)
 
     def forward(self, x: Tensor) -> Tensor:
         if x.dim() != 3 or x.shape[1] != 2:
             raise ValueError(f"expected tokenized text [B, 2, L] (ids, mask), got shape {tuple(x.shape)}")
         ids, mask = trim_padding(x[:, 0].long(), x[:, 1].long())
-        logits: Tensor = self.model(input_ids=ids, attention_mask=mask).logits
+        with batch_of(ids.shape[0], ids.shape[1]):
+            logits: Tensor = self.model(input_ids=ids, attention_mask=mask).logits
         return logits
 
 
