@@ -331,6 +331,17 @@ def render_report(report: dict[str, Any]) -> str:
     )
 
 
+def _silo_rows(g: dict[str, Any]) -> dict[str, str]:
+    """With a privacy unit, each silo's row count is outside the guarantee (labelled, so kept out of
+    the public report): only a silo's number of units is public by declaration; its rows depend on
+    how many rows each of its people has (as ``veil train`` labels its training row count)."""
+    why = (
+        "the silo's number of rows: with a privacy unit only its number of units is public by "
+        "declaration; the row count depends on how many rows each person has"
+    )
+    return {f"guarantee.silos.{name}.rows": why for name in g.get("silos") or {}}
+
+
 def write_report(run_dir: Path, duration_s: float | None = None) -> dict[str, Any]:
     """Build the report from the run folder and write ``report.json`` and ``report.html`` atomically,
     then ``release/`` (the global model and the public report) and the folder sealed owner-only."""
@@ -380,7 +391,13 @@ def envelope(run_dir: Path, old: dict[str, Any]) -> dict[str, Any]:
     checks = old.pop("checks")
     old.pop("files")
     b.public_fields(old)
-    b.non_private_fields({**non_private, "test_accuracy": non_private.get("final_test_accuracy")})
+    b.non_private_fields(
+        {
+            **non_private,
+            "test_accuracy": non_private.get("final_test_accuracy"),
+            **({"labelled_elsewhere": _silo_rows(g)} if "privacy_unit" in old else {}),
+        }
+    )
     b.file(LEDGER, "the privacy ledger (hash-chained, fsync'ed before each round)")
     b.file(
         MODEL,

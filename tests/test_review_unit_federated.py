@@ -1,0 +1,52 @@
+"""Adversarial review of issue 24 (privacy unit) in ``veil federated --mode record-level``.
+
+With a privacy unit only each silo's number of *units* is public by declaration (as ``veil train``
+labels its training row count non-private: it depends on how many rows each person has). A silo's
+row count must therefore not reach the public report (``release/report.json`` and its page)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("flwr")
+pytest.importorskip("pyarrow")
+
+from _budget_cli import cli as _cli
+from test_federated_units import _args, in_process, table  # noqa: F401 (fixtures)
+
+
+def _walk(obj: object, path: str = ""):
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _walk(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _walk(v, f"{path}[{i}]")
+    else:
+        yield path, obj
+
+
+def test_a_silos_row_count_is_not_in_the_public_report_of_a_unit_run(
+    table: dict[str, str],  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    in_process: None,  # noqa: F811
+) -> None:
+    """Planted: drop the label (or the fix) and each silo's ``rows`` is published again."""
+    out = tmp_path / "fl"
+    code, _, err = _cli(capsys, *_args(table, "--privacy-unit", "patient_id", "--out", str(out)))
+    assert code == 0, err
+    full = json.loads((out / "report.json").read_text())
+    silos = full["guarantee"]["silos"]
+    assert all("units" in v for v in silos.values())
+    public = json.loads((out / "release" / "report.json").read_text())
+    leaked = [p for p, _ in _walk(public) if p.endswith(".rows") and ".silos." in p]
+    assert not leaked, f"silo row counts in the public report: {leaked}"
+    public_silos = public["guarantee"]["silos"]
+    assert all(v["units"] == silos[k]["units"] for k, v in public_silos.items())
+    # The internal report says why the row counts are kept out.
+    labelled = full["non_private"]["labelled_elsewhere"]
+    assert any(k.startswith("guarantee.silos") for k in labelled)
