@@ -206,7 +206,7 @@ def scan_parquet(
     if n_train == 0 or n_test == 0:
         raise DataError(
             "dataset",
-            f"{n} examples",
+            f"{n} examples" if unit_column is None else "the file's units",  # rows are not public then
             f"a test fraction of {test_fraction} leaves no example on one side of the split",
             "provide more examples or change test_fraction",
         )
