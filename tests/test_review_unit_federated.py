@@ -50,3 +50,41 @@ def test_a_silos_row_count_is_not_in_the_public_report_of_a_unit_run(
     # The internal report says why the row counts are kept out.
     labelled = full["non_private"]["labelled_elsewhere"]
     assert any(k.startswith("guarantee.silos") for k in labelled)
+
+
+def test_the_global_model_averages_silos_by_their_units_not_their_rows(
+    table: dict[str, str],  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    in_process: None,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """FedAvg weights each silo's model by its ``num-examples``. With a privacy unit the silos' row
+    counts are not public (they depend on each person's rows): weighting by them makes the global
+    model a function of un-noised private counts. The weight must be the silo's units (public by
+    declaration, the n of its q). Planted: ``"num-examples": len(x)`` in the silo's reply fails it."""
+    import numpy as np
+
+    from veil.federated.local import federation
+    from veil.federated.settings import FederatedSettings
+    from veil.federated.strategy import SiloFedAvg
+
+    seen: list[dict[int, float]] = []
+    original = SiloFedAvg.aggregate_train
+
+    def spy(self, server_round, replies):  # type: ignore[no-untyped-def]
+        replies = list(replies)
+        result = original(self, server_round, replies)
+        seen.append({int(m["partition-id"]): float(m["num-examples"]) for m in self.replies[server_round]})
+        return result
+
+    monkeypatch.setattr(SiloFedAvg, "aggregate_train", spy)
+    out = tmp_path / "fl"
+    code, _, err = _cli(capsys, *_args(table, "--privacy-unit", "patient_id", "--out", str(out)))
+    assert code == 0, err
+    header = json.loads((out / "ledger.jsonl").read_text().split("\n", 1)[0])
+    fed = federation(FederatedSettings.from_run_config(header["settings"]))
+    assert seen and all(len(r) == 3 for r in seen)
+    for weights in seen:
+        for pid, weight in weights.items():
+            assert weight == len(np.unique(fed.units[fed.parts[pid]])) < len(fed.parts[pid])

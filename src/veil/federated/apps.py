@@ -106,7 +106,9 @@ def make_client_app(settings: FederatedSettings | None = None) -> ClientApp:
                 float(plan["q"]), float(plan["sigma"]), int(plan["steps"]), s.delta, s.accountant
             )
             metrics = {
-                "num-examples": len(x),
+                # FedAvg's weight: the silo's records (rows, or units with a privacy unit: public by
+                # declaration as its q's n; its row count is not, it depends on each person's rows).
+                "num-examples": fed.records(pid),
                 "partition-id": pid,
                 "epsilon": eps,
                 "steps": int(plan["steps"]),
