@@ -2,7 +2,8 @@
 
 With a privacy unit only each silo's number of *units* is public by declaration (as ``veil train``
 labels its training row count non-private: it depends on how many rows each person has). A silo's
-row count must therefore not reach the public report (``release/report.json`` and its page)."""
+row count must therefore reach neither the server (a separate party), nor the reports, nor the
+global model (FedAvg's weights)."""
 
 from __future__ import annotations
 
@@ -47,9 +48,9 @@ def test_a_silos_row_count_is_not_in_the_public_report_of_a_unit_run(
     assert not leaked, f"silo row counts in the public report: {leaked}"
     public_silos = public["guarantee"]["silos"]
     assert all(v["units"] == silos[k]["units"] for k, v in public_silos.items())
-    # The internal report says why the row counts are kept out.
-    labelled = full["non_private"]["labelled_elsewhere"]
-    assert any(k.startswith("guarantee.silos") for k in labelled)
+    # Nor in the internal report: the silo never sends its row count to the server with a unit.
+    assert all("rows" not in v for v in silos.values())
+    assert "n (rows; units with a privacy unit)" in (out / "report.html").read_text()
 
 
 def test_the_global_model_averages_silos_by_their_units_not_their_rows(

@@ -67,11 +67,11 @@ def make_client_app(settings: FederatedSettings | None = None) -> ClientApp:
         plan = _silo_plan(s, context, n)
         metrics = {
             "partition-id": pid,
-            "num-examples": len(fed.parts[pid]),
+            "num-examples": n,
             "sampling-rate": plan["q"],
             "noise-multiplier": plan["sigma"],
         }
-        if fed.units is not None:
+        if fed.units is not None:  # n counts units; the silo's row count is not public, never sent
             metrics["units"] = n
         return Message(RecordDict({"silo": MetricRecord(cast(Any, metrics))}), reply_to=msg)
 

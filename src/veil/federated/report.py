@@ -254,7 +254,9 @@ def _record_level_checks(
         {
             "name": "delta",
             "passed": all(
-                s.delta < 1.0 / n for n in (v.get("units", v["rows"]) for v in spend.values()) if n
+                s.delta < 1.0 / n
+                for n in (v["units"] if "units" in v else v["rows"] for v in spend.values())
+                if n
             ),
             "detail": f"δ = {s.delta:g} below 1/n of every silo (n its {what})",
         },
@@ -331,17 +333,6 @@ def render_report(report: dict[str, Any]) -> str:
     )
 
 
-def _silo_rows(g: dict[str, Any]) -> dict[str, str]:
-    """With a privacy unit, each silo's row count is outside the guarantee (labelled, so kept out of
-    the public report): only a silo's number of units is public by declaration; its rows depend on
-    how many rows each of its people has (as ``veil train`` labels its training row count)."""
-    why = (
-        "the silo's number of rows: with a privacy unit only its number of units is public by "
-        "declaration; the row count depends on how many rows each person has"
-    )
-    return {f"guarantee.silos.{name}.rows": why for name in g.get("silos") or {}}
-
-
 def write_report(run_dir: Path, duration_s: float | None = None) -> dict[str, Any]:
     """Build the report from the run folder and write ``report.json`` and ``report.html`` atomically,
     then ``release/`` (the global model and the public report) and the folder sealed owner-only."""
@@ -391,13 +382,7 @@ def envelope(run_dir: Path, old: dict[str, Any]) -> dict[str, Any]:
     checks = old.pop("checks")
     old.pop("files")
     b.public_fields(old)
-    b.non_private_fields(
-        {
-            **non_private,
-            "test_accuracy": non_private.get("final_test_accuracy"),
-            **({"labelled_elsewhere": _silo_rows(g)} if "privacy_unit" in old else {}),
-        }
-    )
+    b.non_private_fields({**non_private, "test_accuracy": non_private.get("final_test_accuracy")})
     b.file(LEDGER, "the privacy ledger (hash-chained, fsync'ed before each round)")
     b.file(
         MODEL,
