@@ -178,7 +178,9 @@ def unit_ids(source: TableSource, column: str) -> list[object]:
         from veil.tables.sources.csv_reader import read_csv_text
 
         return [None if v in DEFAULT_MISSING_VALUES else v for v in read_csv_text(source)[column]]
-    return list(_Columns(source, [column]).column(column).cast("string").to_pylist())
+    from veil.tables.units import unit_texts
+
+    return list(unit_texts(_Columns(source, [column]).column(column)))
 
 
 def one_row_per_unit(unit_ids: list[object], rng: RandomSource) -> np.ndarray:
