@@ -30,6 +30,8 @@ def test_unit_texts_is_a_rule_on_each_cell() -> None:
         "P1",
     ]
     assert unit_texts(pa.array([7, None], pa.int64())) == ["7", None]
+    # A float NaN id is missing (no one's), not one "nan" person merging many people's rows.
+    assert unit_texts(pa.array([1.0, float("nan"), None], pa.float64())) == ["1", None, None]
     assert unit_texts(pa.array(["007", "7"])) == ["007", "7"]
 
 

@@ -59,7 +59,8 @@ def unit_texts(values: pa.ChunkedArray | pa.Array) -> list[object]:
 
     Text as stored; bytes (a Parquet ``binary`` column) decoded as UTF-8 with undecodable bytes
     escaped (``\\xff``), so a byte string that is not UTF-8 is still an id — never a failure after
-    reading on one person's value; anything else cast by Arrow (numbers, dictionaries of text)."""
+    reading on one person's value; anything else cast by Arrow (numbers, dictionaries of text), a
+    floating-point NaN being missing like a null (rows without a unit belong to no one)."""
     import pyarrow as pa
 
     kind = values.type
@@ -69,7 +70,10 @@ def unit_texts(values: pa.ChunkedArray | pa.Array) -> list[object]:
         return [None if v is None else v.decode("utf-8", "backslashreplace") for v in values.to_pylist()]
     if pa.types.is_dictionary(kind):
         return unit_texts(values.cast(kind.value_type))
-    return list(values.cast(pa.string()).to_pylist())
+    texts = values.cast(pa.string()).to_pylist()
+    if pa.types.is_floating(kind):  # NaN names no one (missing), never one "nan" person of many rows
+        return [None if v is None or v != v else t for v, t in zip(values.to_pylist(), texts, strict=True)]
+    return list(texts)
 
 
 def collect_units(batches: Iterator[_Batch], column: str, into: list[Any]) -> Iterator[_Batch]:
