@@ -375,6 +375,12 @@ def test_tune_with_a_privacy_unit_trains_and_scores_units(
     )
     units = load_dataset(f"csv:{files['csv']}", schema=schema, privacy_unit="patient_id").n_units
     assert report["privacy_unit"] == "patient_id" and report["n_train"] + report["n_validation"] == units
+    # The statement names the person (review of issue 24: it said "add/remove-one neighbouring").
+    statement = report["guarantee"]["statement"]
+    assert "each person (unit column `patient_id`), whatever number of rows they have" in statement
+    assert "add/remove-one neighbouring" not in statement
+    public = json.loads((tmp_path / "tune" / "release" / "report.json").read_text())
+    assert public["guarantee"]["statement"] == statement
     trial = json.loads((tmp_path / "tune" / "trials" / "1" / "report.json").read_text())
     assert trial["neighbouring"] == "add_or_remove_one_unit"
     assert trial["privacy_unit"]["units"] == report["n_train"]

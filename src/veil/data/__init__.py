@@ -163,8 +163,11 @@ def drop_unlabelled(y: np.ndarray, bad_rows: np.ndarray | None = None) -> tuple[
     return keep, rules
 
 
-def check_labels(y: np.ndarray, classes: list[str], where: str) -> None:
-    """Refuse a single class and fewer examples than classes."""
+def check_labels(y: np.ndarray, classes: list[str], where: str, *, count_rows: bool = True) -> None:
+    """Refuse a single class and fewer examples than classes.
+
+    ``count_rows=False`` (a privacy unit): the message does not print the number of rows, which is not
+    public then (it depends on how many rows each person has; only the number of units is)."""
     if len(classes) < 2:
         raise DataError(
             where,
@@ -175,7 +178,7 @@ def check_labels(y: np.ndarray, classes: list[str], where: str) -> None:
     if len(y) < 2 * len(classes):
         raise DataError(
             where,
-            f"{len(y)} examples for {len(classes)} classes",
+            f"{len(y) if count_rows else 'too few'} examples for {len(classes)} classes",
             "there are fewer examples than classes can be trained and tested on (at least two per class on "
             "average are needed)",
             "provide more examples (at least a few per class)",
@@ -246,7 +249,7 @@ def split_by_unit(
     if test.all() or not test.any():
         raise DataError(
             "dataset",
-            f"{len(y)} rows",
+            f"{len(np.unique(keys))} units",  # public by declaration; the row count is not
             f"a test fraction of {test_fraction} leaves no unit on one side of the split",
             "provide more units or change test_fraction",
         )
@@ -403,7 +406,7 @@ def _load_with_schema(
     loaded = load_schema_table(name, schema, table=table, query=query, unit_column=privacy_unit)
     x, y, classes = loaded.encoded.x, loaded.encoded.y, loaded.encoded.classes
     assert y is not None
-    check_labels(y, classes, "target")
+    check_labels(y, classes, "target", count_rows=privacy_unit is None)
     units = None
     if loaded.encoded.units is not None:
         x_tr, y_tr, x_te, y_te, units = split_by_unit(x, y, loaded.encoded.units, test_fraction, seed)

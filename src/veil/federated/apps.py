@@ -67,11 +67,11 @@ def make_client_app(settings: FederatedSettings | None = None) -> ClientApp:
         plan = _silo_plan(s, context, n)
         metrics = {
             "partition-id": pid,
-            "num-examples": len(fed.parts[pid]),
+            "num-examples": n,
             "sampling-rate": plan["q"],
             "noise-multiplier": plan["sigma"],
         }
-        if fed.units is not None:
+        if fed.units is not None:  # n counts units; the silo's row count is not public, never sent
             metrics["units"] = n
         return Message(RecordDict({"silo": MetricRecord(cast(Any, metrics))}), reply_to=msg)
 
@@ -106,7 +106,9 @@ def make_client_app(settings: FederatedSettings | None = None) -> ClientApp:
                 float(plan["q"]), float(plan["sigma"]), int(plan["steps"]), s.delta, s.accountant
             )
             metrics = {
-                "num-examples": len(x),
+                # FedAvg's weight: the silo's records (rows, or units with a privacy unit: public by
+                # declaration as its q's n; its row count is not, it depends on each person's rows).
+                "num-examples": fed.records(pid),
                 "partition-id": pid,
                 "epsilon": eps,
                 "steps": int(plan["steps"]),

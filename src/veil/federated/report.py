@@ -254,7 +254,9 @@ def _record_level_checks(
         {
             "name": "delta",
             "passed": all(
-                s.delta < 1.0 / n for n in (v.get("units", v["rows"]) for v in spend.values()) if n
+                s.delta < 1.0 / n
+                for n in (v["units"] if "units" in v else v["rows"] for v in spend.values())
+                if n
             ),
             "detail": f"δ = {s.delta:g} below 1/n of every silo (n its {what})",
         },

@@ -99,15 +99,16 @@ def _register_silos(grid: Grid, nodes: list[int], s: FederatedSettings) -> dict[
                 "fix the silo's data or settings and restart it",
             )
         m: dict[str, Any] = dict(cast(Any, reply.content["silo"]))
+        # privacy units: q = B / units, the δ check is against 1/units; a silo's row count is not
+        # public then (it depends on each person's rows), so the silo does not send it
+        size = {"units": int(m["units"])} if "units" in m else {"rows": int(m["num-examples"])}
         silos[f"silo-{int(m['partition-id'])}"] = {
             "node_id": int(reply.metadata.src_node_id),
-            "rows": int(m["num-examples"]),
+            **size,
             "sampling_rate": float(m["sampling-rate"]),
             "noise_multiplier": float(m["noise-multiplier"]),
             "steps_per_round": s.local_steps,
         }
-        if "units" in m:  # privacy units: q = B / units, the δ check is against 1/units
-            silos[f"silo-{int(m['partition-id'])}"]["units"] = int(m["units"])
     return dict(sorted(silos.items()))
 
 

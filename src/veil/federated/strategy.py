@@ -14,8 +14,9 @@ they are functions of private data that no noise covers.
 :class:`SiloFedAvg` (record level). Every silo takes part in every round (no client sampling: the
 guarantee is per record, each silo's DP-SGD provides it). Before each round's messages leave, the
 silo's planned DP-SGD steps for the round are charged to the run's ledger under its name; the
-aggregate is Flower's FedAvg (weighted by each silo's row count, which DP-SGD's q = B/n already
-treats as public).
+aggregate is Flower's FedAvg (weighted by each silo's number of records n, which DP-SGD's q = B/n
+already treats as public: its rows, or its units with a privacy unit — never its row count then, which
+depends on how many rows each person has).
 """
 
 from __future__ import annotations

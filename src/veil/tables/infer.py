@@ -164,6 +164,25 @@ def _read(source: TableSource, columns: list[str]) -> _Columns:
     return _Columns(source, columns)
 
 
+def unit_ids(source: TableSource, column: str) -> list[object]:
+    """Each row's unit id as text, ``None`` where missing: read as the other jobs read it.
+
+    A CSV's unit cells are taken as written (the train, tune, synth and federated readers read the
+    unit column as text), never through type inference: inferred as numbers, ``007``, ``7`` and
+    ``7.0`` — or two 20-digit ids beyond float precision — would be one unit here and several
+    elsewhere, and one drawn row per merged "unit" would protect those people only as a replacement
+    of a row, not as the add/remove-one-unit the release is stated for. A default missing-value
+    marker (``""``, ``?``, ``NA``) is missing, as in the schema readers. Other sources keep their
+    stored types (the same cells the other jobs read)."""
+    if source.kind == "csv":
+        from veil.tables.sources.csv_reader import read_csv_text
+
+        return [None if v in DEFAULT_MISSING_VALUES else v for v in read_csv_text(source)[column]]
+    from veil.tables.units import unit_texts
+
+    return list(unit_texts(_Columns(source, [column]).column(column)))
+
+
 def one_row_per_unit(unit_ids: list[object], rng: RandomSource) -> np.ndarray:
     """The rows a DP schema release reads with a privacy unit: one uniformly drawn row of each unit.
 
@@ -339,7 +358,7 @@ def _infer_dp(
     rng = rng or make_source(True)
     table = _read(source, read)
     if privacy_unit is not None:  # people, not rows: one drawn row per unit (one_row_per_unit)
-        ids = _Columns(source, [privacy_unit]).column(privacy_unit).cast("string").to_pylist()
+        ids = unit_ids(source, privacy_unit)
         table.rows = one_row_per_unit(ids, rng)
     eps_col, delta_col, rest = split.column, split.delta, split.rest
     kind_scale = scale_for(split.kinds, rng.secure)

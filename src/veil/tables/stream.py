@@ -206,7 +206,7 @@ def scan_parquet(
     if n_train == 0 or n_test == 0:
         raise DataError(
             "dataset",
-            f"{n} examples",
+            f"{n} examples" if unit_column is None else "the file's units",  # rows are not public then
             f"a test fraction of {test_fraction} leaves no example on one side of the split",
             "provide more examples or change test_fraction",
         )
@@ -234,14 +234,10 @@ def _unit_sides(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Row group ``group``'s unit ids (text): ``(known, keys, test)`` of :func:`veil.data.unit_sides`,
     ``known`` over the whole group, ``keys`` and ``test`` over its rows that stay (``valid`` and known)."""
-    import pyarrow as pa
-
     from veil.data import unit_sides
+    from veil.tables.units import unit_texts
 
-    values = pf.read_row_group(group, columns=[column]).column(column)
-    if not pa.types.is_string(values.type) and not pa.types.is_large_string(values.type):
-        values = values.cast(pa.string())
-    ids = values.to_pylist()
+    ids = unit_texts(pf.read_row_group(group, columns=[column]).column(column))
     known = np.array([v is not None for v in ids], dtype=bool)
     kept = [v for v, keep in zip(ids, valid & known, strict=True) if keep]
     _, keys, test = unit_sides(kept, test_fraction, seed)

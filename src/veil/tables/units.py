@@ -31,7 +31,7 @@ class _HasTable(Protocol):
 
 _Batch = TypeVar("_Batch", bound=_HasTable)
 
-__all__ = ["check_unit_column", "collect_units"]
+__all__ = ["check_unit_column", "collect_units", "unit_texts"]
 
 
 def check_unit_column(schema: TableSchema, present: Sequence[str], column: str, where: str) -> None:
@@ -54,13 +54,30 @@ def check_unit_column(schema: TableSchema, present: Sequence[str], column: str, 
         )
 
 
-def collect_units(batches: Iterator[_Batch], column: str, into: list[Any]) -> Iterator[_Batch]:
-    """Pass ``batches`` through, appending each row's unit id (text, ``None`` if missing) to ``into``."""
+def unit_texts(values: pa.ChunkedArray | pa.Array) -> list[object]:
+    """Each cell of a unit column as text (``None`` if missing): a function of that cell alone.
+
+    Text as stored; bytes (a Parquet ``binary`` column) decoded as UTF-8 with undecodable bytes
+    escaped (``\\xff``), so a byte string that is not UTF-8 is still an id — never a failure after
+    reading on one person's value; anything else cast by Arrow (numbers, dictionaries of text), a
+    floating-point NaN being missing like a null (rows without a unit belong to no one)."""
     import pyarrow as pa
 
+    kind = values.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return list(values.to_pylist())
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind):
+        return [None if v is None else v.decode("utf-8", "backslashreplace") for v in values.to_pylist()]
+    if pa.types.is_dictionary(kind):
+        return unit_texts(values.cast(kind.value_type))
+    texts = values.cast(pa.string()).to_pylist()
+    if pa.types.is_floating(kind):  # NaN names no one (missing), never one "nan" person of many rows
+        return [None if v is None or v != v else t for v, t in zip(values.to_pylist(), texts, strict=True)]
+    return list(texts)
+
+
+def collect_units(batches: Iterator[_Batch], column: str, into: list[Any]) -> Iterator[_Batch]:
+    """Pass ``batches`` through, appending each row's unit id (text, ``None`` if missing) to ``into``."""
     for raw in batches:
-        values = raw.table.column(column)
-        if not pa.types.is_string(values.type) and not pa.types.is_large_string(values.type):
-            values = values.cast(pa.string())
-        into.extend(values.to_pylist())
+        into.extend(unit_texts(raw.table.column(column)))
         yield raw

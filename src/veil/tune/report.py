@@ -21,7 +21,7 @@ __all__ = ["write_report"]
 GUARANTEE = (
     "The chosen model (model.pt), its hyperparameters and its noisy validation score are (ε = {eps:.4g}, "
     "δ = {delta:g})-differentially private for the training data (training and validation parts "
-    "together), under add/remove-one neighbouring: the whole tuning procedure is accounted (Papernot & "
+    "together), {who}: the whole tuning procedure is accounted (Papernot & "
     "Steinke 2022, a {law} number of trials with mean {mean:g}), not the best trial alone."
 )
 CAVEATS = [
@@ -159,6 +159,21 @@ def write_report(
     return report
 
 
+def _who(settings: dict[str, Any]) -> str:
+    """Whom the statement protects: each person with a privacy unit; else each row, said plainly."""
+    unit = settings.get("privacy_unit")
+    if unit is None:
+        return (
+            "under add/remove-one neighbouring (each row on its own: a person with several rows is "
+            "protected only by group privacy, which is weaker; name a --privacy-unit column to protect "
+            "people)"
+        )
+    return (
+        f"for each person (unit column `{unit}`), whatever number of rows they have (add/remove one "
+        "unit with all its rows)"
+    )
+
+
 def _envelope(
     out: Path,
     split: BudgetSplit,
@@ -189,7 +204,9 @@ def _envelope(
         "number of trials, the other trials or any test accuracy",
         randomness="secure",
         release_ready=passed and chosen is not None,
-        statement=GUARANTEE.format(eps=split.epsilon, delta=split.delta, law=law, mean=split.count.mean),
+        statement=GUARANTEE.format(
+            eps=split.epsilon, delta=split.delta, law=law, mean=split.count.mean, who=_who(settings)
+        ),
         evidence=evidence,
         extra={"target_epsilon": settings["target_epsilon"]},
     )
