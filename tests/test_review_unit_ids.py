@@ -23,7 +23,9 @@ from test_privacy_unit_train import SCHEMA, visits  # noqa: E402
 def test_unit_texts_is_a_rule_on_each_cell() -> None:
     from veil.tables.units import unit_texts
 
-    assert unit_texts(pa.array([b"P1", b"\xff\xfe", None], pa.binary())) == ["P1", "\\xff\\xfe", None]
+    assert unit_texts(pa.array([b"P1", b"\xff\xfe", None], pa.binary())) == ["5031", "fffe", None]
+    # one-to-one: a byte id that spells another's escape is still another person
+    assert len(set(unit_texts(pa.array([b"\xff", b"\\xff", b"ff"], pa.binary())))) == 3
     assert unit_texts(pa.chunked_array([pa.array(["P1", None, "P1"]).dictionary_encode()])) == [
         "P1",
         None,

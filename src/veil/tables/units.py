@@ -57,17 +57,18 @@ def check_unit_column(schema: TableSchema, present: Sequence[str], column: str, 
 def unit_texts(values: pa.ChunkedArray | pa.Array) -> list[object]:
     """Each cell of a unit column as text (``None`` if missing): a function of that cell alone.
 
-    Text as stored; bytes (a Parquet ``binary`` column) decoded as UTF-8 with undecodable bytes
-    escaped (``\\xff``), so a byte string that is not UTF-8 is still an id — never a failure after
-    reading on one person's value; anything else cast by Arrow (numbers, dictionaries of text), a
-    floating-point NaN being missing like a null (rows without a unit belong to no one)."""
+    Text as stored; bytes (a Parquet ``binary`` column) as their hexadecimal digits — one-to-one, so
+    two people's byte ids never become one text, and a byte string that is not UTF-8 is still an id
+    (never a failure after reading on one person's value); anything else cast by Arrow (numbers,
+    dictionaries of text), a floating-point NaN being missing like a null (rows without a unit belong
+    to no one)."""
     import pyarrow as pa
 
     kind = values.type
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
         return list(values.to_pylist())
     if pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind):
-        return [None if v is None else v.decode("utf-8", "backslashreplace") for v in values.to_pylist()]
+        return [None if v is None else v.hex() for v in values.to_pylist()]
     if pa.types.is_dictionary(kind):
         return unit_texts(values.cast(kind.value_type))
     texts = values.cast(pa.string()).to_pylist()
