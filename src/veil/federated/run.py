@@ -2,7 +2,7 @@
 
 Order (nothing expensive and nothing written before every check passed): settings → the budget
 registry's account for the dataset, before a row is read (an exhausted dataset is refused here) →
-the data and its partition (every client non-empty, the column present) → σ for the client-level
+the data and its partition (the column present; a client may be empty) → σ for the client-level
 target over the planned rounds → the whole plan reserved in the registry (refused over budget:
 nothing written, nothing charged) → the run folder → Flower (the simulation engine here; real
 SuperLink/SuperNodes on loopback with :mod:`veil.federated.deploy`) → the registry settled with what
@@ -41,9 +41,9 @@ def plan(s: FederatedSettings) -> FederatedSettings:
 
 
 def check_data(s: FederatedSettings) -> None:
-    """Refuse a missing column, more clients than rows and (record level) δ ≥ 1/n of a non-empty silo.
-    An empty client contributes a zero update and a silo smaller than its batch trains with fewer rows
-    (:func:`veil.federated.local.silo_sampling_rate`): neither is refused."""
+    """Refuse a missing column and (record level) δ ≥ 1/n of a non-empty silo. An empty client (more
+    clients than rows leaves some) contributes a zero update and a silo smaller than its batch trains
+    with fewer rows (:func:`veil.federated.local.silo_sampling_rate`): neither is refused."""
     from veil.federated.local import federation
 
     fed = federation(s)
