@@ -47,7 +47,8 @@ from veil.data import load_dataset
 from veil.errors import VeilError
 from veil.mechanisms import SeededSource
 from veil.pate.aggregators import Aggregator, ConfidentGNMax, GNMax
-from veil.pate.labelling import LabelSettings, default_release_params, label_queries
+from veil.pate.label_settings import LabelSettings, default_release_params
+from veil.pate.labelling import label_queries
 from veil.pate.partition import partition_teachers
 from veil.pate.smooth_sensitivity import ReleaseParams
 from veil.pate.student import train_student
