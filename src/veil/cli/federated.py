@@ -110,6 +110,14 @@ def register(app: typer.Typer) -> None:
             1.0, "--clip", help="C: L2 bound of a client's update (client-level) or of an example's gradient."
         ),
         server_lr: float = typer.Option(1.0, "--server-lr", help="Server step on the noisy mean update."),
+        server_optimizer: str = typer.Option(
+            "sgd",
+            "--server-optimizer",
+            help="client-level: sgd, momentum (FedAvgM) or adam (FedAdam) on the noisy mean (free).",
+        ),
+        server_momentum: float = typer.Option(
+            0.9, "--server-momentum", help="client-level: momentum (Adam's β₁) of the server step."
+        ),
         local_epochs: int = typer.Option(
             1, "--local-epochs", help="client-level: local SGD epochs per round."
         ),
