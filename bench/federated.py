@@ -52,6 +52,8 @@ def _client_settings(args: argparse.Namespace, out: Path) -> Any:
         model=args.model,
         clip=args.clip,
         server_lr=args.server_lr,
+        server_optimizer=args.server_optimizer,
+        server_momentum=args.server_momentum,
         local_epochs=args.local_epochs,
         local_lr=args.local_lr,
         local_batch=args.local_batch,
@@ -176,7 +178,7 @@ def record_level(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         epsilon=args.epsilon,
         delta=args.delta,
         partition="iid",
-        model=args.model,
+        model=args.record_model,
         clip=args.record_clip,
         local_lr=args.record_lr,
         local_batch=args.record_batch,
@@ -191,7 +193,7 @@ def record_level(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     central = veil.train(
         {
             "dataset": "fashion-mnist",
-            "model": args.model,
+            "model": args.record_model,
             "epsilon": args.epsilon,
             "delta": args.delta,
             "seed": max(args.seed, 0),
@@ -243,14 +245,16 @@ def main() -> None:
     )
     p.add_argument("--epsilon", type=float, default=3.0)
     p.add_argument("--delta", type=float, default=1e-5)
-    p.add_argument("--model", default="rff")
+    p.add_argument("--model", default="auto", help="auto: the scattering front on Fashion-MNIST")
     p.add_argument("--seed", type=int, default=0, help="research seed (-1: secure randomness)")
     p.add_argument("--cpus", type=int, default=2, help="Ray CPUs (simulated clients in parallel)")
     p.add_argument("--clients", type=int, default=1000)
     p.add_argument("--alpha", type=float, default=0.5)
     p.add_argument("--rounds", type=int, default=60)
     p.add_argument("--sampling-rate", type=float, default=0.3)
-    p.add_argument("--clip", type=float, default=1.0)
+    p.add_argument("--clip", type=float, default=0.5)
+    p.add_argument("--server-optimizer", default="sgd")
+    p.add_argument("--server-momentum", type=float, default=0.9)
     p.add_argument("--server-lr", type=float, default=1.0)
     p.add_argument("--local-epochs", type=int, default=1)
     p.add_argument("--local-lr", type=float, default=0.05)
@@ -259,6 +263,7 @@ def main() -> None:
     p.add_argument("--silo-rounds", type=int, default=20)
     p.add_argument("--local-steps", type=int, default=50)
     p.add_argument("--record-batch", type=int, default=512)
+    p.add_argument("--record-model", default="rff")
     p.add_argument("--record-clip", type=float, default=1.0)
     p.add_argument("--record-lr", type=float, default=2.0)
     p.add_argument("--out", default="", help="keep the run folders here (default: a temporary folder)")
