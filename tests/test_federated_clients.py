@@ -101,3 +101,26 @@ def test_more_clients_than_rows_is_not_refused_after_reading(in_process_engine, 
     assert code == 0, err[-2000:]
     assert report["guarantee"]["rounds_charged"] == 1 and report["finished"]
     assert report["non_private"]["per_round"][1]["replied"] == _sampled(out)[0]
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [("client-level", (0.5, 0.05, 16)), ("record-level", (1.0, 0.1, 32))],
+)
+def test_the_command_s_defaults_follow_the_mode(monkeypatch, tmp_path, mode, expected) -> None:
+    """C, local lr and batch mean different things in the two modes: each has its own measured default;
+    a flag given overrides it."""
+    from veil.federated import run
+
+    seen: list[FederatedSettings] = []
+
+    def capture(s: FederatedSettings, **kw: object) -> dict:
+        seen.append(s)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(run, "simulate", capture)
+    for extra in ([], ["--clip", "2"]):
+        with pytest.raises(SystemExit):
+            main(["federated", "--mode", mode, "--out", str(tmp_path / "x"), *extra])
+    assert (seen[0].clip, seen[0].local_lr, seen[0].local_batch) == expected
+    assert seen[1].clip == 2.0
