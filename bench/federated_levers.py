@@ -11,6 +11,12 @@ simulation engine takes tens; confirm a setting with ``bench/federated.py`` (the
 
     python bench/federated_levers.py --model scatternet --clip 0.5
     python bench/federated_levers.py --model logreg --sampling-rate 1 --rounds 20
+    python bench/federated_levers.py --flower     # Flower's DifferentialPrivacyServerSideFixedClipping
+
+``--flower`` drives Flower's own ``DifferentialPrivacyServerSideFixedClipping(FedAvg)`` (its sampling:
+a fixed-size sample of qN clients without replacement; its clipping, FedAvg and noise σC/(qN) on the
+mean; its RDP accountant, which that wrapper accepts only without sampling amplification) on the same
+partition, local training and σ, with the same in-process client step in place of Flower's messaging.
 
 Seeded (research) randomness; test accuracy on the 10,000 official test images is a non-private figure.
 """
@@ -48,6 +54,58 @@ def _features(s, cache: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
     return torch.from_numpy(x_tr), y_tr, torch.from_numpy(x_te), y_te, list(fed.parts)
 
 
+class _Nodes:
+    """The one thing Flower's strategies ask a grid before sending: the connected node ids (1..N)."""
+
+    def __init__(self, n: int) -> None:
+        self.ids = list(range(1, n + 1))
+
+    def get_node_ids(self) -> list[int]:
+        return self.ids
+
+
+def _flower_rounds(s, sigma, x_tr, y_tr, parts, head, w, evaluate, seed) -> tuple[list, dict]:
+    """Flower's DP wrapper, round by round; each sampled client trains as veil's ClientApp does."""
+    from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+    from flwr.serverapp import NeighboringRelation, PrivacyConfig, RdpAccountant, SamplingMethod
+    from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from veil.federated import local
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1  # as a ServerApp process sets
+
+    m = round(s.sampling_rate * s.clients)
+    accountant = RdpAccountant(PrivacyConfig(target_delta=s.delta, population_size=s.clients,
+                                             neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
+                                             sampling_method=SamplingMethod.NO_AMPLIFICATION))  # fmt: skip
+    strategy = DifferentialPrivacyServerSideFixedClipping(
+        FedAvg(fraction_train=m / s.clients, fraction_evaluate=0.0, min_available_nodes=s.clients),
+        noise_multiplier=sigma, clipping_norm=s.clip, num_sampled_clients=m, accountant=accountant,
+    )  # fmt: skip
+    grid, arrays, history = _Nodes(s.clients), ArrayRecord([x.astype(np.float32) for x in w]), []
+    for r in range(1, s.rounds + 1):
+        replies = []
+        for msg in strategy.configure_train(r, arrays, ConfigRecord(), grid):  # type: ignore[arg-type]
+            k = int(msg.metadata.dst_node_id) - 1
+            local.set_arrays(head, msg.content["arrays"].to_numpy_ndarrays())
+            local.local_sgd(head, x_tr[parts[k]], y_tr[parts[k]], s, seed * 100_003 + r * 1009 + k)
+            msg.metadata.__dict__["_src_node_id"] = 0
+            content = {
+                "arrays": ArrayRecord(local.get_arrays(head)),
+                "metrics": MetricRecord({"num-examples": 1}),
+            }
+            replies.append(Message(RecordDict(content), reply_to=msg))
+        new, _ = strategy.aggregate_train(r, replies)
+        arrays = new if new is not None else arrays
+        if r % 10 == 0 or r == s.rounds:
+            history.append((r, evaluate(arrays.to_numpy_ndarrays())))
+            print(history[-1], flush=True)
+    spent = accountant.get_privacy_spent()
+    return history, {"epsilon_flower_rdp_no_amplification": spent.epsilon, "releases": spent.num_releases,
+                     "clients_per_round (fixed, without replacement)": m}  # fmt: skip
+
+
 def main() -> None:
     from veil.federated import local
     from veil.federated.aggregate import noisy_clipped_sum
@@ -73,6 +131,7 @@ def main() -> None:
     p.add_argument("--local-batch", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache", default="runs/bench-federated-levers")
+    p.add_argument("--flower", action="store_true", help="Flower's DP wrapper instead of veil's rounds")
     a = p.parse_args()
     torch.set_num_threads(1)
     s = FederatedSettings(mode="client-level", dataset="fashion-mnist", clients=a.clients, rounds=a.rounds,
@@ -87,6 +146,21 @@ def main() -> None:
     w = [x.astype(np.float64) for x in local.get_arrays(head)]
     shapes = [x.shape for x in w]
     state = init_state(s.server_optimizer, shapes)  # type: ignore[arg-type]
+
+    def evaluate(arrays: list[np.ndarray]) -> float:
+        local.set_arrays(head, [x.astype(np.float32) for x in arrays])
+        return round(local.evaluate(head, x_te, y_te)[0], 4)
+
+    if a.flower:
+        from veil.federated.privacy import client_level_epsilon, round_event
+
+        history, flower = _flower_rounds(s, sigma, x_tr, y_tr, parts, head, w, evaluate, a.seed)
+        poisson = client_level_epsilon([round_event(s.sampling_rate, sigma)] * s.rounds, s.delta)
+        print(json.dumps({"settings": vars(a), "sigma": sigma, "test_accuracy": history[-1][1],
+                          "accuracy_every_10_rounds": history, **flower,
+                          "epsilon_veil_pld_of_poisson_q_same_sigma": poisson,
+                          "load_average": os.getloadavg()}))  # fmt: skip
+        return
     sampling, noise = make_source(False, 2 * a.seed + 1), make_source(False, 2 * a.seed + 2)
     history, norms_seen, start = [], [], time.monotonic()
     for r in range(1, s.rounds + 1):
@@ -100,8 +174,7 @@ def main() -> None:
         mean = [t / s.expected_clients for t in total]
         w, state = server_step(s.server_optimizer, w, mean, state, s.server_lr, s.server_momentum)  # type: ignore[arg-type]
         if r % 10 == 0 or r == s.rounds:
-            local.set_arrays(head, [x.astype(np.float32) for x in w])
-            history.append((r, round(local.evaluate(head, x_te, y_te)[0], 4)))
+            history.append((r, evaluate(w)))
             print(history[-1], flush=True)
     print(json.dumps({"settings": vars(a), "sigma": sigma, "test_accuracy": history[-1][1],
                       "accuracy_every_10_rounds": history,
