@@ -132,6 +132,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache", default="runs/bench-federated-levers")
     p.add_argument("--flower", action="store_true", help="Flower's DP wrapper instead of veil's rounds")
+    p.add_argument("--sigma", type=float, default=0.0, help="σ (default: veil's calibration for ε)")
     a = p.parse_args()
     torch.set_num_threads(1)
     s = FederatedSettings(mode="client-level", dataset="fashion-mnist", clients=a.clients, rounds=a.rounds,
@@ -140,7 +141,7 @@ def main() -> None:
                           server_lr=a.server_lr, server_optimizer=a.server_optimizer,
                           server_momentum=a.server_momentum, local_epochs=a.local_epochs,
                           local_lr=a.local_lr, local_batch=a.local_batch, seed=a.seed)  # fmt: skip
-    sigma = client_level_sigma(s.epsilon, s.delta, s.sampling_rate, s.rounds, s.clients)
+    sigma = a.sigma or client_level_sigma(s.epsilon, s.delta, s.sampling_rate, s.rounds, s.clients)
     x_tr, y_tr, x_te, y_te, parts = _features(s, Path(a.cache))
     _, head = local.build_network(s, local.federation(s).data)
     w = [x.astype(np.float64) for x in local.get_arrays(head)]
