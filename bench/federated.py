@@ -26,11 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine_description
 
 
-def client_level(args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    from veil.federated.run import simulate
+def _client_settings(args: argparse.Namespace, out: Path) -> Any:
     from veil.federated.settings import FederatedSettings
 
-    s = FederatedSettings(
+    return FederatedSettings(
         mode="client-level",
         dataset="fashion-mnist",
         clients=args.clients,
@@ -42,12 +41,20 @@ def client_level(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         model=args.model,
         clip=args.clip,
         server_lr=args.server_lr,
+        server_optimizer=args.server_optimizer,
+        server_momentum=args.server_momentum,
         local_epochs=args.local_epochs,
         local_lr=args.local_lr,
         local_batch=args.local_batch,
         seed=args.seed,
-        out=str(out / "client-level"),
+        out=str(out),
     )
+
+
+def client_level(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    from veil.federated.run import simulate
+
+    s = _client_settings(args, out / "client-level")
     start = time.monotonic()
     report = simulate(s, cpus=args.cpus)
     return {
@@ -78,7 +85,7 @@ def record_level(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         epsilon=args.epsilon,
         delta=args.delta,
         partition="iid",
-        model=args.model,
+        model=args.record_model,
         clip=args.record_clip,
         local_lr=args.record_lr,
         local_batch=args.record_batch,
@@ -93,7 +100,7 @@ def record_level(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     central = veil.train(
         {
             "dataset": "fashion-mnist",
-            "model": args.model,
+            "model": args.record_model,
             "epsilon": args.epsilon,
             "delta": args.delta,
             "seed": max(args.seed, 0),
@@ -142,14 +149,16 @@ def main() -> None:
     p.add_argument("--part", choices=["client-level", "record-level", "both"], default="both")
     p.add_argument("--epsilon", type=float, default=3.0)
     p.add_argument("--delta", type=float, default=1e-5)
-    p.add_argument("--model", default="rff")
+    p.add_argument("--model", default="auto", help="auto: the scattering front on Fashion-MNIST")
     p.add_argument("--seed", type=int, default=0, help="research seed (-1: secure randomness)")
     p.add_argument("--cpus", type=int, default=2, help="Ray CPUs (simulated clients in parallel)")
     p.add_argument("--clients", type=int, default=1000)
     p.add_argument("--alpha", type=float, default=0.5)
     p.add_argument("--rounds", type=int, default=60)
     p.add_argument("--sampling-rate", type=float, default=0.3)
-    p.add_argument("--clip", type=float, default=1.0)
+    p.add_argument("--clip", type=float, default=0.5)
+    p.add_argument("--server-optimizer", default="sgd")
+    p.add_argument("--server-momentum", type=float, default=0.9)
     p.add_argument("--server-lr", type=float, default=1.0)
     p.add_argument("--local-epochs", type=int, default=1)
     p.add_argument("--local-lr", type=float, default=0.05)
@@ -158,6 +167,7 @@ def main() -> None:
     p.add_argument("--silo-rounds", type=int, default=20)
     p.add_argument("--local-steps", type=int, default=50)
     p.add_argument("--record-batch", type=int, default=512)
+    p.add_argument("--record-model", default="rff")
     p.add_argument("--record-clip", type=float, default=1.0)
     p.add_argument("--record-lr", type=float, default=2.0)
     p.add_argument("--out", default="", help="keep the run folders here (default: a temporary folder)")

@@ -45,9 +45,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import describe_machine, markdown_table
 from veil.data import load_dataset
 from veil.errors import VeilError
-from veil.mechanisms import SeededSource
+from veil.mechanisms import SeededSource, make_source
 from veil.pate.aggregators import Aggregator, ConfidentGNMax, GNMax
-from veil.pate.labelling import LabelSettings, default_release_params, label_queries
+from veil.pate.label_settings import LabelSettings, default_release_params
+from veil.pate.labelling import label_queries
 from veil.pate.partition import partition_teachers
 from veil.pate.smooth_sensitivity import ReleaseParams
 from veil.pate.student import train_student
@@ -105,6 +106,7 @@ def _row(
     student: ModelRecipe,
     seed: int,
     ptr_max_answers: int | None = None,
+    secure: bool = False,
 ) -> dict[str, Any]:
     t0 = time.time()
     settings = LabelSettings(
@@ -119,9 +121,9 @@ def _row(
         check_every=100,
         ptr_max_answers=ptr_max_answers,
     )
-    row: dict[str, Any] = {"setting": name, "budget": budget, "target ε": eps}
+    row: dict[str, Any] = {"setting": name, "budget": budget, "target ε": eps, "secure noise": secure}
     try:
-        res = label_queries(hist, settings, SeededSource(seed))
+        res = label_queries(hist, settings, make_source(True) if secure else SeededSource(seed))
     except VeilError as exc:
         row.update({"error": str(exc).split(":")[1].strip()[:80]})
         return row
@@ -173,6 +175,12 @@ def main() -> None:
     ap.add_argument("--cache", default="runs/bench-pate", help="folder for the trained teachers")
     ap.add_argument("--json", dest="json_out", default=None, help="also write the rows to this JSON file")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--secure-noise", action="store_true", help="noise from the OS CSPRNG, as veil pate by default"
+    )
+    ap.add_argument(
+        "--aggregators", default="confident-gnmax,gnmax", help="comma separated: confident-gnmax, gnmax"
+    )
     args = ap.parse_args()
     t_start = time.time()
     epsilons = [float(e) for e in args.epsilons.split(",")]
@@ -182,13 +190,18 @@ def main() -> None:
         ds = load_dataset("digits", test_fraction=0.4, seed=args.seed)
         x_priv, y_priv = ds.x_train, ds.y_train
         x_pub, y_pub, x_test, y_test = _split(ds.x_test, ds.y_test, len(ds.y_test) // 2, args.seed)
-        settings = [(k, "sklearn-logreg") for k in (args.teachers,) if k] or [
+        settings = [(k, args.teacher_model or "sklearn-logreg") for k in (args.teachers,) if k] or [
             (10, "sklearn-logreg"),
             (25, "sklearn-logreg"),
             (50, "sklearn-logreg"),
         ]
         student = ModelRecipe(
-            "sklearn-logreg", ds.input_shape, ds.num_classes, ds.kind, ds.pixel_max, args.seed
+            args.student_model or "sklearn-logreg",
+            ds.input_shape,
+            ds.num_classes,
+            ds.kind,
+            ds.pixel_max,
+            args.seed,
         )
         epsilons = [2.0] if args.epsilons == "1.5,3" else epsilons
     else:
@@ -247,6 +260,8 @@ def main() -> None:
         ]
         if args.dataset == "digits" and k <= 10:
             aggs.append(("GNMax σ=1", GNMax(1.0)))
+        wanted = args.aggregators.split(",")
+        aggs = [(n, a) for n, a in aggs if n.split(" ")[0].lower() in wanted]
         ps = args.ptr_sigma * k
         ptr_aggs = [
             (
@@ -274,6 +289,7 @@ def main() -> None:
                         student,
                         args.seed,
                         args.ptr_max_answers if budget == "ptr" else None,
+                        args.secure_noise,
                     )
                     r["teacher acc."] = teacher_acc
                     rows.append(r)

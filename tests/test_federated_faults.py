@@ -31,7 +31,6 @@ def _cli(capsys, *args: str) -> tuple[int, str]:
         (["--clients", "5", "--clients-per-round", "6"], "clients_per_round=6"),
         (["--partition", "column:hospital"], "partition='column:hospital'"),
         (["--partition", "dirichlet:-1"], "Dirichlet"),
-        (["--clients", "5000"], "clients=5000"),
         (["--client-sampling-rate", "0.5", "--clients-per-round", "2"], "exactly one"),
         (["--mode", "record-level", "--clients-per-round", "2"], "record-level silos"),
         (["--clients", "10", "--delta", "0.2"], "delta=0.2"),

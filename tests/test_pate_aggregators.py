@@ -21,7 +21,8 @@ from veil.pate.aggregators import (
     LNMax,
     make_aggregator,
 )
-from veil.pate.labelling import LabelSettings, label_queries
+from veil.pate.label_settings import LabelSettings
+from veil.pate.labelling import label_queries
 from veil.pate.spending import EventTally
 
 AGGS = [LNMax(3.0), GNMax(4.0), ConfidentGNMax(4.0, threshold=12.0, sigma1=5.0)]

@@ -31,7 +31,8 @@ from veil.pate.analysis import (
     log_q_noisy_max,
     log_q_threshold,
 )
-from veil.pate.labelling import LabelSettings, label_queries, plan_budget
+from veil.pate.label_settings import LabelSettings
+from veil.pate.labelling import label_queries, plan_budget
 from veil.pate.smooth_sensitivity import (
     DataDependentAccount,
     GnmaxSensitivity,

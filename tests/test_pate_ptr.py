@@ -21,7 +21,8 @@ from veil.errors import ConfigError, UnreachableTargetError
 from veil.mechanisms import SeededSource
 from veil.pate.aggregators import Aggregator
 from veil.pate.analysis import data_dependent_rdp, log_q_noisy_max
-from veil.pate.labelling import LabelSettings, label_queries
+from veil.pate.label_settings import LabelSettings
+from veil.pate.labelling import label_queries
 from veil.pate.ptr import plan_ptr, ptr_bound_at_distance, ptr_distance, ptr_test, sorted_gaps
 
 LAM = 6.0

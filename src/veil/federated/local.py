@@ -179,14 +179,23 @@ def _silo_features(s: FederatedSettings, pid: int) -> tuple[torch.Tensor, torch.
     return client_features(s, federation(s).parts[pid], front)
 
 
+@functools.lru_cache(maxsize=4096)
+def _client_level_features(s: FederatedSettings, pid: int) -> tuple[torch.Tensor, torch.Tensor]:
+    front, _ = build_network(s, federation(s).data)
+    return client_features(s, federation(s).parts[pid], front)
+
+
 def partition_features(
     s: FederatedSettings, pid: int, front: nn.Module | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Client ``pid``'s features and labels. Silos (a few large partitions, every round) are cached per
-    process; the many small clients of a client-level run are recomputed (cheap, and memory stays flat)."""
+    """Client ``pid``'s features and labels, computed once per process and kept (in memory only): a
+    fixed front such as the scattering transform costs more per client and round than its training,
+    and the kept features of all clients are at most the training set's (silos and clients alike)."""
     if s.mode == "record-level":
         return _silo_features(s, pid)
-    return client_features(s, federation(s).parts[pid], front)
+    if front is None:
+        return client_features(s, federation(s).parts[pid], None)
+    return _client_level_features(s, pid)
 
 
 def client_features(

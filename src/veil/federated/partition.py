@@ -2,7 +2,8 @@
 
 A partition simulates who holds which data; it is not a release. A client may hold no row: it then
 contributes a zero update (never a refusal once the rows are read: whether a client is empty depends
-on the data). The Dirichlet split follows Hsu et al. (2019):
+on the data). The client count is declared, never checked against the data: more clients than rows
+leaves the extra clients empty. The Dirichlet split follows Hsu et al. (2019):
 for each class, the class's rows go to clients in proportions drawn from Dirichlet(α·1) (small α:
 each client sees few classes). Splits are fixed by ``seed``.
 
@@ -68,16 +69,6 @@ def parse_partition(spec: str) -> Partition:
     raise ConfigError("partition", spec, "unknown partition of the data over clients", _FIX)
 
 
-def _check_clients(clients: int, n: int) -> None:
-    if clients < 1 or clients > n:
-        raise ConfigError(
-            "clients",
-            clients,
-            f"the {n} training rows cannot give every one of {clients} clients at least one row",
-            f"pass --clients between 1 and {n}",
-        )
-
-
 def row_positions(x: np.ndarray, y: np.ndarray, seed: int) -> np.ndarray:
     """Each row's position in [0, 1): a keyed BLAKE2b hash of its own features and label (key from
     ``seed``). Depends on the row alone, never on its index or on the other rows; equal rows share it."""
@@ -133,6 +124,12 @@ def split_rows(
     is the public label set's size (Dirichlet)."""
     n = len(y)
     rng = np.random.default_rng(seed)
+    if clients < 1:
+        raise ConfigError(
+            "clients", clients, "the client count is declared, never read from the data", "pass --clients ≥ 1"
+        )
+    # More clients than rows is no refusal: the row count is a fact of the data, and the clients past
+    # it are empty (a zero update each), as any client an unlucky split leaves empty.
     if partition.kind == "column":
         if column_values is None:
             raise DataError(
@@ -141,15 +138,7 @@ def split_rows(
                 f"the data has no column named {partition.column!r} to assign rows to clients",
                 "name an existing feature column, or use iid / dirichlet:ALPHA",
             )
-        if clients < 1:
-            raise ConfigError(
-                "clients",
-                clients,
-                "the client count is declared, never read from the data",
-                "pass --clients N",
-            )
         return _by_value(column_values, clients, seed)
-    _check_clients(clients, n)
     if positions is None or len(positions) != n:
         raise ValueError("an iid or Dirichlet split needs every row's position (row_positions)")
     if partition.kind == "iid":

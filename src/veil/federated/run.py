@@ -2,7 +2,7 @@
 
 Order (nothing expensive and nothing written before every check passed): settings → the budget
 registry's account for the dataset, before a row is read (an exhausted dataset is refused here) →
-the data and its partition (every client non-empty, the column present) → σ for the client-level
+the data and its partition (the column present; a client may be empty) → σ for the client-level
 target over the planned rounds → the whole plan reserved in the registry (refused over budget:
 nothing written, nothing charged; record level: a stand-in — the target ε at δ — is reserved before
 the data is read, and the silos' plan replaces it once their sizes are known) → the run folder →
@@ -42,9 +42,9 @@ def plan(s: FederatedSettings) -> FederatedSettings:
 
 
 def check_data(s: FederatedSettings) -> None:
-    """Refuse a missing column, more clients than rows and (record level) δ ≥ 1/n of a non-empty silo,
-    n its records (rows, or units with a privacy unit). An empty client contributes a zero update and
-    a silo smaller than its batch trains with fewer records
+    """Refuse a missing column and (record level) δ ≥ 1/n of a non-empty silo, n its records (rows, or
+    units with a privacy unit). An empty client (more clients than rows leaves some) contributes a
+    zero update and a silo smaller than its batch trains with fewer records
     (:func:`veil.federated.local.silo_sampling_rate`): neither is refused. A record-level run reads
     the data under its stand-in reservation (:func:`charged`), so a refusal here stays charged."""
     from veil.federated.local import federation

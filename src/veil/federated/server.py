@@ -5,7 +5,8 @@ Run folder (``settings.out``), written as the run goes:
 * ``ledger.jsonl`` — the crash-safe, hash-chained ledger (:mod:`veil.accounting.ledger`): one
   ``step`` record per client-level round, or per silo and round at the record level, each fsync'ed
   before the round's messages are sent (so before any aggregate that depends on it exists);
-* ``checkpoint.npz`` — the global model and the round it closes (atomic), from which
+* ``checkpoint.npz`` — the global model, the round it closes and the server step's moments
+  (``opt_*``, post-processing of the noisy means; :mod:`veil.federated.server_optimizer`), atomic, from which
   :func:`serve` resumes: rounds already charged are never charged again nor re-run, so a run
   interrupted between a charge and its checkpoint loses that round's utility, never budget;
 * ``history.json`` — per round: non-private test accuracy/loss of the global model, how many
@@ -77,12 +78,14 @@ def _save_npz(path: Path, arrays: list[np.ndarray], **extra: Any) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
-def _load_checkpoint(path: Path) -> tuple[list[np.ndarray], int] | None:
+def _load_checkpoint(path: Path) -> tuple[list[np.ndarray], int, dict[str, np.ndarray]] | None:
+    """``(model arrays, round, server-step state)`` of the checkpoint, if any."""
     if not path.exists():
         return None
     with np.load(path) as z:
         arrays = [z[f"arr_{i}"] for i in range(sum(1 for k in z.files if k.startswith("arr_")))]
-        return arrays, int(z["round"])
+        state = {k.removeprefix("opt_"): z[k] for k in z.files if k.startswith("opt_")}
+        return arrays, int(z["round"]), state
 
 
 def _register_silos(grid: Grid, nodes: list[int], s: FederatedSettings) -> dict[str, dict[str, Any]]:
@@ -146,8 +149,15 @@ class _Run:
             )
             self.ledger.append("step", round=r, silo=name, event=event.to_dict())
 
-    def after_round(self, r: int, arrays: list[np.ndarray], metrics: dict[str, Any]) -> None:
-        _save_npz(self.dir / CHECKPOINT, arrays, round=r)
+    def after_round(
+        self,
+        r: int,
+        arrays: list[np.ndarray],
+        metrics: dict[str, Any],
+        state: dict[str, np.ndarray] | None = None,
+    ) -> None:
+        moments = {f"opt_{k}": v for k, v in (state or {}).items()}
+        _save_npz(self.dir / CHECKPOINT, arrays, round=r, **moments)
         self.history = [h for h in self.history if h["round"] != r] + [{"round": r, **metrics}]
         atomic_write_text(self.dir / HISTORY, json.dumps({"rounds": self.history}, indent=1, allow_nan=False))
 
@@ -208,7 +218,8 @@ def _serve(grid: Grid, s: FederatedSettings, run_dir: Path) -> None:
             run.after_round(0, arrays, {**evaluate(arrays), "replied": 0, "failed": 0})
         remaining = s.rounds - done
         if remaining > 0:
-            arrays = _rounds(grid, s, run, nodes, arrays, done, remaining, evaluate)
+            state = saved[2] if saved and saved[2] else None
+            arrays = _rounds(grid, s, run, nodes, arrays, done, remaining, evaluate, state)
         _save_npz(run_dir / MODEL, arrays)
         if ledger.last("end") is None:
             ledger.append("end", rounds=run.rounds_charged())
@@ -225,6 +236,7 @@ def _rounds(
     done: int,
     remaining: int,
     evaluate: Any,
+    optimizer_state: dict[str, np.ndarray] | None = None,
 ) -> list[np.ndarray]:
     sampling, noise = _sources(s, done)
     strategy: Any
@@ -241,6 +253,9 @@ def _rounds(
             noise_source=noise,
             charge=run.charge_clients,
             round_offset=done,
+            server_optimizer=cast(Any, s.server_optimizer),
+            server_momentum=s.server_momentum,
+            optimizer_state=optimizer_state,
         )
     else:
         from veil.federated.strategy import SiloFedAvg
@@ -261,7 +276,8 @@ def _rounds(
         else:
             extra["silos"] = strategy.replies.get(r, [])
             extra["replied"] = len(extra["silos"])
-        run.after_round(r, current, {**evaluate(current), **extra})
+        state = getattr(strategy, "optimizer_state", None)
+        run.after_round(r, current, {**evaluate(current), **extra}, state)
         return None
 
     strategy.start(grid, ArrayRecord(arrays), num_rounds=remaining, timeout=s.node_timeout, evaluate_fn=after)

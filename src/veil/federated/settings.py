@@ -51,6 +51,11 @@ class FederatedSettings:
     sigma: float = 0.0
     """client-level: noise multiplier of the noisy sum, calibrated before the run starts."""
     server_lr: float = 1.0
+    server_optimizer: str = "sgd"
+    """client-level: the server's step on the noisy mean update, ``sgd``, ``momentum`` (FedAvgM) or
+    ``adam`` (FedAdam): post-processing, no privacy cost (:mod:`veil.federated.server_optimizer`)."""
+    server_momentum: float = 0.9
+    """client-level: the momentum (Adam's β₁) of ``momentum`` and ``adam``."""
     local_epochs: int = 1
     local_lr: float = 0.1
     local_batch: int = 32
@@ -97,6 +102,9 @@ class FederatedSettings:
         from veil.federated.partition import parse_partition
 
         parse_partition(self.partition)
+        from veil.federated.server_optimizer import check_server_optimizer
+
+        check_server_optimizer(self.server_optimizer, self.server_momentum)
         for name in ("clip", "server_lr", "local_lr"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and value > 0):

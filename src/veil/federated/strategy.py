@@ -6,10 +6,11 @@ connected node joins the round independently with probability q, drawn from veil
 sampling the accountant's amplification assumes). A round may sample nobody: it is still a round,
 charged and noised. The round's event is charged through ``charge`` *before* a message is sent, so
 whatever a crash leaves behind was accounted. ``aggregate_train`` clips each client's update
-``w_k − w`` to C, adds ``N(0, σ²C²)`` once to the sum (:mod:`veil.federated.aggregate`) and divides by
-the expected count qN. A client that fails is left out of the sum (one client fewer is within the
-neighbouring relation; its round stays charged). Client-reported metrics are not aggregated:
-they are functions of private data that no noise covers.
+``w_k − w`` to C, adds ``N(0, σ²C²)`` once to the sum (:mod:`veil.federated.aggregate`), divides by
+the expected count qN and takes the server's step on that noisy mean (plain, momentum or Adam:
+post-processing, :mod:`veil.federated.server_optimizer`). A client that fails is left out of the
+sum (one client fewer is within the neighbouring relation; its round stays charged). Client-reported
+metrics are not aggregated: they are functions of private data that no noise covers.
 
 :class:`SiloFedAvg` (record level). Every silo takes part in every round (no client sampling: the
 guarantee is per record, each silo's DP-SGD provides it). Before each round's messages leave, the
@@ -30,7 +31,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-from veil.federated.aggregate import dp_fedavg_step, noisy_clipped_sum
+from veil.federated.aggregate import noisy_clipped_sum
+from veil.federated.server_optimizer import ServerOptimizerName, State, init_state, server_step
 from veil.federated.settings import MAX_FAILED_ROUNDS, FederatedRunError
 from veil.mechanisms.rng import RandomSource
 
@@ -93,8 +95,14 @@ class PoissonDPFedAvg(FedAvg):
         noise_source: RandomSource,
         charge: Callable[[int, list[int]], None],
         round_offset: int = 0,
+        server_optimizer: ServerOptimizerName = "sgd",
+        server_momentum: float = 0.9,
+        optimizer_state: State | None = None,
     ) -> None:
         super().__init__(fraction_evaluate=0.0, min_available_nodes=1, min_train_nodes=0)
+        self.server_optimizer: ServerOptimizerName = server_optimizer
+        self.server_momentum = float(server_momentum)
+        self.optimizer_state: State | None = optimizer_state  # None: zero moments at the first step
         self.sampling_rate = float(sampling_rate)
         self.clip = float(clip)
         self.noise_multiplier = float(noise_multiplier)
@@ -141,7 +149,13 @@ class PoissonDPFedAvg(FedAvg):
             )
         noisy, norms = noisy_clipped_sum(deltas, shapes, self.clip, self.noise_multiplier, self._noise)
         self.failures[r] += sum(not math.isfinite(n) for n in norms)  # left out: a failed client
-        updated = dp_fedavg_step(self._current, noisy, self.expected_clients, self.server_lr)
+        mean = [n / self.expected_clients for n in noisy]  # the fixed public denominator qN
+        state = self.optimizer_state
+        if state is None:
+            state = init_state(self.server_optimizer, shapes)
+        updated, self.optimizer_state = server_step(
+            self.server_optimizer, self._current, mean, state, self.server_lr, self.server_momentum
+        )
         return ArrayRecord(updated), MetricRecord({})
 
     def configure_evaluate(

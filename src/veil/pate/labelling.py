@@ -3,6 +3,8 @@
 :func:`label_queries` asks queries in their (public) order, answers each with the aggregator, and
 stops when the budget is spent. What it returns is the whole privacy-relevant output: the labels
 (or "not answered") and, for GNMax/Confident-GNMax, the privately released data-dependent cost.
+The settings, the plan and the result are :mod:`veil.pate.label_settings`; the Propose-Test-Release
+budget is :mod:`veil.pate.ptr_labelling`.
 
 Two budgets (``budget``):
 
@@ -38,194 +40,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
 
 import numpy as np
 
-from veil.accounting.events import Gaussian, PrivacyEvent
+from veil.accounting.events import Gaussian
 from veil.accounting.rdp import rdp_to_epsilon
-from veil.errors import ConfigError, InvalidParameterError
+from veil.errors import InvalidParameterError
 from veil.mechanisms.rng import RandomSource
-from veil.pate.aggregators import Aggregator, ConfidentGNMax, GNMax
-from veil.pate.ptr import PtrPlan, plan_ptr, ptr_distance, ptr_test, sorted_gaps
-from veil.pate.smooth_sensitivity import DataDependentAccount, ReleaseParams
-from veil.pate.spending import (
-    ORDERS,
-    DataIndependentBudget,
-    EventTally,
-    largest,
-    rdp_epsilon,
-    rdp_of,
-    rho_of,
-    too_small,
-)
+from veil.pate.label_settings import BudgetPlan, LabelResult, LabelSettings
+from veil.pate.ptr_labelling import label_ptr, ptr_plan
+from veil.pate.smooth_sensitivity import DataDependentAccount
+from veil.pate.spending import ORDERS, EventTally, largest, rdp_epsilon, rdp_of, rho_of, too_small
 
-__all__ = [
-    "BudgetName",
-    "BudgetPlan",
-    "LabelResult",
-    "LabelSettings",
-    "default_release_params",
-    "label_queries",
-    "plan_budget",
-]
-
-BudgetName = Literal["data-independent", "data-dependent", "ptr"]
-
-
-def default_release_params(epsilon: float, delta: float, confidence: float = 0.95) -> ReleaseParams:
-    """Public defaults for the release: ``λ = 1 + 2·ln(1/δ)/ε`` (half the budget to the conversion),
-    ``β`` half of its largest valid value at λ, ``σ_s = 8``."""
-    lam = float(min(100.0, max(2.0, round(2.0 * (1.0 + 2.0 * math.log(1.0 / delta) / epsilon)) / 2.0)))
-    beta = 0.5 * 0.5 * math.log1p(1.0 / (lam - 1.0))
-    return ReleaseParams(order=lam, beta=beta, sigma_s=8.0, confidence=confidence)
-
-
-@dataclass(frozen=True)
-class LabelSettings:
-    """The privacy settings of one labelling run (all public)."""
-
-    aggregator: Aggregator
-    epsilon: float
-    delta: float
-    max_queries: int
-    num_teachers: int
-    num_classes: int
-    budget: BudgetName = "data-independent"
-    accountant: Literal["pld", "rdp"] = "pld"
-    data_dependent: bool = True
-    release: ReleaseParams | None = None
-    check_every: int = 50
-    ptr_test_share: float = 0.1
-    """PTR: share of ε spent on the test (``ε_t``)."""
-    ptr_select_share: float = 0.3
-    """PTR with Confident-GNMax: the most of ε the (data-independent) threshold checks may use."""
-    ptr_order: float | None = None
-    """PTR: the Rényi order λ of the proposed bound (default from ε and δ, see :mod:`veil.pate.ptr`)."""
-    ptr_max_answers: int | None = None
-    """PTR: answer at most this many of the selected queries (in order; default all)."""
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.epsilon, (int, float)) and math.isfinite(self.epsilon) and self.epsilon > 0):
-            raise InvalidParameterError(
-                "epsilon", self.epsilon, "the target ε must be finite and > 0", "pass ε > 0"
-            )
-        if not (isinstance(self.delta, (int, float)) and 0 < self.delta < 1):
-            raise InvalidParameterError(
-                "delta", self.delta, "δ is a probability of failure in (0, 1)", "pass δ well below 1/N"
-            )
-        if (
-            isinstance(self.max_queries, bool)
-            or not isinstance(self.max_queries, int)
-            or self.max_queries < 1
-        ):
-            raise InvalidParameterError(
-                "queries", self.max_queries, "the student needs at least one query", "pass an integer ≥ 1"
-            )
-        if self.budget not in ("data-independent", "data-dependent", "ptr"):
-            raise ConfigError(
-                "budget", self.budget, "unknown budget", "use 'data-independent', 'data-dependent' or 'ptr'"
-            )
-        if self.budget == "ptr" and not self.aggregator.has_data_dependent_analysis:
-            raise ConfigError(
-                "budget",
-                self.budget,
-                "Propose-Test-Release tests the data-dependent analysis, which exists for GNMax and "
-                "Confident-GNMax only",
-                "use gnmax or confident-gnmax, or budget='data-independent'",
-            )
-        if self.ptr_max_answers is not None and (
-            isinstance(self.ptr_max_answers, bool)
-            or not isinstance(self.ptr_max_answers, int)
-            or self.ptr_max_answers < 1
-        ):
-            raise InvalidParameterError(
-                "ptr_max_answers", self.ptr_max_answers, "a number of answers", "pass an integer ≥ 1"
-            )
-        if self.budget == "data-dependent" and not (
-            self.aggregator.has_data_dependent_analysis and self.data_dependent
-        ):
-            raise ConfigError(
-                "budget",
-                self.budget,
-                "a data-dependent budget needs the data-dependent analysis, which exists for GNMax and "
-                "Confident-GNMax only (and must be enabled)",
-                "use gnmax or confident-gnmax with data_dependent on, or budget='data-independent'",
-            )
-        if (
-            isinstance(self.check_every, bool)
-            or not isinstance(self.check_every, int)
-            or self.check_every < 1
-        ):
-            raise InvalidParameterError(
-                "dd_check_every",
-                self.check_every,
-                "releases happen every so many queries",
-                "pass an integer ≥ 1",
-            )
-
-    @property
-    def uses_release(self) -> bool:
-        """Whether the data-dependent ε is released by smooth sensitivity (never with PTR, whose test
-        replaces it)."""
-        return self.data_dependent and self.aggregator.has_data_dependent_analysis and self.budget != "ptr"
-
-
-@dataclass
-class LabelResult:
-    """Labels (−1: not answered) for the first ``queries_asked`` queries, and the privacy spent."""
-
-    labels: np.ndarray
-    queries_asked: int
-    queries_answered: int
-    epsilon_data_independent: float
-    epsilon_data_dependent: float | None
-    guarantee: BudgetName
-    stop_reason: str
-    released_rdp: float | None = None
-    release_order: float | None = None
-    releases: int = 0
-    release_rdp_per_release: float | None = None
-    answer_event: dict[str, Any] = field(default_factory=dict)
-    threshold_event: dict[str, Any] | None = None
-    epsilon_curve: list[tuple[int, int, float]] = field(default_factory=list)
-    """(queries answered, queries asked, data-independent ε of the path so far — not a guarantee)."""
-    released_curve: list[tuple[int, int, float]] = field(default_factory=list)
-    """(answered, asked, released data-dependent ε) at each release."""
-    epsilon_ptr: float | None = None
-    """PTR budget: the ε of the Propose-Test-Release guarantee (see :mod:`veil.pate.ptr`)."""
-    ptr: dict[str, Any] | None = None
-    """PTR budget: the public plan, the selection size and whether the test passed."""
-
-    @property
-    def epsilon(self) -> float:
-        """The ε of the guarantee. PTR budget: the PTR ε (a worst-case (ε, δ)-DP guarantee). Otherwise
-        the data-independent ε, the only other bound that holds for every dataset (a data-dependent
-        budget decides when to stop, it does not replace it)."""
-        return self.epsilon_ptr if self.epsilon_ptr is not None else self.epsilon_data_independent
-
-
-@dataclass(frozen=True)
-class BudgetPlan:
-    """What the budget allows, computed from public settings only (no votes)."""
-
-    max_queries: int
-    max_answers: int
-    """LNMax/GNMax, data-independent budget: answers that fit the target. Data-dependent budget: the
-    size of the first chunk (its worst-case cost fits the target). Else ``max_queries``."""
-    rho_max: float
-    """Confident-GNMax, data-independent budget: the Rényi filter's cap (else inf)."""
-    rho_threshold: float
-    rho_answer: float
-    answer_event: PrivacyEvent
-    threshold_event: Gaussian | None
-    answer_rdp: np.ndarray
-    release_rdp: np.ndarray
-    release_rdp_at_order: float
-    query_events: tuple[PrivacyEvent, ...] = ()
-    """Every event one query may spend (the aggregator's worst case)."""
-    rule: DataIndependentBudget | None = None
-    """Data-independent budget: the stopping rule and the guarantee it gives."""
+__all__ = ["label_queries", "plan_budget", "planned_epsilon"]
 
 
 def _chunk(
@@ -264,7 +91,7 @@ def plan_budget(settings: LabelSettings, secure: bool, available_queries: int | 
         rule = agg.data_independent_budget(s.epsilon, s.delta, s.accountant, rel_curve, q_max, secure)
         n_answers, rho_max = rule.max_answers, rule.rho_max
     elif s.budget == "ptr":
-        _ptr_plan(s, secure, q_max)
+        ptr_plan(s, secure, q_max)
     else:
         assert s.release is not None
         per_query = s.release.order * (rho1 + rho2)  # worst case of one query at λ (Gaussian events)
@@ -287,91 +114,6 @@ def plan_budget(settings: LabelSettings, secure: bool, available_queries: int | 
         release_rdp_at_order=rel_lam,
         query_events=events,
         rule=rule,
-    )
-
-
-def _ptr_plan(s: LabelSettings, secure: bool, available: int) -> PtrPlan:
-    events = s.aggregator.query_events(secure)
-    return plan_ptr(
-        s.epsilon,
-        s.delta,
-        threshold_rho=rho_of(events[0]) if len(events) > 1 else None,
-        available_queries=available,
-        test_share=s.ptr_test_share,
-        select_share=s.ptr_select_share,
-        order=s.ptr_order,
-    )
-
-
-def _ptr_select(
-    hist: np.ndarray, s: LabelSettings, plan: PtrPlan, rng: RandomSource
-) -> tuple[int, np.ndarray, EventTally]:
-    """PTR step 1: the queries asked, those selected, and the events the selection spent. GNMax: the
-    first queries (a fixed set); Confident-GNMax: the threshold checks, accounted data-independently."""
-    agg = s.aggregator
-    q_max = min(s.max_queries, hist.shape[0])
-    spent = EventTally()
-    if isinstance(agg, ConfidentGNMax):
-        asked = plan.checks
-        selected = []
-        for i in range(asked):
-            passed, event = agg.threshold_check(hist[i], rng)
-            spent.add((event,))
-            if passed:
-                selected.append(i)
-    else:
-        asked = min(q_max, s.ptr_max_answers or q_max)
-        selected = list(range(asked))
-    if s.ptr_max_answers is not None:
-        selected = selected[: s.ptr_max_answers]
-    return asked, np.asarray(selected, dtype=np.int64), spent
-
-
-def _label_ptr(hist: np.ndarray, s: LabelSettings, rng: RandomSource) -> LabelResult:
-    """Propose-Test-Release (:mod:`veil.pate.ptr`): select, test privately, release all or nothing."""
-    agg = s.aggregator
-    secure = rng.secure
-    plan = _ptr_plan(s, secure, min(s.max_queries, hist.shape[0]))
-    ans_event = agg.answer_event(secure)
-    assert isinstance(ans_event, Gaussian)
-    asked, sel, spent = _ptr_select(hist, s, plan, rng)
-    # 2. Test (only the bit is published) and 3. release (GNMax with the aggregator's σ).
-    lattice = agg.answer_lattice(secure)
-    gaps = sorted_gaps(hist[sel])
-    nm = ans_event.noise_multiplier
-    distance = ptr_distance(gaps, plan.bound, s.num_teachers, agg.scale, nm, plan.order, lattice)
-    passed = ptr_test(distance, plan, rng)
-    labels = np.full(asked, -1, dtype=np.int64)
-    if passed:
-        answerer = GNMax(agg.scale)
-        for i in sel:
-            ans = answerer.answer(hist[i], rng)
-            assert ans.label is not None
-            labels[i] = ans.label
-    answered = int(sel.size) if passed else 0
-    # The data-independent bound of the same mechanism (whatever the test's outcome): the checks
-    # spent and one answer per selected query (RDP), plus the pure ε_t of the test by basic
-    # composition (the discrete Laplace is ε_t-DP, not the continuous Laplace the RDP accountant models).
-    worst = EventTally.of([*spent, (ans_event, int(sel.size))])
-    eps_di = worst.epsilon("rdp", s.delta) + plan.eps_test
-    stop = (
-        f"PTR test passed: {answered} labels released"
-        if passed
-        else "PTR test failed: no label released (the ε is spent all the same)"
-    )
-    return LabelResult(
-        labels=labels,
-        queries_asked=asked,
-        queries_answered=answered,
-        epsilon_data_independent=eps_di,
-        epsilon_data_dependent=None,
-        guarantee="ptr",
-        stop_reason=stop,
-        answer_event=ans_event.to_dict(),
-        threshold_event=agg.query_events(secure)[0].to_dict() if isinstance(agg, ConfidentGNMax) else None,
-        epsilon_curve=[(answered, asked, plan.epsilon)],
-        epsilon_ptr=plan.epsilon,
-        ptr=plan.to_dict() | {"selected": int(sel.size), "passed": bool(passed)},
     )
 
 
@@ -515,7 +257,7 @@ def label_queries(histograms: np.ndarray, settings: LabelSettings, rng: RandomSo
     s = settings
     hist = _check_histograms(histograms, s)
     if s.budget == "ptr":
-        return _label_ptr(hist, s, rng)
+        return label_ptr(hist, s, rng)
     plan = plan_budget(s, rng.secure, hist.shape[0])
     release = s.release if s.uses_release else None
     dd = DataDependentAccount(s.num_teachers, s.num_classes, release) if release is not None else None

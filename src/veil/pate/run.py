@@ -9,7 +9,8 @@ The data (private part, public pool, test set) is prepared by :mod:`veil.pate.da
 The run is charged to the dataset's privacy budget (``veil budget``): an exhausted dataset is refused
 before a row is read; the most the labelling may spend is reserved (or the run refused) before the
 private rows are read when the plan's shape is public, and always before any teacher is trained; the
-released labels' (ε, δ) is what stays charged, the plan if the run stops first (:class:`_Account`).
+released labels' (ε, δ) is what stays charged, the plan if the run stops first
+(:class:`veil.pate.account.PateAccount`). The report is built and written by :mod:`veil.pate.outcome`.
 
 A run folder whose labels were already released is refused: relabelling would draw fresh noise on
 the same data and spend the budget a second time. Teachers are resumed (they are not private
@@ -31,8 +32,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from veil.errors import CheckpointError
+from veil.pate.account import PateAccount, plan_shape
 from veil.pate.config import PateConfig, make_pate_config, resolve_pate_config
 from veil.pate.data import PateData, load_pate_data, load_public_data, require_public_pool
+from veil.pate.outcome import Outcome, build_report, margins_of, write_report
 from veil.pate.report import PateReport
 from veil.pipeline.run_folder import check_out, default_out, write_files
 from veil.pipeline.seeds import Purpose, derive_seed
@@ -40,7 +43,7 @@ from veil.pipeline.seeds import Purpose, derive_seed
 if TYPE_CHECKING:
     from veil.data import Dataset
     from veil.pate.aggregators import Aggregator
-    from veil.pate.labelling import LabelResult, LabelSettings
+    from veil.pate.label_settings import LabelResult, LabelSettings
     from veil.pate.partition import Partition
     from veil.pate.smooth_sensitivity import ReleaseParams
     from veil.pate.student import StudentResult
@@ -84,7 +87,7 @@ def _checked_out(cfg: PateConfig) -> Path:
 
 # -- privacy settings (public parameters only) -----------------------------------------------------
 def _release_params(cfg: PateConfig) -> ReleaseParams:
-    from veil.pate.labelling import default_release_params
+    from veil.pate.label_settings import default_release_params
     from veil.pate.smooth_sensitivity import ReleaseParams
 
     base = default_release_params(cfg.epsilon, cfg.delta, cfg.dd_confidence)
@@ -105,7 +108,7 @@ class _Privacy:
     release: ReleaseParams | None
 
     def settings(self, max_queries: int, num_classes: int) -> LabelSettings:
-        from veil.pate.labelling import LabelSettings
+        from veil.pate.label_settings import LabelSettings
 
         cfg = self.cfg
         return LabelSettings(
@@ -232,171 +235,6 @@ def _student(
     return student
 
 
-# -- the report -----------------------------------------------------------------------------------------
-def _release_info(cfg: PateConfig, privacy: _Privacy, result: LabelResult) -> dict[str, Any] | None:
-    release = privacy.release
-    if release is None:
-        return None
-    return {
-        "order": release.order,
-        "beta": release.beta,
-        "sigma_s": release.sigma_s,
-        "confidence": release.confidence,
-        "releases": result.releases,
-        "released_rdp": result.released_rdp,
-        "release_rdp_each": result.release_rdp_per_release,
-        "check_every": cfg.dd_check_every if cfg.budget == "data-dependent" else None,
-    }
-
-
-def _dataset_info(data: PateData) -> dict[str, Any]:
-    ds = data.ds
-    return {
-        "name": ds.name,
-        "sha256": ds.sha256,
-        "num_classes": ds.num_classes,
-        "n_private": len(ds.y_train),
-        "n_public": len(data.x_pub),
-        "n_test": len(data.y_test),
-        "public_private_duplicates": int(data.duplicates),
-        "split": data.split,
-    }
-
-
-def _files(student: StudentResult | None) -> dict[str, str]:
-    files = {
-        "report_json": "report.json",
-        "report_html": "report.html",
-        "labels": "labels.npz",
-        "student": "student.model",
-        "teachers": "teachers/",
-        "epsilon_plot": "epsilon.png",
-        "margins_plot": "margins.png",
-    }
-    if student is None:
-        files.pop("student")
-    return files
-
-
-@dataclass(frozen=True)
-class _Outcome:
-    """What the run produced, as the report reads it."""
-
-    privacy: _Privacy
-    data: PateData
-    part: Partition
-    votes: TeacherVotes
-    result: LabelResult
-    student: StudentResult | None
-    margins: np.ndarray
-    models: tuple[str, str]
-    started: float
-
-
-def _margins(hist: np.ndarray, asked: int) -> np.ndarray:
-    """Top vote count minus the second, per query asked."""
-    srt = -np.sort(-hist[:asked], axis=1)
-    return (srt[:, 0] - srt[:, 1]).astype(int) if asked else np.zeros(0, dtype=int)
-
-
-def _build_report(cfg: PateConfig, o: _Outcome, out: Path) -> PateReport:
-    import veil
-    from veil.pate.report import guarantee_text, pate_checks
-    from veil.pate.teachers import mean_accuracy
-    from veil.pipeline.randomness import randomness_of, release_ready
-
-    result, student, agg = o.result, o.student, o.privacy.aggregator
-    idx = np.flatnonzero(result.labels >= 0)
-    y_q = o.data.y_queries
-    sizes, margins = o.part.sizes, o.margins
-    rep = PateReport(
-        epsilon=result.epsilon,
-        guarantee="ptr" if cfg.budget == "ptr" else "data-independent",
-        guarantee_statement="",
-        epsilon_data_independent=result.epsilon_data_independent,
-        epsilon_data_dependent=result.epsilon_data_dependent,
-        delta=cfg.delta,
-        target_epsilon=cfg.epsilon,
-        budget=cfg.budget,
-        privacy_unit=o.part.unit,
-        accountant=agg.accountant_used(cfg.accountant),
-        aggregator=agg.name,
-        noise=agg.noise_settings(),
-        data_dependent=_release_info(cfg, o.privacy, result),
-        events={"answer": result.answer_event, "threshold_check": result.threshold_event},
-        teachers=cfg.teachers,
-        teacher_sizes={"min": float(sizes.min()), "max": float(sizes.max()), "mean": float(sizes.mean())},
-        queries_planned=len(o.data.order),
-        queries_asked=result.queries_asked,
-        queries_answered=int(idx.size),
-        stop_reason=result.stop_reason,
-        label_accuracy=float(np.mean(result.labels[idx] == y_q[idx]))
-        if (y_q is not None and idx.size)
-        else None,
-        teacher_accuracy=float(mean_accuracy(o.votes.test, o.data.y_test)),
-        student_test_accuracy=student.test_accuracy if student is not None else None,
-        student_train_size=student.train_size if student is not None else 0,
-        student_semi_supervised=bool(student is not None and student.semi_supervised),
-        student_pseudo_labels=student.pseudo_labelled if student is not None else 0,
-        ptr=result.ptr,
-        dataset=_dataset_info(o.data),
-        teacher_model=o.models[0],
-        student_model=o.models[1],
-        seed=cfg.seed,
-        reproducible=cfg.reproducible,
-        randomness=randomness_of(cfg.reproducible),
-        label_set={
-            "source": "declared",
-            "classes": list(o.data.ds.classes),
-            "declared_by": o.data.ds.classes_declared_by,
-        },
-        teachers_resumed=o.votes.resumed,
-        veil_version=veil.__version__,
-        duration_s=time.time() - o.started,
-        history={
-            "epsilon_curve": [[float(a) for a in row] for row in result.epsilon_curve],
-            "released_curve": [[float(a) for a in row] for row in result.released_curve],
-        },
-        vote_margins={
-            "mean": float(margins.mean()) if margins.size else None,
-            "histogram": np.bincount(margins, minlength=cfg.teachers + 1).tolist() if margins.size else [],
-        },
-        files=_files(student),
-        out_dir=str(out),
-    )
-    checks = pate_checks(rep, o.part.num_units)
-    return rep.model_copy(
-        update={
-            "guarantee_statement": guarantee_text(rep),
-            "checks": checks,
-            "release_ready": release_ready(rep.randomness, checks),
-        }
-    )
-
-
-def _write_report(cfg: PateConfig, rep: PateReport, o: _Outcome, out: Path) -> None:
-    """The plots, ``report.html`` and (last, marking the run complete) ``report.json``."""
-    from veil.pate.report import epsilon_png, margins_png, render_html
-
-    images = {
-        "ε against queries answered": epsilon_png(
-            rep.history["epsilon_curve"], rep.history["released_curve"], cfg.epsilon, cfg.delta
-        ),
-        "Vote margins": margins_png(o.margins.tolist(), (o.result.labels >= 0).tolist(), cfg.teachers),
-    }
-    files: dict[str, bytes | str] = {
-        "epsilon.png": images["ε against queries answered"],
-        "margins.png": images["Vote margins"],
-        "report.html": render_html(rep, images),
-        "report.json": rep.to_json(),  # last: marks the run complete
-    }
-    write_files(out, files)
-    from veil.report.publish import publish
-
-    released = {n: (out / n).read_bytes() for n in ("labels.npz", "student.model") if (out / n).is_file()}
-    publish(out, rep.to_dict(), released)
-
-
 def _factories(
     cfg: PateConfig, ds: Dataset, teacher_factory: Callable[[int], Any] | None, student_factory: Any
 ) -> tuple[Any, Any, tuple[str, str]]:
@@ -433,16 +271,16 @@ def run_pate(
     out = _checked_out(cfg)
     privacy = _privacy(cfg)  # settings errors before any work
     require_public_pool(cfg)  # the pool is declared public: refused before a row is read
-    account = _Account.before_reading(cfg)  # an exhausted dataset is refused before a row is read
+    account = PateAccount.before_reading(cfg)  # an exhausted dataset is refused before a row is read
     try:
-        shape = _plan_shape(cfg)  # (queries, classes) known from public facts: charge before reading
+        shape = plan_shape(cfg)  # (queries, classes) known from public facts: charge before reading
         if shape is not None:
-            account.reserve(privacy, *shape)
+            account.reserve(privacy.settings(*shape))
         data = load_pate_data(cfg)
         t_factory, s_factory, models = _factories(cfg, data.ds, teacher_factory, student_factory)
         part = _partition(cfg, data, groups)
         if shape is None:  # a built-in benchmark: the pool's size is its public split's
-            account.reserve(privacy, len(data.order), data.ds.num_classes)
+            account.reserve(privacy.settings(len(data.order), data.ds.num_classes))
         elif shape != (len(data.order), data.ds.num_classes):  # pragma: no cover - same public facts
             raise RuntimeError(f"the plan {shape} does not match the loaded data")
         votes = _teacher_votes(cfg, data, part, out, groups, t_factory)
@@ -450,68 +288,13 @@ def run_pate(
         result = _label(cfg, privacy, hist, out, data)
         account.released = result
         student = _student(cfg, data, result, out, s_factory)
-        margins = _margins(hist, result.queries_asked)
-        outcome = _Outcome(privacy, data, part, votes, result, student, margins, models, started)
-        rep = _build_report(cfg, outcome, out)
+        margins = margins_of(hist, result.queries_asked)
+        outcome = Outcome(
+            privacy.aggregator, privacy.release, data, part, votes, result, student, margins, models, started
+        )
+        rep = build_report(cfg, outcome, out)
         rep.dataset_budget = account.budget_section(out)
-        _write_report(cfg, rep, outcome, out)
+        write_report(cfg, rep, outcome, out)
     finally:
         account.settle()
     return rep
-
-
-def _plan_shape(cfg: PateConfig) -> tuple[int, int] | None:
-    """(queries, classes) of the plan from public facts alone — the declared public pool's size and the
-    declared label set — or ``None`` when they come with the data (a built-in benchmark)."""
-    if cfg.public_data is None or cfg.classes is None:
-        return None
-    pool = len(load_public_data(cfg.public_data)[0])
-    return min(cfg.queries or pool, pool), len(cfg.classes)
-
-
-class _Account:
-    """The run's charge to the privacy-budget registry (``veil budget``), as one
-    :class:`~veil.accounting.events.ApproximateDP` event at the run's δ: PATE's guarantee is an (ε, δ)
-    statement (PTR, data-dependent stopping), not a composition of events. Reserved before a private row
-    is read when the plan's shape is public (``--public-data`` and ``--classes``: :func:`_plan_shape`),
-    else (a built-in benchmark, whose public split sets the pool) once the data is loaded; always before
-    any teacher is trained: the most ε the budget allows (:func:`veil.pate.labelling.planned_epsilon`).
-    Settled to the released labels' guarantee; a run that stops before releasing a label stays charged
-    with its plan (:class:`veil.pipeline.private_data.PrivateAccount`)."""
-
-    def __init__(self, cfg: PateConfig, charge: Any) -> None:
-        self.cfg = cfg
-        self.charge = charge
-        self.released: LabelResult | None = None
-
-    @classmethod
-    def before_reading(cls, cfg: PateConfig) -> _Account:
-        from veil.pipeline.private_data import data_ref, open_account
-
-        return cls(cfg, open_account(data_ref(cfg.dataset, cfg), job="pate"))
-
-    def reserve(self, privacy: _Privacy, queries: int, num_classes: int) -> None:
-        """Reserve the plan; from here the private rows are (being) read, so the charge stands."""
-        import uuid
-
-        from veil.accounting.events import ApproximateDP
-        from veil.pate.labelling import plan_budget, planned_epsilon
-
-        settings = privacy.settings(queries, num_classes)
-        planned = planned_epsilon(settings, plan_budget(settings, True, queries))
-        self.charge.reserve([ApproximateDP(planned, self.cfg.delta)], uuid.uuid4().hex, self.cfg.delta)
-        self.charge.reading()
-
-    def budget_section(self, out: Path) -> dict[str, Any] | None:
-        """The report's ``dataset_budget``: this run counted with what it released."""
-        from veil.accounting.events import ApproximateDP
-
-        released = self.released
-        events = None if released is None else [ApproximateDP(released.epsilon, self.cfg.delta)]
-        return self.charge.budget_section(events, out) if self.charge.run_id is not None else None
-
-    def settle(self) -> None:
-        from veil.accounting.events import ApproximateDP
-
-        released = self.released
-        self.charge.finish(None if released is None else [ApproximateDP(released.epsilon, self.cfg.delta)])
