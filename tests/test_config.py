@@ -140,4 +140,8 @@ def test_the_preset_follows_the_resolved_model() -> None:
     assert preset("logreg", (1, 8, 8), "image", "image-small") == "image-small"
     assert preset("auto", (30,), "table", "table") == "table"
     c = apply_presets(make_config({}), "image-scatternet", n_train=60_000)
-    assert (c.batch_size, c.max_grad_norm, c.lr) == (8192, 0.1, 8.0)
+    assert (c.batch_size, c.max_grad_norm, c.lr, c.epochs) == (16384, 0.1, 16.0, 60)
+    assert c.physical_batch_size == 1024  # memory only: the logical batch (and ε) stay the preset's
+    assert apply_presets(make_config({}), "image-scatternet", n_train=500).physical_batch_size == 500
+    mine = apply_presets(make_config({"physical_batch_size": 64}), "image-scatternet", n_train=60_000)
+    assert mine.physical_batch_size == 64  # the user's own choice is kept

@@ -103,3 +103,37 @@ def test_split_fixed_front_and_fixed_features() -> None:
     assert fixed_features(front, x[:0]).shape == (0, 2000)
     plain = torch.nn.Sequential(torch.nn.Identity(), build_model("logreg", (1, 8, 8), 10, "image"))
     assert split_fixed_front(plain) == (None, plain)
+
+
+def test_fixed_features_bounds_the_chunk_and_keeps_one_copy() -> None:
+    """Feature extraction is chunked by a memory plan: the front never sees more than
+    ``feature_chunk`` examples at once (167 for 28×28 images: the scattering transform's ≈ 1.3 MB of
+    work per image stays near 256 MiB, not the 1,024-image chunks' ≈ 1.3 GB), and the chunks are
+    written into one array, so no second copy of all features exists (a joined list held two)."""
+    import tracemalloc
+
+    import numpy as np
+
+    from veil.models import FEATURE_CHUNK_BYTES, FRONT_WORK_PER_INPUT_BYTE, feature_chunk, fixed_features
+
+    seen: list[int] = []
+
+    class Doubler(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen.append(len(x))  # the output allocated by numpy, so tracemalloc sees it
+            return torch.from_numpy(np.concatenate([x.numpy(), x.numpy()], axis=1).reshape(len(x), -1))
+
+    x = np.random.default_rng(0).random((1000, 1, 28, 28)).astype(np.float32)
+    chunk = feature_chunk(x.shape[1:])
+    assert chunk == 167 and chunk * 28 * 28 * 4 * FRONT_WORK_PER_INPUT_BYTE <= FEATURE_CHUNK_BYTES
+    assert feature_chunk((1, 8, 8)) == 1024 and feature_chunk((3, 4096, 4096)) == 1
+    tracemalloc.start()
+    try:
+        feats = fixed_features(Doubler(), x)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert max(seen) == chunk and sum(seen) == len(x)
+    assert np.array_equal(feats, np.concatenate([x, x], axis=1).reshape(len(x), -1))
+    # numpy's own allocations: the output (6.3 MB) plus a chunk's copy at most, never twice the output.
+    assert peak < feats.nbytes + 2 * chunk * feats[0].nbytes + 2**20

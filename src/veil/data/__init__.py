@@ -205,13 +205,19 @@ def row_hashes(x: np.ndarray, labels: list[str], domain: str, seed: int) -> list
     ``seed``): a function of the row alone, never of its index or of the other rows (``-0.0`` and
     ``0.0`` hash alike; equal rows share it). Python ints, so comparisons with a float are exact."""
     key = hashlib.blake2b(f"{domain}/{int(seed)}".encode(), digest_size=32).digest()
-    rows = np.ascontiguousarray(np.asarray(x, dtype=np.float64).reshape(len(x), -1) + 0.0)
     out = []
-    for i in range(len(rows)):
-        h = hashlib.blake2b(rows[i].tobytes(), digest_size=8, key=key)
-        h.update(b"|" + labels[i].encode())
-        out.append(int.from_bytes(h.digest(), "little"))
+    for start in range(0, len(x), _HASH_CHUNK):  # float64 copies of a chunk only, never of all rows
+        chunk = np.asarray(x[start : start + _HASH_CHUNK], dtype=np.float64)
+        rows = np.ascontiguousarray(chunk.reshape(len(chunk), -1) + 0.0)
+        for i in range(len(rows)):
+            h = hashlib.blake2b(rows[i].tobytes(), digest_size=8, key=key)
+            h.update(b"|" + labels[start + i].encode())
+            out.append(int.from_bytes(h.digest(), "little"))
     return out
+
+
+_HASH_CHUNK = 4096
+"""Rows converted to float64 at once by :func:`row_hashes` (the hashes do not depend on it)."""
 
 
 def unit_hashes(ids: list[object], seed: int) -> np.ndarray:

@@ -78,10 +78,16 @@ def train_baseline(plan: RunPlan, device: str) -> BaselineResult:
         fit = valid
     else:
         fit = ~valid
-    xs, ys = torch.from_numpy(x_train[fit]).to(device), torch.from_numpy(data.y_train[fit]).to(device)
     cap = max(STEPS_PER_DP_STEP * plan.steps.steps_planned, MIN_STEPS)
     convex = _convex(model)
-    one_round = _lbfgs_round(model, xs, ys) if convex else _adam_round(plan, model, xs, ys, seed)
+    rows = torch.from_numpy(np.flatnonzero(fit))
+    if convex:  # full-batch L-BFGS: the fitting rows gathered once
+        xs, ys = torch.from_numpy(x_train[fit]).to(device), torch.from_numpy(data.y_train[fit]).to(device)
+        one_round = _lbfgs_round(model, xs, ys)
+    else:  # small batches gathered from the training rows as they are drawn (no copy of the split)
+        xs, ys = torch.from_numpy(x_train).to(device), torch.from_numpy(data.y_train).to(device)
+        one_round = _adam_round(plan, model, xs, ys, rows.to(device), seed)
+    x_valid, y_valid = x_train[valid], data.y_train[valid]
     patience = PATIENCE_CONVEX if convex else PATIENCE
     best_loss, best_state, since, done = float("inf"), copy.deepcopy(model.state_dict()), 0, 0
     history: list[dict[str, float]] = []
@@ -90,7 +96,7 @@ def train_baseline(plan: RunPlan, device: str) -> BaselineResult:
         done += one_round(cap - done)
         loss, acc = evaluate(model, x_test, data.y_test, device)
         history.append({"epoch": float(epoch), "test_loss": loss, "test_accuracy": acc})
-        val_loss, _ = evaluate(model, x_train[valid], data.y_train[valid], device)
+        val_loss, _ = evaluate(model, x_valid, y_valid, device)
         if val_loss < best_loss * (1 - 1e-3):
             best_loss, best_state, since = val_loss, copy.deepcopy(model.state_dict()), 0
         else:
@@ -144,9 +150,9 @@ def _lbfgs_round(model: nn.Module, xs: torch.Tensor, ys: torch.Tensor) -> Callab
 
 
 def _adam_round(
-    plan: RunPlan, model: nn.Module, xs: torch.Tensor, ys: torch.Tensor, seed: int
+    plan: RunPlan, model: nn.Module, xs: torch.Tensor, ys: torch.Tensor, rows: torch.Tensor, seed: int
 ) -> Callable[[int], int]:
-    """One epoch of Adam on shuffled small batches (stopping at the cap)."""
+    """One epoch of Adam on shuffled small batches of ``xs[rows]`` (stopping at the cap)."""
     import torch
 
     opt = torch.optim.Adam(model.parameters(), lr=1e-3 if plan.model_name == "cnn" else 1e-2)
@@ -155,11 +161,11 @@ def _adam_round(
 
     def one_round(left: int) -> int:
         done = 0
-        order = torch.randperm(len(ys), generator=gen)
-        for start in range(0, len(ys), batch):
+        order = torch.randperm(len(rows), generator=gen)
+        for start in range(0, len(rows), batch):
             if done >= left:
                 break
-            idx = order[start : start + batch].to(ys.device)
+            idx = rows[order[start : start + batch].to(rows.device)]
             opt.zero_grad()
             torch.nn.functional.cross_entropy(model(xs[idx]), ys[idx]).backward()
             opt.step()

@@ -1,0 +1,225 @@
+"""Rank accuracy levers for Fashion-MNIST scattering heads at ε = 3 with veil's engine (seeded noise).
+
+Features: veil's Scattering2d (J = 2, L = 8) on x/255 (what ``veil train``'s scatternet trains on),
+computed once and cached as .npy files in ``$VEIL_BENCH_CACHE`` (default: the system temp folder).
+σ is calibrated by veil (PLD, Poisson sampling) for the schedule; one run evaluates the final
+weights and their exponential moving averages (``--ema``) on the official test split. A research
+loop for choosing presets, not a private job (the test split is only a diagnostic here).
+
+Usage::
+
+    OMP_NUM_THREADS=1 python bench/fashion_scatter_levers.py --epochs 40 --batch 8192 --lr 8 \
+        --physical-batch 1024 --seed 0 --ema 0,0.95
+"""
+
+import argparse
+import json
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from veil.accounting.calibrate import calibrate_noise  # noqa: E402
+from veil.data.idx import load_idx_dataset  # noqa: E402
+from veil.engine import PrivacyEngine  # noqa: E402
+from veil.models.scattering import scattering_features  # noqa: E402
+from veil.sampling import steps_per_epoch  # noqa: E402
+
+
+def _rss_mib() -> int:
+    """This process's resident memory (MiB), from /proc (Linux)."""
+    return int(Path("/proc/self/statm").read_text().split()[1]) * 4096 // 2**20
+
+
+C = os.environ.get("VEIL_BENCH_CACHE", tempfile.gettempdir())
+
+
+def feats():
+    if not os.path.exists(f"{C}/feats_test.npy"):
+        d = load_idx_dataset("fashion-mnist", "/usr/share/datasets/fashion-mnist")
+        for s, x, y in (("train", d.x_train, d.y_train), ("test", d.x_test, d.y_test)):
+            f = scattering_features(x / 255.0, 2, 8)
+            np.save(f"{C}/feats_{s}.npy", f)
+            np.save(f"{C}/y_{s}.npy", y)
+    return [
+        np.load(f"{C}/{n}.npy", mmap_mode="r") for n in ("feats_train", "y_train", "feats_test", "y_test")
+    ]
+
+
+def head(kind, groups):
+    if kind == "linear":
+        return nn.Sequential(nn.GroupNorm(groups, 81), nn.Flatten(), nn.Linear(81 * 49, 10))
+    if kind == "cnn":  # small CNN on the 81x7x7 maps
+        return nn.Sequential(
+            nn.GroupNorm(groups, 81),
+            nn.Conv2d(81, 32, 3, padding=1),
+            nn.GroupNorm(4, 32),
+            nn.Tanh(),
+            nn.Conv2d(32, 32, 3, padding=1),
+            nn.GroupNorm(4, 32),
+            nn.Tanh(),
+            nn.AvgPool2d(2),
+            nn.Flatten(),
+            nn.Linear(32 * 9, 10),
+        )
+    if kind == "cnn-small":
+        return nn.Sequential(
+            nn.GroupNorm(groups, 81),
+            nn.Conv2d(81, 16, 3, padding=1),
+            nn.GroupNorm(4, 16),
+            nn.Tanh(),
+            nn.Flatten(),
+            nn.Linear(16 * 49, 10),
+        )
+    raise SystemExit(kind)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--head", default="linear")
+    p.add_argument("--groups", type=int, default=27)
+    p.add_argument("--epochs", type=float, default=40)
+    p.add_argument("--batch", type=int, default=8192)
+    p.add_argument("--lr", type=float, default=8.0)
+    p.add_argument("--C", type=float, default=0.1)
+    p.add_argument("--opt", default="sgd")
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--ema", default="0,0.9,0.99,0.999")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--eps", type=float, default=3.0)
+    p.add_argument("--log", action="store_true")
+    p.add_argument("--physical-batch", dest="pbs", type=int, default=None)
+    p.add_argument("--cos", action="store_true")
+    p.add_argument("--nesterov", action="store_true")
+    p.add_argument("--memtrace", action="store_true")
+    p.add_argument("--secure", action="store_true")
+    a = p.parse_args()
+    xtr, ytr, xte, yte = feats()
+    if a.memtrace:
+        print("start rss", _rss_mib(), "MiB", flush=True)
+    xtr_t = torch.from_numpy(np.ascontiguousarray(xtr))
+    ytr_t = torch.from_numpy(np.asarray(ytr))
+    if a.log:  # a fixed per-value map (data-independent): log(1 + x / 1e-3)
+        xtr_t = torch.log1p(xtr_t / 1e-3)
+    xte_t = torch.from_numpy(np.ascontiguousarray(xte))
+    yte_t = torch.from_numpy(np.asarray(yte))
+    if a.log:
+        xte_t = torch.log1p(xte_t / 1e-3)
+    n = len(ytr_t)
+    spe = steps_per_epoch(n, a.batch)
+    steps = round(a.epochs * spe)
+    q = a.batch / n
+    sigma = calibrate_noise(a.eps, 1e-5, q, steps)
+    torch.manual_seed(a.seed)
+    model = head(a.head, a.groups)
+    opt = (
+        torch.optim.Adam(model.parameters(), lr=a.lr)
+        if a.opt == "adam"
+        else torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum, nesterov=a.nesterov)
+    )
+    eng = PrivacyEngine() if a.secure else PrivacyEngine(seed=a.seed + 1000, reproducible=True)
+    from torch.utils.data import DataLoader
+
+    from veil.pipeline.loop import _collate_rows, _rows_dataset
+
+    loader = DataLoader(_rows_dataset(xtr_t, ytr_t), batch_size=a.batch, collate_fn=_collate_rows)
+    crit = nn.CrossEntropyLoss()
+    model, dopt, dl = eng.make_private(
+        module=model,
+        optimizer=opt,
+        data_loader=loader,
+        noise_multiplier=sigma,
+        max_grad_norm=a.C,
+        criterion=crit,
+        physical_batch_size=a.pbs,
+    )
+    if a.memtrace:
+        print(
+            "after make_private rss",
+            _rss_mib(),
+            "MiB",
+            flush=True,
+        )
+    emas = [float(e) for e in a.ema.split(",")]
+    avg = {e: {k: v.detach().clone() for k, v in model.state_dict().items()} for e in emas}
+    sched = (
+        torch.optim.lr_scheduler.CosineAnnealingLR(
+            dopt.original_optimizer if hasattr(dopt, "original_optimizer") else opt, steps
+        )
+        if a.cos
+        else None
+    )
+    t0 = time.time()
+    done = 0
+    while done < steps:
+        for xb, yb in dl:
+            loss = crit(model(xb), yb)
+            loss.backward()
+            dopt.step()
+            dopt.zero_grad()
+            if not dl.signal.last_chunk:
+                continue
+            done += 1
+            if a.memtrace:
+                print(
+                    "step",
+                    done,
+                    "rss",
+                    _rss_mib(),
+                    "MiB",
+                    flush=True,
+                )
+            if sched:
+                sched.step()
+            with torch.no_grad():
+                for e in emas:
+                    d = min(e, (1 + done) / (10 + done))
+                    for k, v in model.state_dict().items():
+                        if e > 0 and v.is_floating_point():
+                            avg[e][k].mul_(d).add_(v, alpha=1 - d)
+                        else:
+                            avg[e][k].copy_(v)
+            if done >= steps:
+                break
+    tt = time.time() - t0
+    ev = head(a.head, a.groups)
+    res = {}
+    for e in emas:
+        ev.load_state_dict(avg[e])
+        ev.eval()
+        with torch.no_grad():
+            acc = float(
+                sum(
+                    (ev(xte_t[i : i + 4096]).argmax(1) == yte_t[i : i + 4096]).sum()
+                    for i in range(0, len(yte_t), 4096)
+                )
+            ) / len(yte_t)
+        res[e] = round(acc, 4)
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    print(
+        json.dumps(
+            {
+                "args": vars(a),
+                "sigma": round(sigma, 3),
+                "steps": steps,
+                "eps": round(eng.get_epsilon(1e-5), 3),
+                "acc": res,
+                "train_s": round(tt, 1),
+                "cpu_s": round(ru.ru_utime + ru.ru_stime, 1),
+                "peak_gb": round(ru.ru_maxrss / 1e6, 2),
+                "load": os.getloadavg()[0],
+            }
+        ),
+        flush=True,
+    )
+
+
+main()
