@@ -117,3 +117,18 @@ def test_the_stand_in_is_a_gaussian_of_exactly_the_target(epsilon: float, delta:
     sigma = event.noise_multiplier
     assert delta_at(epsilon, sigma) <= delta * 1.001
     assert delta_at(epsilon, sigma * 0.99) > delta
+
+
+@pytest.mark.parametrize("augment", ["2", "4"])
+def test_augment_on_a_table_is_refused_before_anything_is_charged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], augment: str
+) -> None:
+    """The schema says the data is a table before a row is read: no stand-in is reserved for a run that
+    --augment would refuse (it was refused after reading, and stayed charged; found by the review)."""
+    assert main(["budget", "set", "--dataset-id", DATASET_ID, "--epsilon", "5", "--delta", "1e-5"]) == 0
+    args = [*_table(tmp_path), "--epochs", "1", "--no-baseline", "--epsilon", "1", "--augment", augment]
+    code = main(["train", *args, "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and "augment" in err and "Traceback" not in err
+    assert _show(capsys)["runs"] == []  # nothing reserved, nothing charged
+    assert not (tmp_path / "run").exists()

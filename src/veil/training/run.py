@@ -203,5 +203,24 @@ def _check_public(cfg: TrainConfig) -> None:
     from veil.precision import autocast
 
     check_unit_request(cfg, "veil train", supported=True)  # --stream/--audit/ranks with a unit
+    _refuse_augment_without_images(cfg)
     autocast(cfg.device, cfg.precision)
     check_out(Path(cfg.out or default_out(cfg.dataset)))
+
+
+def _refuse_augment_without_images(cfg: TrainConfig) -> None:
+    """``--augment K > 1`` on data that is no image, told from the settings alone (a table's reviewed
+    schema, a text model): refused before the run is charged. The same rule runs again on the loaded
+    data (:func:`veil.training.prepare.refuse_unsupported_augment`) for what only the data's shape says."""
+    if cfg.augment <= 1:
+        return
+    what = "a table (--schema)" if cfg.table_schema is not None else None
+    if what is None and cfg.model.startswith("hf:"):
+        what = "text (--model hf:...)"
+    if what is not None:
+        raise ConfigError(
+            "augment",
+            cfg.augment,
+            f"augmentation multiplicity shifts and flips images, and this data is {what}",
+            "drop --augment for tables and text",
+        )
