@@ -12,7 +12,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from veil.clipping import PerSampleClipper
 from veil.engine import PrivacyEngine
-from veil.errors import DataError, InvalidParameterError
+from veil.errors import InvalidParameterError
+from veil.per_example_loss import LoopLossGuard
 
 CLIP = 1.0
 WEIGHT = torch.tensor([1.0, 0.5, 8.0], dtype=torch.float64)
@@ -37,18 +38,28 @@ def _clipped_sum(
     x: torch.Tensor,
     y: torch.Tensor,
     clip: float = CLIP,
+    guarded: bool = False,
 ) -> torch.Tensor:
     clipper = PerSampleClipper(model, clip, loss_reduction=reduction)  # type: ignore[arg-type]
+    guard = LoopLossGuard(model, reduction) if guarded else None  # what every make_private installs
     try:
         criterion(model(x), y).backward()
+        if guard is not None:
+            guard.check()
         clipper.accumulate()
         return torch.cat([s.flatten() for s in clipper.clipped_sum()])
     finally:
         clipper.remove()
+        del guard
 
 
 def _largest_move(
-    criterion: nn.Module, reduction: str, *, ignore: int | None = None, clip: float = CLIP
+    criterion: nn.Module,
+    reduction: str,
+    *,
+    ignore: int | None = None,
+    clip: float = CLIP,
+    guarded: bool = False,
 ) -> float:
     """max over added examples (each class, and an ignored target) of ‖sum(D ∪ {z}) − sum(D)‖ / C."""
     model = _model()
@@ -56,7 +67,7 @@ def _largest_move(
     if ignore is not None:
         y = y.clone()
         y[::2] = ignore  # half the rows ignored: the mean's divisor is far from the batch size
-    base = _clipped_sum(model, criterion, reduction, x, y, clip)
+    base = _clipped_sum(model, criterion, reduction, x, y, clip, guarded)
     moves = []
     labels = [0, 1, 2] + ([ignore] if ignore is not None else [])
     for label in labels:
@@ -64,7 +75,7 @@ def _largest_move(
             z = torch.randn(1, 5, generator=torch.Generator().manual_seed(10 + k), dtype=torch.float64)
             xs, ys = torch.cat([x, z]), torch.cat([y, torch.tensor([label])])
             moves.append(
-                float((_clipped_sum(model, criterion, reduction, xs, ys, clip) - base).norm()) / clip
+                float((_clipped_sum(model, criterion, reduction, xs, ys, clip, guarded) - base).norm()) / clip
             )
     return max(moves)
 
@@ -90,7 +101,8 @@ def test_ignored_targets_with_a_sum_add_nothing() -> None:
 
 @pytest.mark.parametrize("ignore", [False, True], ids=["weighted-mean", "ignored-target-mean"])
 def test_a_batch_dependent_divisor_breaks_the_bound(ignore: bool) -> None:
-    """Why the engine refuses these: the same measurement fails (so the test above can fail)."""
+    """Why the engine refuses a weighted mean and fixes the ignored-target mean's divisor: without
+    that, the same measurement fails (so the tests above and below can fail)."""
     if ignore:
         # C large enough that the other examples are not clipped, so their rescaling shows
         assert _largest_move(nn.CrossEntropyLoss(ignore_index=-1), "mean", ignore=-1, clip=4.0) > 1.0
@@ -142,18 +154,45 @@ def test_a_weighted_sum_trains() -> None:
     assert engine.steps == 4
 
 
-def test_an_ignored_target_with_a_mean_is_refused_when_its_batch_is_collated() -> None:
+def test_an_ignored_target_with_a_mean_adds_nothing_under_the_guard() -> None:
+    """The guard's fixed divisor: adding an example (ignored or not) moves the clipped sum by ≤ C,
+    where PyTorch's own mean (divisor: the targets not ignored) moves it by more (test above)."""
+    criterion = nn.CrossEntropyLoss(ignore_index=-1)
+    assert _largest_move(criterion, "mean", ignore=-1, clip=4.0, guarded=True) <= 1 + 1e-9
+
+
+@pytest.mark.parametrize("clip", [CLIP, 50.0], ids=["clipped", "unclipped"])
+@pytest.mark.parametrize("smoothing", [0.0, 0.2])
+def test_the_fixed_divisor_mean_equals_a_naive_per_example_loop(smoothing: float, clip: float) -> None:
+    """Clipped sum under the guard = Σ over the targets not ignored of clip(∇ℓ_i), ℓ_i computed alone."""
+    model = _model()
+    x, y = _data(12)
+    y = y.clone()
+    y[[1, 4, 5]] = 2
+    criterion = nn.CrossEntropyLoss(ignore_index=2, label_smoothing=smoothing)
+    got = _clipped_sum(model, criterion, "mean", x, y, clip, guarded=True)
+    want = torch.zeros_like(got)
+    for i in range(len(x)):
+        if int(y[i]) == 2:
+            continue
+        model.zero_grad()
+        nn.functional.cross_entropy(model(x[i : i + 1]), y[i : i + 1], label_smoothing=smoothing).backward()
+        g = torch.cat([p.grad.flatten() for p in model.parameters()])
+        want += g * min(1.0, clip / float(g.norm()))
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+
+
+def test_an_ignored_target_with_a_mean_trains_and_no_batch_is_refused() -> None:
+    """No refusal on a target's value after reading: every batch trains, ignored rows add nothing."""
     criterion = nn.CrossEntropyLoss(ignore_index=2)
     _, y = _data()
     y = y.clone()
-    y[5:] = 2  # every later row is ignored; the first (the template) is not
+    y[::2] = 2  # the template row included
     engine, _, (m, optimizer, loader) = _make_private(criterion, y=y)
-    with pytest.raises(DataError, match="ignore_index"):
-        for x, target in loader:
-            optimizer.zero_grad()
-            criterion(m(x), target).backward()
-            optimizer.step()
-    assert engine.steps <= 1  # at most a batch drawn only from the first five rows went through
-    y[0] = 2
-    with pytest.raises(DataError, match="ignore_index"):
-        _make_private(criterion, y=y)
+    for x, target in loader:
+        optimizer.zero_grad()
+        criterion(m(x), target).backward()
+        optimizer.step()
+    assert engine.steps == 4
+    everything_ignored = criterion(m(torch.zeros(3, 5, dtype=torch.float64)), torch.full((3,), 2))
+    assert float(everything_ignored.detach()) == 0.0  # PyTorch's own mean is NaN here

@@ -14,9 +14,13 @@ What :func:`check_criterion` accepts, each exactly per example:
   ``w_{y_i}·ℓ_i`` (0 for an ignored target) depends on example ``i`` only; the engine divides the
   noisy sum by the *expected* batch size ``B = q·N``, a constant.
 * ``reduction="mean"`` without ``weight`` (``label_smoothing`` is per example, so allowed): the
-  divisor is the batch size, which the clipper multiplies back. An ``ignore_index`` target would
-  change that divisor, so such a batch is refused by :class:`RefuseIgnoredTargets` when it is
-  collated, before its forward pass and before the step that would use it is accounted.
+  divisor is the number of target elements (the batch size times a fixed number per example), which
+  the clipper multiplies back. PyTorch's mean divides by the number of targets *not* ignored, which
+  depends on the other examples; so for ``CrossEntropyLoss``/``NLLLoss`` with a mean, the guard
+  (:class:`LoopLossGuard`) replaces the loss by its sum over the targets divided by the number of
+  target elements (:func:`fixed_divisor_mean`): an ignored target adds 0 (a zero update, the public
+  rule for that record) and every other term keeps its fixed coefficient. No batch is refused for
+  a target's value: after a private row is read, nothing may stop on one record.
 
 Refused, before anything changes (:class:`~veil.errors.InvalidParameterError`, one message
 format): ``reduction="mean"`` with a class ``weight`` on ``CrossEntropyLoss``/``NLLLoss``.
@@ -26,28 +30,24 @@ example, or sum); their per-element ``weight``/``pos_weight`` are fixed coeffici
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-from veil.errors import DataError, InvalidParameterError
+from veil.errors import InvalidParameterError
 
-__all__ = ["LoopLossGuard", "RefuseIgnoredTargets", "check_criterion"]
+__all__ = ["LoopLossGuard", "check_criterion", "fixed_divisor_mean"]
 
 # Losses whose "mean" divides by the batch's total class weight / number of non-ignored targets.
 _WEIGHTED_MEAN_LOSSES = (nn.CrossEntropyLoss, nn.NLLLoss)
 
 
-def check_criterion(criterion: nn.Module | None, reduction: str) -> int | None:
-    """Refuse a criterion whose reduction is not a fixed-coefficient sum of per-example terms.
-
-    Returns the ``ignore_index`` that a ``"mean"``-reduced batch must not contain (for
-    :class:`RefuseIgnoredTargets`), or None when there is nothing to guard.
-    """
+def check_criterion(criterion: nn.Module | None, reduction: str) -> None:
+    """Refuse a criterion whose reduction is not a fixed-coefficient sum of per-example terms (a public
+    setting, checked before any data is read)."""
     if criterion is None or not isinstance(criterion, _WEIGHTED_MEAN_LOSSES) or reduction != "mean":
-        return None
+        return
     if getattr(criterion, "weight", None) is not None:
         raise InvalidParameterError(
             "criterion.weight",
@@ -57,40 +57,42 @@ def check_criterion(criterion: nn.Module | None, reduction: str) -> int | None:
             "use reduction='sum' (and loss_reduction='sum'): each term w_y·loss_i then depends on its "
             "own example, and the engine divides the noisy sum by the expected batch size",
         )
-    ignore = getattr(criterion, "ignore_index", None)
-    return int(ignore) if isinstance(ignore, int) else None
 
 
-class RefuseIgnoredTargets:
-    """A collate function that refuses a batch whose targets (field 1) contain ``ignore_index``.
+def fixed_divisor_mean(
+    module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> torch.Tensor | None:
+    """A mean-reduced ``CrossEntropyLoss``/``NLLLoss`` call recomputed with a divisor fixed by the shapes.
 
-    Wraps the loader's own collate function (picklable, so it runs in workers too). With a
-    ``"mean"`` reduction an ignored target changes the divisor of every other example's term;
-    refusing the batch as it is collated stops the run before that batch reaches the model, the
-    clipper or the accountant. Batches without an integer target tensor in field 1 pass unchecked.
+    Returns ``Σ_i ℓ_i / target.numel()`` with ``ℓ_i = 0`` for a target equal to ``ignore_index``
+    (PyTorch's mean divides by the number of targets not ignored, a function of the other examples),
+    or ``None`` when the call has nothing to fix (another loss, another reduction, class-probability
+    targets, on which ``ignore_index`` does not act). Without ignored targets the two are equal.
+    Computed for every such call, not only when a target is ignored: no branch on a record's value.
     """
+    import torch.nn.functional as F
 
-    def __init__(self, collate_fn: Callable[[list[Any]], Any], ignore_index: int) -> None:
-        self.collate_fn = collate_fn
-        self.ignore_index = ignore_index
-
-    def __call__(self, items: list[Any]) -> Any:
-        batch = self.collate_fn(items)
-        if isinstance(batch, (list, tuple)) and len(batch) > 1:
-            target = batch[1]
-            if (
-                isinstance(target, torch.Tensor)
-                and not target.is_floating_point()
-                and bool((target == self.ignore_index).any())
-            ):
-                raise DataError(
-                    "targets",
-                    f"ignore_index {self.ignore_index} in a batch",
-                    "with reduction='mean' an ignored target changes the loss's divisor, so every "
-                    "other example's gradient in the batch would depend on it (unbounded sensitivity)",
-                    "use reduction='sum' in the criterion (and loss_reduction='sum'), or drop those rows",
-                )
-        return batch
+    if not isinstance(module, _WEIGHTED_MEAN_LOSSES) or getattr(module, "reduction", None) != "mean":
+        return None
+    names = ("input", "target")
+    values = [*args[:2], *(kwargs[n] for n in names[len(args[:2]) :] if n in kwargs)]
+    if len(values) != 2 or not all(isinstance(v, torch.Tensor) for v in values):
+        return None
+    logits, target = values
+    if target.is_floating_point() or target.numel() == 0:
+        return None
+    if isinstance(module, nn.CrossEntropyLoss):
+        total = F.cross_entropy(
+            logits,
+            target,
+            ignore_index=module.ignore_index,
+            reduction="sum",
+            label_smoothing=module.label_smoothing,
+        )
+    else:
+        assert isinstance(module, nn.NLLLoss)
+        total = F.nll_loss(logits, target, ignore_index=module.ignore_index, reduction="sum")
+    return total / target.numel()
 
 
 _KEPT_OUTPUTS = 16
@@ -140,10 +142,11 @@ class LoopLossGuard:
             if me is not None:
                 me._record_output(output)
 
-        def on_any(module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        def on_any(module: nn.Module, args: Any, kwargs: Any, output: Any) -> Any:
             me = guard()
             if me is not None and isinstance(module, nn.modules.loss._Loss):
-                me._check_loss(module, args, kwargs, output)
+                return me._check_loss(module, args, kwargs, output)
+            return None
 
         handles = [
             model.register_forward_hook(on_model),
@@ -167,15 +170,17 @@ class LoopLossGuard:
         while len(self._outputs) > _KEPT_OUTPUTS:  # forwards without a step (e.g. evaluation with
             del self._outputs[next(iter(self._outputs))]  # grad enabled) must not keep graphs alive
 
-    def _check_loss(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+    def _check_loss(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> Any:
+        """Check one loss call on the model's output; returns the output to use in its place (a mean
+        with a fixed divisor, :func:`fixed_divisor_mean`) or ``None`` to keep it."""
         from veil.loss_path import trace_to_outputs
 
         if not self._outputs:
-            return
+            return None
         sources = {key: shape for key, (_, shape) in self._outputs.items()}
         verdicts = [trace_to_outputs(t, sources) for t in (*args, *kwargs.values())]
         if not any(v.derived for v in verdicts):
-            return
+            return None
         self.checked += 1
         problem = next((v.problem for v in verdicts if v.problem is not None), None)
         if problem is not None:
@@ -200,8 +205,11 @@ class LoopLossGuard:
                 "make_private to match it), and no per-example weighting or factor in the loop",
             )
         check_criterion(module, reduction)
-        if isinstance(output, torch.Tensor) and output.requires_grad:
-            output.register_hook(self._seeds.append)
+        replacement = fixed_divisor_mean(module, args, kwargs)
+        used = output if replacement is None else replacement
+        if isinstance(used, torch.Tensor) and used.requires_grad:
+            used.register_hook(self._seeds.append)
+        return replacement
 
     def check(self) -> None:
         """Refuse the step if a watched loss was multiplied by anything before ``backward()``."""

@@ -204,8 +204,9 @@ class PrivacyEngine:
         calibrated, on the private side of the target, for ``epochs × ⌈N/B⌉`` steps). ``loss_reduction``
         defaults to the criterion's ``reduction`` when a criterion is passed, else ``"mean"``. The loss
         must be a fixed-coefficient sum of per-example terms (see :mod:`veil.per_example_loss`): a
-        ``criterion`` with ``weight=`` and ``reduction="mean"`` is refused, and with ``"mean"`` a batch
-        whose targets contain the criterion's ``ignore_index`` is refused as it is collated. Everything
+        ``criterion`` with ``weight=`` and ``reduction="mean"`` is refused; with ``"mean"`` a
+        cross-entropy's ignored targets add nothing and the divisor stays the number of targets
+        (the loss guard computes the mean over a fixed count; no batch is refused for a value). Everything
         is checked before anything changes; a refusal leaves the model, optimizer and engine untouched.
         The returned model is ``module`` itself (with the clipper's hooks); the optimizer wraps
         ``optimizer``; the loader replaces ``data_loader`` with Poisson-sampled logical batches of expected
@@ -289,16 +290,15 @@ class PrivacyEngine:
         planning.check_clip(max_grad_norm, clipping)
         wrapping.check_physical_batch_size(physical_batch_size)
         reduction = planning.resolve_loss_reduction(loss_reduction, criterion)
-        ignore_index = check_criterion(criterion, reduction)
+        check_criterion(criterion, reduction)
         sampling = planning.check_sampling(*sampling_flags)
         if ranks is not None:
             ranks.check_sampling(sampling)
             ranks.check_loader(data_loader)
-        dataset, n, batch_size = planning.check_data_loader(data_loader)
+        _, n, batch_size = planning.check_data_loader(data_loader)
         sizes = planning.sizes(n, batch_size, sampling, unit_ids, max_rows_per_unit, ranks is not None)
         wrapping.check_optimizer(module, optimizer)
         probe = wrapping.check_model(module, data_loader)
-        collate = wrapping.guarded_collate(data_loader.collate_fn, ignore_index, dataset)
         # Last among the checks: calibration can take seconds.
         sigma = planning.noise_multiplier(noise_multiplier, targets, sizes, sampling, self.accountant_name)
         plan = planning.make_plan(
@@ -307,7 +307,7 @@ class PrivacyEngine:
         planning.check_accountant(self.accountant, self.accountant_name, plan)
         if ranks is not None:
             ranks.agree(plan)  # a collective: every rank refuses together
-        return _Checked(module, ranks, plan, sizes, collate, probe, noise_seed)
+        return _Checked(module, ranks, plan, sizes, data_loader.collate_fn, probe, noise_seed)
 
     def _build(
         self,

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from torch import nn
 from torch.optim import Optimizer
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from veil.errors import InvalidParameterError, ModelNotSupportedError, Problem
 from veil.mixing_probe import probe_forward
 from veil.optimizer import DPOptimizer
-from veil.per_example_loss import LoopLossGuard, RefuseIgnoredTargets
+from veil.per_example_loss import LoopLossGuard
 from veil.plan import PrivacyPlan
 from veil.sampling import PoissonBatchSampler, PrivateDataLoader, ShuffledBatchSampler, StepSignal
 from veil.validation import validate
@@ -40,7 +40,6 @@ __all__ = [
     "check_optimizer",
     "check_optimizer_type",
     "check_physical_batch_size",
-    "guarded_collate",
     "loader_kwargs",
     "private_loader",
     "private_optimizer",
@@ -131,15 +130,6 @@ def check_model(module: nn.Module, data_loader: DataLoader) -> str:
     if isinstance(probe, Problem):
         raise ModelNotSupportedError([probe])
     return probe
-
-
-def guarded_collate(collate: Callable[..., Any], ignore_index: int | None, dataset: Dataset[Any]) -> Any:
-    """The loader's collate function, refusing targets equal to a mean-reduced criterion's ignore_index."""
-    if ignore_index is None:
-        return collate
-    guarded = RefuseIgnoredTargets(collate, ignore_index)
-    guarded([dataset[0]])  # the empty-batch template is collated when the loader is built: refuse it here
-    return guarded
 
 
 def loader_kwargs(loader: DataLoader) -> dict[str, Any]:

@@ -49,6 +49,7 @@ import numpy as np
 
 from veil.errors import DataError
 from veil.tables.schema import BOOLEAN_FALSE, BOOLEAN_TRUE, ColumnSpec, TableSchema, parse_schema
+from veil.tables.sources.cells import column_texts
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -272,7 +273,11 @@ def _block_names(c: ColumnSpec) -> list[str]:
 def _numbers(
     c: ColumnSpec, column: pa.ChunkedArray, raw: RawTable, missing: list[str], rules: dict[str, int]
 ) -> np.ndarray:
-    """float64 values with NaN for missing; a text cell that is not a number is missing too (counted)."""
+    """float64 values with NaN for missing; a cell that is not a number is missing too (counted).
+
+    A column stored as another type than numbers (all missing, dates, mixed) is read cell by cell as
+    text (:mod:`~veil.tables.sources.cells`), never refused: after a private row is read, how a
+    record reads cannot depend on what the others hold."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -280,8 +285,10 @@ def _numbers(
     if pa.types.is_dictionary(kind):
         column = column.cast(kind.value_type)
         kind = column.type
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-        trimmed = pc.utf8_trim_whitespace(column)
+    if pa.types.is_decimal(kind):
+        column = pc.cast(column, pa.float64())
+    elif not (pa.types.is_boolean(kind) or pa.types.is_integer(kind) or pa.types.is_floating(kind)):
+        trimmed = pc.utf8_trim_whitespace(column_texts(column))
         is_missing = pc.fill_null(pc.is_in(trimmed, pa.array(missing, pa.string())), False)
         trimmed = pc.if_else(is_missing, pa.scalar(None, pa.string()), trimmed)
         try:
@@ -292,17 +299,6 @@ def _numbers(
                 v is None and t is not None for v, t in zip(values, trimmed.to_pylist(), strict=True)
             )
             column = pa.chunked_array([pa.array(values, pa.float64())])
-    elif pa.types.is_boolean(kind) or pa.types.is_integer(kind) or pa.types.is_floating(kind):
-        pass
-    elif pa.types.is_decimal(kind):
-        column = pc.cast(column, pa.float64())
-    else:
-        raise DataError(
-            f"column '{c.name}'",
-            str(kind),
-            "the schema declares the column numeric but the data stores it as another type (a type mismatch)",
-            "convert the column to numbers, or declare its real type in the schema",
-        )
     return (
         np.asarray(column.to_numpy(), dtype=np.float64)
         if column.null_count == 0
@@ -321,29 +317,12 @@ def _number_or_none(text: str | None) -> float | None:
 
 
 def _strings(column: pa.ChunkedArray, missing: list[str]) -> tuple[pa.ChunkedArray, np.ndarray]:
-    """Values as trimmed text (numbers written as integers when integral), and the missing mask."""
+    """Values as trimmed text, each cell by :mod:`~veil.tables.sources.cells`' rule (a number integral
+    below 2**53 as an integer, whatever the other cells hold), and the missing mask."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    kind = column.type
-    if pa.types.is_dictionary(kind):
-        column = column.cast(kind.value_type)
-        kind = column.type
-    if pa.types.is_boolean(kind):
-        column = pc.if_else(column, pa.scalar("true"), pa.scalar("false"))
-    elif pa.types.is_floating(kind) or pa.types.is_decimal(kind):
-        as_float = pc.cast(column, pa.float64())
-        nan = pc.fill_null(pc.is_nan(as_float), False)
-        as_float = pc.if_else(nan, pa.scalar(None, pa.float64()), as_float)
-        values = as_float.to_numpy(zero_copy_only=False)
-        finite = values[np.isfinite(values)]
-        if finite.size and np.all(finite == np.round(finite)) and np.all(np.abs(finite) < 2**53):
-            column = pc.cast(pc.cast(as_float, pa.int64()), pa.string())
-        else:
-            column = pc.cast(as_float, pa.string())
-    elif not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
-        column = pc.cast(column, pa.string())
-    column = pc.utf8_trim_whitespace(column)
+    column = pc.utf8_trim_whitespace(column_texts(column))
     null = pc.is_null(column)
     if missing:
         null = pc.or_(null, pc.fill_null(pc.is_in(column, pa.array(missing)), False))

@@ -34,6 +34,7 @@ from veil.accounting.defaults import DEFAULT_RELEASE_DELTA
 from veil.accounting.events import Composed, DeltaOnly, Laplace, PrivacyEvent, SelfComposed
 from veil.errors import DataError, InvalidParameterError
 from veil.tables.schema import BOOLEAN_FALSE, BOOLEAN_TRUE, DEFAULT_MISSING_VALUES, ColumnSpec, TableSchema
+from veil.tables.sources.cells import number_text
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -244,8 +245,9 @@ def _cells(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str | None], np.nd
 def _value_counts(numbers: np.ndarray, words: list[str | None]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for v in numbers.tolist():
-        key = str(int(v)) if float(v).is_integer() and abs(v) < 2**53 else repr(float(v))
-        counts[key] = counts.get(key, 0) + 1
+        key = number_text(v)
+        if key is not None:
+            counts[key] = counts.get(key, 0) + 1
     for w in words:
         if w is not None:
             counts[w] = counts.get(w, 0) + 1

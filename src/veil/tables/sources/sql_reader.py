@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from veil.errors import DataError
+from veil.tables.sources.cells import column_texts, mixed_cells_as_text
 from veil.tables.sources.common import TableSource, first_line, need
 
 if TYPE_CHECKING:
@@ -112,15 +113,32 @@ def read_table(source: TableSource, limit: int | None = None) -> pa.Table:
         engine.dispose()
     if not parts:
         return pa.table({n: pa.array([], pa.null()) for n in names})
-    return pa.concat_tables(parts, promote_options="permissive")
+    return pa.concat_tables(_one_type_per_column(parts), promote_options="permissive")
 
 
 def _partition(names: list[str], rows: Sequence[Sequence[Any]]) -> pa.Table:
-    """Rows of a result partition → an Arrow table, column by column (types inferred by Arrow)."""
+    """Rows of a result partition → an Arrow table, column by column: typed where Arrow finds one type
+    for a column's cells, else the cells as text (:mod:`~veil.tables.sources.cells`: a rule on each cell,
+    so a column of mixed types is read, never refused, and each record reads as it would alone)."""
     import pyarrow as pa
 
     columns = list(zip(*rows, strict=True)) if rows else [() for _ in names]
-    return pa.table({n: pa.array(list(c)) for n, c in zip(names, columns, strict=True)})
+    return pa.table({n: mixed_cells_as_text(c) for n, c in zip(names, columns, strict=True)})
+
+
+def _one_type_per_column(parts: list[pa.Table]) -> list[pa.Table]:
+    """Partitions whose types for a column disagree beyond numbers (one read as integers, another as
+    text) have that column as text in every partition, by the same per-cell rule."""
+    import pyarrow as pa
+
+    for name in parts[0].column_names:
+        kinds = {p.schema.field(name).type for p in parts} - {pa.null()}
+        if len(kinds) > 1 and not all(pa.types.is_integer(k) or pa.types.is_floating(k) for k in kinds):
+            parts = [
+                p.set_column(p.schema.get_field_index(name), name, column_texts(p.column(name)))
+                for p in parts
+            ]
+    return parts
 
 
 def _statement(sqlalchemy: Any, conn: Any, source: TableSource, limit: int | None) -> Any:
