@@ -183,3 +183,15 @@ def test_model_too_large_is_foreseen_from_the_config(folder: str, tmp_path) -> N
     assert 7.7e10 < checked.parameters < 7.9e10
     with pytest.raises(ConfigError, match=r"need about .* GiB to fine-tune with --fine-tune head"):
         build_text_classifier(checked, 2, "head")
+
+
+def test_text_rows_apply_a_rule_to_each_row_and_refuse_no_value() -> None:
+    from veil.text.tokens import text_rows
+
+    texts, reason = text_rows(["a b", "   ", None, float("nan"), 3.0, b"\x01", "c"])
+    assert texts == ["a b", "", "", "", "3", "01", "c"]
+    assert reason.tolist() == [0, 2, 1, 1, 0, 0, 0]
+    texts, reason = text_rows(np.array([1.5, 2.0]))
+    assert texts == ["1.5", "2"] and not reason.any()
+    with pytest.raises(DataError, match="shape"):
+        text_rows(np.zeros((2, 2)))

@@ -96,7 +96,6 @@ def test_train_text_classifier(
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--text-column", "score"], "number"),
         (["--text-column", "nope"], "no such column"),
         (["--fine-tune", "sideways"], "fine"),
         (["--table", "reviews"], "only a sql: source has tables"),
@@ -170,8 +169,7 @@ def test_train_text_from_sqlite(
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--table", "reviews", "--text-column", "score"], "number"),
-        (["--query", "SELECT '  ' AS review, label FROM reviews", "--text-column", "review"], "empty"),
+        (["--query", "SELECT '  ' AS review, label FROM reviews", "--text-column", "review"], "examples"),
         (["--table", "nope", "--text-column", "review"], "no such table"),
     ],
 )
@@ -211,20 +209,12 @@ def _folder_variant(files: Path, where: Path, kind: str) -> Path:
     [
         ("no-tokenizer", "no tokenizer"),
         ("too-large", "30,000.0 M parameters"),
-        ("empty-text", "row 3 is empty"),
     ],
 )
 def test_bad_folders_and_texts_exit_2_and_write_nothing(
     files: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str, message: str
 ) -> None:
-    model, data = files / "model", files / "reviews.csv"
-    if case == "empty-text":
-        rows = (files / "reviews.csv").read_text(encoding="utf-8").splitlines()
-        rows[4] = '"   ",0.5,pos'
-        data = tmp_path / "empty.csv"
-        data.write_text("\n".join(rows) + "\n", encoding="utf-8")
-    else:
-        model = _folder_variant(files, tmp_path / case, case)
+    model, data = _folder_variant(files, tmp_path / case, case), files / "reviews.csv"
     args = ["train", "--model", f"hf:{model}", "--dataset", f"csv:{data}", "--text-column", "review"]
     args += ["--target", "label", "--classes", "neg,pos", "--max-length", "10", "--delta", "1e-3"]
     args += ["--fine-tune", "lora", "--out", str(tmp_path / "run")]
@@ -232,3 +222,25 @@ def test_bad_folders_and_texts_exit_2_and_write_nothing(
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and message in err, err
     assert not (tmp_path / "run").exists()
+
+
+def test_missing_blank_and_numeric_texts_are_rules_not_refusals(
+    files: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """After reading, no text stops the run: a blank or missing text drops its row (counted, a rule on
+    that row alone), a number is read as its digits."""
+    rows = (files / "reviews.csv").read_text(encoding="utf-8").splitlines()
+    rows[4] = '"   ",0.5,pos'
+    rows[7] = ",0.5,neg"
+    rows[9] = "12.0,0.5,neg"  # read as the text "12.0"
+    data = tmp_path / "texts.csv"
+    data.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    args = ["train", "--model", f"hf:{files / 'model'}", "--dataset", f"csv:{data}", "--text-column"]
+    args += ["review", "--target", "label", "--classes", "neg,pos", "--max-length", "10", "--delta", "1e-3"]
+    args += ["--fine-tune", "head", "--epochs", "1", "--no-baseline", "--out", str(tmp_path / "run")]
+    assert main(args) == 0, capsys.readouterr().err
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    rules = report["non_private"]["per_record_rules"]
+    # the CSV reader reads an empty cell as "" (a database's NULL is rows_dropped_text_missing)
+    assert rules["rows_dropped_text_empty"] == 2 and rules["rows_dropped_text_missing"] == 0
+    assert report["dataset"]["n_train"] + report["dataset"]["n_test"] == 118

@@ -1,11 +1,11 @@
 """A text classification dataset for ``veil train --model hf:DIR --text-column COL``.
 
 Reads a CSV (UTF-8) or Parquet file, or a SQL table or query (through the tables' SQLAlchemy
-reader, :mod:`veil.tables.sources`), checks the text column (:func:`veil.text.tokens.check_texts`) and
-the labels, tokenizes every text with the model folder's own tokenizer (public) to the declared
-``max_length``, and splits by the run's seed. Like the other readers, nothing here computes a
-statistic of the data: token ids are a fixed per-example map, so the arrays are as private as the
-texts and no more.
+reader, :mod:`veil.tables.sources`), reads the text column row by row
+(:func:`veil.text.tokens.text_rows`) and the labels, tokenizes every text with the model folder's
+own tokenizer (public) to the declared ``max_length``, and splits by the run's seed. Like the other
+readers, nothing here computes a statistic of the data: token ids are a fixed per-example map, so
+the arrays are as private as the texts and no more.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def load_text_dataset(
     that way on ``device`` is refused before the data is read."""
     from veil.data.tabular import require_target
     from veil.text.load import check_fits, inspect_folder, load_tokenizer
-    from veil.text.tokens import check_texts, tokenize
+    from veil.text.tokens import TEXT_RULES, text_rows, tokenize
 
     scheme, _, path = dataset.partition(":")
     if scheme not in TEXT_SCHEMES or not path:
@@ -122,9 +122,12 @@ def load_text_dataset(
     name, digest, columns = _read_columns(dataset, table, query)
     label = require_target(target, scheme, list(columns))
     _check_text_column(text_column, label, list(columns))
-    texts = check_texts(columns[text_column], text_column)
+    texts, reason = text_rows(columns[text_column], text_column)  # a missing or blank text drops the row
     y, classes = encode_labels(columns[label], f"column {label}", classes)
     keep, rules = drop_unlabelled(y)  # an undeclared or missing label drops the row (docs/tables.md)
+    for code, rule in enumerate(TEXT_RULES, start=1):
+        rules[rule] = int(((reason == code) & keep).sum())
+    keep &= reason == 0
     y, texts = y[keep], [t for t, k in zip(texts, keep, strict=True) if k]
     check_labels(y, classes, f"column {label}")
     x = tokenize(load_tokenizer(folder), texts, max_length)

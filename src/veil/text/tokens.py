@@ -2,9 +2,13 @@
 
 Every example becomes ``[2, max_length]`` integers (token ids, attention mask), padded or
 truncated to ``max_length``, a length the user declares: padding to the longest text in the data
-would make the array shape depend on the private data. A text column that is not text, a missing
-value or an empty text is refused with the row number, since training on it would silently
-learn from blank inputs.
+would make the array shape depend on the private data.
+
+Two ways to check a text column. The training pipeline reads private rows, so it applies a rule to
+each row alone (:func:`text_rows`): a missing or blank text drops the row (counted), any other cell
+is read as text (a number as its digits) — nothing is refused on a value once a row is read.
+:func:`check_texts`, for a caller's own data before anything is private, refuses instead and names
+the first bad row.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import numpy as np
 
 from veil.errors import ConfigError, DataError
 
-__all__ = ["DEFAULT_MAX_LENGTH", "check_texts", "tokenize"]
+__all__ = ["DEFAULT_MAX_LENGTH", "TEXT_RULES", "check_texts", "text_rows", "tokenize"]
 
 DEFAULT_MAX_LENGTH = 128
 
@@ -31,6 +35,40 @@ def _is_number(value: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+TEXT_RULES = ("rows_dropped_text_missing", "rows_dropped_text_empty")
+"""The per-record rules' counters of :func:`text_rows`."""
+
+
+def text_rows(values: Sequence[Any] | np.ndarray, column: str = "text") -> tuple[list[str], np.ndarray]:
+    """Each row's text by a rule on that row alone: ``(texts, reason)``.
+
+    ``reason[i]`` is 0 for a usable text, 1 (``rows_dropped_text_missing``) for a missing cell and 2
+    (``rows_dropped_text_empty``) for a text of spaces only; the caller drops the rows with a reason
+    (their text is ``""``). A cell that is not a string (a number, bytes) is read as text
+    (:func:`veil.tables.sources.cells.cell_text`: ``3.0`` is ``"3"``). Only the column's shape (one
+    value per row) is checked as a whole; no value stops the read."""
+    from veil.tables.sources.cells import cell_text
+
+    array = np.asarray(values, dtype=object) if not isinstance(values, np.ndarray) else values
+    if array.ndim != 1:
+        raise DataError(
+            "text_column",
+            column,
+            f"holds an array of shape {array.shape}, not one text per row",
+            "pass one column of strings",
+        )
+    texts: list[str] = []
+    reason = np.zeros(len(array), dtype=np.int8)
+    for row, value in enumerate(array.tolist()):
+        text = None if _is_missing(value) else value if isinstance(value, str) else cell_text(value)
+        if text is None:
+            reason[row] = 1
+        elif not text.strip():
+            reason[row] = 2
+        texts.append(text if reason[row] == 0 else "")  # type: ignore[arg-type]
+    return texts, reason
 
 
 def check_texts(values: Sequence[Any] | np.ndarray, column: str = "text") -> list[str]:
