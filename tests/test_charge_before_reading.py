@@ -132,3 +132,21 @@ def test_augment_on_a_table_is_refused_before_anything_is_charged(
     assert code == 2 and "augment" in err and "Traceback" not in err
     assert _show(capsys)["runs"] == []  # nothing reserved, nothing charged
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("dataset", "model"), [("digits", "auto"), ("fashion-mnist", "scatternet"), ("breast-cancer", "mlp")]
+)
+def test_augment_a_builtin_cannot_take_is_refused_before_anything_is_charged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], dataset: str, model: str
+) -> None:
+    """A built-in dataset's kind and shape are documented, and so is the model it gets: --augment on a
+    fixed-front model (digits' auto model is random features) or on a table is refused before the
+    stand-in is reserved (it was refused after reading, and stayed charged)."""
+    assert main(["budget", "set", "--dataset-id", DATASET_ID, "--epsilon", "5", "--delta", "1e-5"]) == 0
+    args = ["--dataset", dataset, "--dataset-id", DATASET_ID, "--model", model, "--augment", "2"]
+    code = main(["train", *args, "--epochs", "1", "--no-baseline", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and "augment" in err and "Traceback" not in err
+    assert _show(capsys)["runs"] == []
+    assert not (tmp_path / "run").exists()

@@ -29,6 +29,7 @@ from veil.errors import ConfigError, DataError
 
 __all__ = [
     "BUILTIN",
+    "BUILTIN_SHAPES",
     "DEFAULT_DATA_DIRS",
     "Dataset",
     "check_labels",
@@ -39,6 +40,14 @@ __all__ = [
 ]
 
 BUILTIN = ("digits", "breast-cancer", "fashion-mnist", "mnist")
+BUILTIN_SHAPES: dict[str, tuple[str, tuple[int, ...]]] = {
+    "digits": ("image", (1, 8, 8)),
+    "breast-cancer": ("table", (30,)),
+    "fashion-mnist": ("image", (1, 28, 28)),
+    "mnist": ("image", (1, 28, 28)),
+}
+"""Each built-in dataset's kind and example shape, from its documentation: public, so the checks
+that depend on them run before a row is read."""
 USER_SCHEMES = ("csv", "parquet", "npz")
 DEFAULT_DATA_DIRS = {
     "fashion-mnist": "/usr/share/datasets/fashion-mnist",

@@ -271,6 +271,9 @@ def rff(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return FixedFeaturesThenHead(features, nn.Linear(RFF_FEATURES, num_classes))
 
 
+FIXED_FRONT_ZOO = ("rff", "scatternet")
+"""The zoo models built as :class:`FixedFeaturesThenHead` (a data-independent front computed once)."""
+
 _ZOO: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
     "logreg": logreg,
     "mlp": mlp,

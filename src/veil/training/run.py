@@ -210,8 +210,11 @@ def _check_public(cfg: TrainConfig) -> None:
 
 def _refuse_augment_without_images(cfg: TrainConfig) -> None:
     """``--augment K > 1`` on data that is no image, told from the settings alone (a table's reviewed
-    schema, a text model): refused before the run is charged. The same rule runs again on the loaded
+    schema, a text model, a built-in dataset's documented shape and the model it gets): refused before
+    the run is charged. The same rule runs again on the loaded
     data (:func:`veil.training.prepare.refuse_unsupported_augment`) for what only the data's shape says."""
+    from veil.data import BUILTIN_SHAPES
+
     if cfg.augment <= 1:
         return
     what = "a table (--schema)" if cfg.table_schema is not None else None
@@ -224,3 +227,10 @@ def _refuse_augment_without_images(cfg: TrainConfig) -> None:
             f"augmentation multiplicity shifts and flips images, and this data is {what}",
             "drop --augment for tables and text",
         )
+    if cfg.dataset in BUILTIN_SHAPES and cfg.init_from is None:  # kind and shape are documented
+        from veil.augment.multiplicity import refuse_unsupported
+        from veil.models import FIXED_FRONT_ZOO, resolve_name
+
+        kind, shape = BUILTIN_SHAPES[cfg.dataset]
+        name = resolve_name(cfg.model, kind, shape)
+        refuse_unsupported(cfg.augment, kind, shape, name, name in FIXED_FRONT_ZOO)
