@@ -41,7 +41,8 @@ def _clipped_sum(
     guarded: bool = False,
 ) -> torch.Tensor:
     clipper = PerSampleClipper(model, clip, loss_reduction=reduction)  # type: ignore[arg-type]
-    guard = LoopLossGuard(model, reduction) if guarded else None  # what every make_private installs
+    # what every make_private installs
+    guard = LoopLossGuard(model, reduction, rows=clipper.rows_in_flight) if guarded else None
     try:
         criterion(model(x), y).backward()
         if guard is not None:
@@ -196,3 +197,80 @@ def test_an_ignored_target_with_a_mean_trains_and_no_batch_is_refused() -> None:
     assert engine.steps == 4
     everything_ignored = criterion(m(torch.zeros(3, 5, dtype=torch.float64)), torch.full((3,), 2))
     assert float(everything_ignored.detach()) == 0.0  # PyTorch's own mean is NaN here
+
+
+class _Tokens(nn.Module):
+    """A per-token classifier: each position's logits from that position's token alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Embedding(12, 6), nn.Linear(6, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def _padded(records: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids padded with 0 and targets padded with -100 to the batch's longest record."""
+    width = max(len(r) for r in records)
+    x = torch.zeros(len(records), width, dtype=torch.long)
+    y = torch.full((len(records), width), -100)
+    for i, r in enumerate(records):
+        x[i, : len(r)] = torch.tensor(r)
+        y[i, : len(r)] = torch.tensor([t % 3 for t in r])
+    return x, y
+
+
+@pytest.mark.parametrize("flatten", [False, True], ids=["sequence-targets", "flattened"])
+@pytest.mark.parametrize("via", ["forward", "submodule"])
+def test_a_long_padded_record_does_not_rescale_the_others(flatten: bool, via: str) -> None:
+    """Dynamic padding: one long record sets the batch's padded length. PyTorch's mean divides by
+    the other records' targets too (the review measured 7.2 C); the guard's divisor is the rows
+    the clipper multiplies back, so each record's term is its own tokens' sum. Also when the loss
+    is taken on a submodule's output (the Lightning idiom), which the guard does not trace."""
+    model, clip = _Tokens().double(), 0.5
+    criterion = nn.CrossEntropyLoss()  # ignore_index -100
+
+    def clipped(records: list[list[int]]) -> torch.Tensor:
+        x, y = _padded(records)
+        clipper = PerSampleClipper(model, clip, loss_reduction="mean")
+        guard = LoopLossGuard(model, "mean", rows=clipper.rows_in_flight)
+        try:
+            out = model(x) if via == "forward" else model.net(x)
+            out, y = (out.reshape(-1, 3), y.reshape(-1)) if flatten else (out.transpose(1, 2), y)
+            criterion(out, y).backward()
+            guard.check()
+            clipper.accumulate()
+            return torch.cat([t.flatten() for t in clipper.clipped_sum()])
+        finally:
+            clipper.remove()
+            model.zero_grad()
+
+    short = [[1, 2]] * 8
+    moves = [
+        float((clipped([*short, extra]) - clipped(short)).norm()) / clip
+        for extra in ([4] + [11] * 39, [5, 6], [7])
+    ]
+    assert max(moves) <= 1 + 1e-9, moves
+
+
+def test_a_subclass_with_its_own_forward_is_left_alone() -> None:
+    """Only the base class's own mean is recomputed: a focal loss written as a subclass keeps its value."""
+
+    class Focal(nn.CrossEntropyLoss):
+        def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            p = torch.softmax(input, -1).gather(1, target[:, None]).squeeze(1)
+            return (-((1 - p) ** 2) * torch.log(p)).mean()
+
+    model = _model()
+    x, y = _data(6)
+    clipper = PerSampleClipper(model, CLIP, loss_reduction="mean")
+    guard = LoopLossGuard(model, "mean", rows=clipper.rows_in_flight)
+    try:
+        out = model(x)
+        got, want = Focal()(out, y).detach(), Focal.forward(Focal(), out, y).detach()
+        assert float(got) == pytest.approx(float(want))
+    finally:
+        clipper.remove()
+        del guard

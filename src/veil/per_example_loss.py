@@ -14,13 +14,16 @@ What :func:`check_criterion` accepts, each exactly per example:
   ``w_{y_i}·ℓ_i`` (0 for an ignored target) depends on example ``i`` only; the engine divides the
   noisy sum by the *expected* batch size ``B = q·N``, a constant.
 * ``reduction="mean"`` without ``weight`` (``label_smoothing`` is per example, so allowed): the
-  divisor is the number of target elements (the batch size times a fixed number per example), which
-  the clipper multiplies back. PyTorch's mean divides by the number of targets *not* ignored, which
-  depends on the other examples; so for ``CrossEntropyLoss``/``NLLLoss`` with a mean, the guard
-  (:class:`LoopLossGuard`) replaces the loss by its sum over the targets divided by the number of
-  target elements (:func:`fixed_divisor_mean`): an ignored target adds 0 (a zero update, the public
-  rule for that record) and every other term keeps its fixed coefficient. No batch is refused for
-  a target's value: after a private row is read, nothing may stop on one record.
+  clipper multiplies the gradients back by the batch's number of rows. PyTorch's mean of a
+  ``CrossEntropyLoss``/``NLLLoss`` divides by the number of targets *not* ignored — and, with
+  sequence targets, by a padded length set by the longest record — so the divisor depends on the
+  other examples. While an engine is attached, every such call (a module whose ``forward`` is the
+  base class's, integer targets, grad enabled; traced to the model's output or not) is replaced by
+  :func:`fixed_divisor_mean`: the sum of the terms not ignored divided by the rows the clipper
+  captured. Each example's term is then the sum of its own targets' losses (an ignored target adds
+  0: a zero update, the public rule for that record) whatever the other records hold; with one
+  target per example and nothing ignored it equals PyTorch's mean. No batch is refused for a
+  target's value: after a private row is read, nothing may stop on one record.
 
 Refused, before anything changes (:class:`~veil.errors.InvalidParameterError`, one message
 format): ``reduction="mean"`` with a class ``weight`` on ``CrossEntropyLoss``/``NLLLoss``.
@@ -30,6 +33,7 @@ example, or sum); their per-element ``weight``/``pos_weight`` are fixed coeffici
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -59,27 +63,32 @@ def check_criterion(criterion: nn.Module | None, reduction: str) -> None:
         )
 
 
-def fixed_divisor_mean(
-    module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> torch.Tensor | None:
-    """A mean-reduced ``CrossEntropyLoss``/``NLLLoss`` call recomputed with a divisor fixed by the shapes.
+_BASE_FORWARDS = (nn.CrossEntropyLoss.forward, nn.NLLLoss.forward)
 
-    Returns ``Σ_i ℓ_i / target.numel()`` with ``ℓ_i = 0`` for a target equal to ``ignore_index``
-    (PyTorch's mean divides by the number of targets not ignored, a function of the other examples),
-    or ``None`` when the call has nothing to fix (another loss, another reduction, class-probability
-    targets, on which ``ignore_index`` does not act). Without ignored targets the two are equal.
-    Computed for every such call, not only when a target is ignored: no branch on a record's value.
+
+def fixed_divisor_mean(
+    module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], rows: int
+) -> torch.Tensor | None:
+    """A mean-reduced ``CrossEntropyLoss``/``NLLLoss`` call recomputed with the divisor ``rows``.
+
+    Returns ``Σ ℓ / rows`` over every target element, ``ℓ = 0`` for a target equal to
+    ``ignore_index``, where ``rows`` is the number of examples' rows the clipper multiplies back
+    (PyTorch divides by the targets not ignored, a function of the other examples, and with padded
+    sequences by a length the longest record sets). ``None`` when the call has nothing to fix:
+    another loss (a subclass with its own ``forward`` included), another reduction,
+    class-probability targets (on which ``ignore_index`` does not act). Computed for every such call,
+    not only when a target is ignored: no branch on a record's value.
     """
     import torch.nn.functional as F
 
-    if not isinstance(module, _WEIGHTED_MEAN_LOSSES) or getattr(module, "reduction", None) != "mean":
+    if type(module).forward not in _BASE_FORWARDS or getattr(module, "reduction", None) != "mean":
         return None
     names = ("input", "target")
     values = [*args[:2], *(kwargs[n] for n in names[len(args[:2]) :] if n in kwargs)]
     if len(values) != 2 or not all(isinstance(v, torch.Tensor) for v in values):
         return None
     logits, target = values
-    if target.is_floating_point() or target.numel() == 0:
+    if target.is_floating_point() or target.numel() == 0 or rows <= 0:
         return None
     if isinstance(module, nn.CrossEntropyLoss):
         total = F.cross_entropy(
@@ -92,7 +101,7 @@ def fixed_divisor_mean(
     else:
         assert isinstance(module, nn.NLLLoss)
         total = F.nll_loss(logits, target, ignore_index=module.ignore_index, reduction="sum")
-    return total / target.numel()
+    return total / rows
 
 
 _KEPT_OUTPUTS = 16
@@ -125,12 +134,15 @@ class LoopLossGuard:
     to other tensors are left alone.
     """
 
-    def __init__(self, model: nn.Module, reduction: str) -> None:
+    def __init__(
+        self, model: nn.Module, reduction: str, rows: Callable[[], int | None] | None = None
+    ) -> None:
         import weakref
 
         from torch.nn.modules.module import register_module_forward_hook
 
         self.reduction = reduction
+        self._rows = rows  # the clipper's rows in flight, for fixed_divisor_mean
         # (id(grad_fn), output_nr) → (grad_fn, shape) of the model's latest outputs
         self._outputs: dict[tuple[int, int], tuple[Any, tuple[int, ...]]] = {}
         self._seeds: list[torch.Tensor] = []  # gradients received by watched loss outputs
@@ -144,9 +156,11 @@ class LoopLossGuard:
 
         def on_any(module: nn.Module, args: Any, kwargs: Any, output: Any) -> Any:
             me = guard()
-            if me is not None and isinstance(module, nn.modules.loss._Loss):
-                return me._check_loss(module, args, kwargs, output)
-            return None
+            if me is None or not isinstance(module, nn.modules.loss._Loss):
+                return None
+            replacement = me._fixed_divisor(module, args, kwargs)
+            me._check_loss(module, args, kwargs, output if replacement is None else replacement)
+            return replacement
 
         handles = [
             model.register_forward_hook(on_model),
@@ -170,17 +184,25 @@ class LoopLossGuard:
         while len(self._outputs) > _KEPT_OUTPUTS:  # forwards without a step (e.g. evaluation with
             del self._outputs[next(iter(self._outputs))]  # grad enabled) must not keep graphs alive
 
-    def _check_loss(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> Any:
-        """Check one loss call on the model's output; returns the output to use in its place (a mean
-        with a fixed divisor, :func:`fixed_divisor_mean`) or ``None`` to keep it."""
+    def _fixed_divisor(self, module: nn.Module, args: Any, kwargs: Any) -> torch.Tensor | None:
+        """:func:`fixed_divisor_mean` for any loss call while the clipper has rows in flight, whether
+        or not its input traces to the model's own output (a submodule's output, a loss inside
+        ``forward``): a mean cross-entropy with a batch-dependent divisor is never left in place."""
+        if self._rows is None or not torch.is_grad_enabled():
+            return None
+        rows = self._rows()
+        return None if rows is None else fixed_divisor_mean(module, args, kwargs, rows)
+
+    def _check_loss(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        """Check one loss call on the model's output (``output``: what the loop will receive)."""
         from veil.loss_path import trace_to_outputs
 
         if not self._outputs:
-            return None
+            return
         sources = {key: shape for key, (_, shape) in self._outputs.items()}
         verdicts = [trace_to_outputs(t, sources) for t in (*args, *kwargs.values())]
         if not any(v.derived for v in verdicts):
-            return None
+            return
         self.checked += 1
         problem = next((v.problem for v in verdicts if v.problem is not None), None)
         if problem is not None:
@@ -205,11 +227,8 @@ class LoopLossGuard:
                 "make_private to match it), and no per-example weighting or factor in the loop",
             )
         check_criterion(module, reduction)
-        replacement = fixed_divisor_mean(module, args, kwargs)
-        used = output if replacement is None else replacement
-        if isinstance(used, torch.Tensor) and used.requires_grad:
-            used.register_hook(self._seeds.append)
-        return replacement
+        if isinstance(output, torch.Tensor) and output.requires_grad:
+            output.register_hook(self._seeds.append)
 
     def check(self) -> None:
         """Refuse the step if a watched loss was multiplied by anything before ``backward()``."""

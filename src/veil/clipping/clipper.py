@@ -190,6 +190,12 @@ class PerSampleClipper:
         """The forward calls captured since the last :meth:`accumulate` (read-only; for inspection)."""
         return self._capture.calls
 
+    def rows_in_flight(self) -> int | None:
+        """Rows of the latest forward captured since the last accumulate (``None`` before any): the
+        number the clipper multiplies a ``"mean"`` loss's gradients back by."""
+        calls = self._capture.calls
+        return int(calls[-1].record.batch_size) if calls else None
+
     def accumulate(self) -> Tensor:
         """Clip this physical batch's per-example gradients and add their sum to the accumulator.
 

@@ -208,5 +208,5 @@ def private_optimizer(
         signal=signal,
         on_release=on_release,
     )
-    dp_optimizer.loss_guard = LoopLossGuard(clipper.module, plan.loss_reduction)
+    dp_optimizer.loss_guard = LoopLossGuard(clipper.module, plan.loss_reduction, rows=clipper.rows_in_flight)
     return dp_optimizer
