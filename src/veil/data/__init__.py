@@ -148,14 +148,29 @@ def encode_labels(
             "row whose label is unique, so veil never takes it from the data",
             "declare the public label set in class order: --classes a,b,c (config key classes)",
         )
-    values = [
-        str(v).strip() if not isinstance(v, (int, np.integer)) else str(int(v))
-        for v in np.asarray(raw).ravel()
-    ]
     index = {c: i for i, c in enumerate(declared)}
     missing = ("", "nan", "none", "null")
-    codes = [index.get(v, NO_LABEL if v.lower() in missing else UNDECLARED) for v in values]
+    codes = []
+    for v in np.asarray(raw, dtype=object).ravel():
+        text = _label_text(v)
+        if text not in index and isinstance(v, (float, np.floating)):
+            text = str(v).strip()  # a class declared as "1.0" still matches the real 1.0
+        codes.append(index.get(text, NO_LABEL if text.lower() in missing else UNDECLARED))
     return np.array(codes, dtype=np.int64), list(declared)
+
+
+def _label_text(value: Any) -> str:
+    """A label cell's text by a rule on the cell alone: an integer (or a real that is one: a column of
+    integers read as reals because another row is missing) as its digits, a missing cell as ``""``."""
+    from veil.tables.sources.cells import number_text
+
+    if value is None:
+        return ""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return str(int(value))
+    if isinstance(value, (float, np.floating)):
+        return number_text(float(value)) or ""
+    return str(value).strip()
 
 
 def drop_unlabelled(y: np.ndarray, bad_rows: np.ndarray | None = None) -> tuple[np.ndarray, dict[str, int]]:

@@ -307,9 +307,12 @@ def _numbers(
 
 
 def _number_or_none(text: str | None) -> float | None:
-    """The cell as a number, or ``None`` (missing) when it is not one."""
+    """The cell as a number, or ``None`` (missing) when it is not one; ``"true"``/``"false"`` (a
+    boolean cell's text, :mod:`~veil.tables.sources.cells`) are 1 and 0, as a boolean column reads."""
     if text is None:
         return None
+    if text in ("true", "false"):
+        return 1.0 if text == "true" else 0.0
     try:
         return float(text)
     except ValueError:

@@ -97,15 +97,45 @@ def column_texts(column: pa.ChunkedArray) -> pa.ChunkedArray:
         or pa.types.is_temporal(kind)
     ):
         return pa.chunked_array([pa.array([cell_text(v) for v in column.to_pylist()], pa.string())])
-    return pc.cast(column, pa.string())
+    try:
+        return pc.cast(column, pa.string())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # lists, structs, maps: each cell as text
+        return pa.chunked_array([pa.array([cell_text(v) for v in column.to_pylist()], pa.string())])
+
+
+def _kind(value: object) -> str:
+    """The group a cell's Python type reads in (``datetime`` before its base class ``date``)."""
+    for kind, types in (
+        ("bool", bool),
+        ("int", int),
+        ("float", float),
+        ("str", str),
+        ("bytes", (bytes, bytearray, memoryview)),
+        ("datetime", datetime.datetime),
+        ("date", datetime.date),
+        ("time", datetime.time),
+        ("decimal", decimal.Decimal),
+    ):
+        if isinstance(value, types):
+            return kind
+    return type(value).__name__
 
 
 def mixed_cells_as_text(cells: Sequence[object]) -> pa.Array:
-    """A column's cells as an Arrow array: typed when Arrow finds one type for them, else every cell as
-    text by the module's rule (a column holding values of several types, as SQLite allows)."""
+    """A column's cells as an Arrow array: typed when every non-missing cell is of one kind (integers
+    and reals together while every integer is exact in a double), else every cell as text by the
+    module's rule. Arrow's own inference is not used to decide: it reads ``"x"`` beside bytes as
+    bytes, ``True`` beside 0.5 as 1.0 and a date beside a datetime as a date — one record's type
+    changing another's text."""
     import pyarrow as pa
 
-    try:
-        return pa.array(list(cells))
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        return pa.array([cell_text(v) for v in cells], pa.string())
+    kinds = {_kind(v) for v in cells if v is not None}
+    numbers = kinds == {"int", "float"} and all(
+        abs(v) < _EXACT_INTEGERS for v in cells if isinstance(v, int) and not isinstance(v, bool)
+    )
+    if len(kinds) <= 1 or numbers:
+        try:
+            return pa.array(list(cells))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError):
+            pass
+    return pa.array([cell_text(v) for v in cells], pa.string())

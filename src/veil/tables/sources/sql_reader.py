@@ -127,13 +127,14 @@ def _partition(names: list[str], rows: Sequence[Sequence[Any]]) -> pa.Table:
 
 
 def _one_type_per_column(parts: list[pa.Table]) -> list[pa.Table]:
-    """Partitions whose types for a column disagree beyond numbers (one read as integers, another as
-    text) have that column as text in every partition, by the same per-cell rule."""
+    """Partitions whose types for a column disagree (integers in one, reals or text in another) have
+    that column as text in every partition, by the same per-cell rule — never Arrow's promotion,
+    which fails on an integer beyond 2**53 beside a real, a value of one record."""
     import pyarrow as pa
 
     for name in parts[0].column_names:
         kinds = {p.schema.field(name).type for p in parts} - {pa.null()}
-        if len(kinds) > 1 and not all(pa.types.is_integer(k) or pa.types.is_floating(k) for k in kinds):
+        if len(kinds) > 1:
             parts = [
                 p.set_column(p.schema.get_field_index(name), name, column_texts(p.column(name)))
                 for p in parts
