@@ -187,3 +187,26 @@ def test_a_missing_label_does_not_change_the_other_labels() -> None:
     assert beside_a_missing[3] < 0
     declared_as_reals, _ = encode_labels(np.array([1.0, 0.0]), "y", ["0.0", "1.0"])
     np.testing.assert_array_equal(declared_as_reals, [1, 0])
+
+
+def test_a_csv_number_reads_the_same_beside_a_cell_that_is_not_one(tmp_path: Path) -> None:
+    """A non-number elsewhere in the column makes the reader parse that column as text; the value of
+    every other cell is unchanged (it was read to float32 directly, or through float64 from text:
+    two roundings that differ for this value, found by the review)."""
+    schema = parse_schema(
+        {
+            "reviewed": True,
+            "columns": {
+                "v": {"type": "numeric", "bounds": [0, 2]},
+                "y": {"role": "target", "classes": ["0", "1"]},
+            },
+        },
+        "test",
+    )
+    value = "1.00000005960464477539062500000000001"
+    alone, beside = tmp_path / "alone.csv", tmp_path / "beside.csv"
+    alone.write_text(f"v,y\n{value},1\n0.5,0\n")
+    beside.write_text(f"v,y\n{value},1\n0.5,0\nabc,1\n")
+    a = load_table(f"csv:{alone}", schema).x
+    b = load_table(f"csv:{beside}", schema).x
+    np.testing.assert_array_equal(b[:2], a)

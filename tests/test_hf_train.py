@@ -244,3 +244,30 @@ def test_missing_blank_and_numeric_texts_are_rules_not_refusals(
     # the CSV reader reads an empty cell as "" (a database's NULL is rows_dropped_text_missing)
     assert rules["rows_dropped_text_empty"] == 2 and rules["rows_dropped_text_missing"] == 0
     assert report["dataset"]["n_train"] + report["dataset"]["n_test"] == 118
+
+
+@pytest.mark.parametrize("case", ["max-length", "no-tokenizer"])
+def test_model_folder_checks_come_before_the_charge(
+    files: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    """The model folder is public: a max_length beyond what the model reads and a folder without a
+    tokenizer are refused before the stand-in is reserved (they were refused after, and stayed
+    charged; found by the review)."""
+    dataset_id = f"reviews-{case}"
+    assert main(["budget", "set", "--dataset-id", dataset_id, "--epsilon", "5", "--delta", "1e-3"]) == 0
+    model = files / "model" if case == "max-length" else _folder_variant(files, tmp_path / case, case)
+    args = ["train", "--model", f"hf:{model}", "--dataset", f"csv:{files / 'reviews.csv'}", "--text-column"]
+    args += ["review", "--target", "label", "--classes", "neg,pos", "--delta", "1e-4", "--dataset-id"]
+    args += [
+        dataset_id,
+        "--max-length",
+        "64" if case == "max-length" else "10",
+        "--out",
+        str(tmp_path / "run"),
+    ]
+    assert main(args) == 2
+    capsys.readouterr()
+    assert main(["budget", "show", "--dataset-id", dataset_id, "--json"]) == 0
+    (status,) = json.loads(capsys.readouterr().out)["datasets"]
+    assert status["runs"] == []
+    assert not (tmp_path / "run").exists()

@@ -32,6 +32,20 @@ def model_folder(model: str) -> str:
     return model[3:]
 
 
+def check_model_folder(model: str, fine_tune: str | None, device: str, max_length: int) -> Any:
+    """The model folder's checks, all on public files: weights and tokenizer present, the model fits
+    the device's memory for ``fine_tune``, ``max_length`` within what it reads. ``veil train`` runs
+    them before the run is charged; returns the inspected folder."""
+    from veil.text.load import check_fits, inspect_folder, load_tokenizer
+    from veil.text.tokens import check_max_length
+
+    folder = inspect_folder(model_folder(model))
+    if fine_tune in ("head", "lora", "full"):
+        check_fits(folder, fine_tune, device)  # type: ignore[arg-type]
+    check_max_length(load_tokenizer(folder), max_length)
+    return folder
+
+
 def _sql_columns(dataset: str, table: str | None, query: str | None) -> tuple[str, str, dict[str, Any]]:
     """A ``sql:URL`` table or query read through the tables' SQL reader (SQLAlchemy): its printable
     name, its fingerprint (the address and table/query, as for other SQL data) and its columns
@@ -105,7 +119,7 @@ def load_text_dataset(
     or ``sql:URL`` (with ``table`` or ``query``). With ``fine_tune``, a model too large to fine-tune
     that way on ``device`` is refused before the data is read."""
     from veil.data.tabular import require_target
-    from veil.text.load import check_fits, inspect_folder, load_tokenizer
+    from veil.text.load import load_tokenizer
     from veil.text.tokens import TEXT_RULES, text_rows, tokenize
 
     scheme, _, path = dataset.partition(":")
@@ -116,9 +130,7 @@ def load_text_dataset(
             "a text column is read from a CSV or Parquet file or a SQL table",
             "pass --dataset csv:PATH, parquet:PATH or sql:URL (with --table or --query)",
         )
-    folder = inspect_folder(model_folder(model))  # before reading the data: a bad folder fails fast
-    if fine_tune in ("head", "lora", "full"):
-        check_fits(folder, fine_tune, device)  # type: ignore[arg-type]
+    folder = check_model_folder(model, fine_tune, device, max_length)  # before reading the data
     name, digest, columns = _read_columns(dataset, table, query)
     label = require_target(target, scheme, list(columns))
     _check_text_column(text_column, label, list(columns))

@@ -20,7 +20,7 @@ import numpy as np
 
 from veil.errors import ConfigError, DataError
 
-__all__ = ["DEFAULT_MAX_LENGTH", "TEXT_RULES", "check_texts", "text_rows", "tokenize"]
+__all__ = ["DEFAULT_MAX_LENGTH", "TEXT_RULES", "check_max_length", "check_texts", "text_rows", "tokenize"]
 
 DEFAULT_MAX_LENGTH = 128
 
@@ -120,8 +120,8 @@ def check_texts(values: Sequence[Any] | np.ndarray, column: str = "text") -> lis
     return texts
 
 
-def tokenize(tokenizer: Any, texts: Sequence[str], max_length: int = DEFAULT_MAX_LENGTH) -> np.ndarray:
-    """``[N, 2, max_length]`` int64: token ids and attention mask, padded/truncated to ``max_length``."""
+def check_max_length(tokenizer: Any, max_length: int) -> None:
+    """``max_length`` fits the tokenizer's model (public settings: checked before any row is read)."""
     if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
         raise ConfigError(
             "max_length", max_length, "each text needs room for at least two tokens", "pass an int ≥ 2"
@@ -134,6 +134,11 @@ def tokenize(tokenizer: Any, texts: Sequence[str], max_length: int = DEFAULT_MAX
             f"the model reads at most {limit} tokens; longer inputs fail inside its position embeddings",
             f"pass max_length ≤ {limit}",
         )
+
+
+def tokenize(tokenizer: Any, texts: Sequence[str], max_length: int = DEFAULT_MAX_LENGTH) -> np.ndarray:
+    """``[N, 2, max_length]`` int64: token ids and attention mask, padded/truncated to ``max_length``."""
+    check_max_length(tokenizer, max_length)
     out = np.zeros((len(texts), 2, max_length), dtype=np.int64)
     chunk = 2048
     for start in range(0, len(texts), chunk):

@@ -204,6 +204,10 @@ def _check_public(cfg: TrainConfig) -> None:
 
     check_unit_request(cfg, "veil train", supported=True)  # --stream/--audit/ranks with a unit
     _refuse_augment_without_images(cfg)
+    if cfg.model.startswith("hf:"):  # the model folder is public: weights, tokenizer, memory, max_length
+        from veil.text.data import check_model_folder
+
+        check_model_folder(cfg.model, cfg.fine_tune, cfg.device, cfg.max_length)
     autocast(cfg.device, cfg.precision)
     check_out(Path(cfg.out or default_out(cfg.dataset)))
 

@@ -156,8 +156,10 @@ def _conversion_error(exc: BaseException) -> bool:
 
 
 def _csv_types(schema: TableSchema | None, *, numbers_as_text: bool = False) -> dict[str, Any]:
-    """Column types for pyarrow's reader; numeric features as float32, or as text (then converted by
-    the encoder, which makes a cell that is not a number missing)."""
+    """Column types for pyarrow's reader; numeric features as float64, or as text (then converted by
+    the encoder, which makes a cell that is not a number missing). float64 either way: a cell read
+    straight to float32 and the same cell read as text then parsed (when another row holds a
+    non-number) would round differently — one record changing another's value."""
     import pyarrow as pa
 
     if schema is None:
@@ -167,7 +169,7 @@ def _csv_types(schema: TableSchema | None, *, numbers_as_text: bool = False) -> 
         if not c.used:
             continue
         if c.type == "numeric" and c.role == "feature":
-            types[c.name] = pa.string() if numbers_as_text else pa.float32()
+            types[c.name] = pa.string() if numbers_as_text else pa.float64()
         elif c.type in ("categorical", "ordinal") or c.role == "target":
             types[c.name] = pa.dictionary(pa.int32(), pa.string())
         else:
