@@ -334,6 +334,20 @@ def test_linears_on_one_input_share_its_gram_exactly(monkeypatch: pytest.MonkeyP
     assert len([s for s in products if s[-1] == 20]) == 3
 
 
+def test_an_inference_tensor_input_is_clipped_without_sharing() -> None:
+    """An input made under ``torch.inference_mode`` has no version counter: it shares no Gram matrix
+    and is clipped as the same values made normally are."""
+    model = nn.Linear(20, 16)
+    with torch.inference_mode():
+        frozen = torch.randn(5, 3, 20)
+    x = frozen.clone()
+    target = torch.randn(5, 3, 16)
+    _, want, want_norms = run_clipper(model, x, target, 1.0)
+    _, got, got_norms = run_clipper(model, frozen, target, 1.0)
+    assert_close(got, want)
+    assert torch.equal(got_norms, want_norms)
+
+
 # ---------------------------------------------------------------------------- attention
 class Attention(nn.Module):
     def __init__(self, mode: str, **kwargs: object) -> None:

@@ -165,7 +165,7 @@ class Capture:
         not taken for it) and by version counter (an in-place change in between starts a new cache).
         """
         x = args[0] if args else kwargs.get("input")
-        if not isinstance(x, Tensor):
+        if not isinstance(x, Tensor) or x.is_inference():  # an inference tensor has no version counter
             return None
         seen = self.inputs.get(id(x))
         if seen is not None and seen[0]() is x and seen[1] == x._version:
