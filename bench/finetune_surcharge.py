@@ -3,19 +3,52 @@ step time at several batch sizes, interleaved, so the part paid once per logical
 every parameter) can be told from the part that grows with the batch (the clipping rule's work).
 
     python bench/finetune_surcharge.py --max-length 64 --batches 25,100
+    python bench/finetune_surcharge.py --max-length 40 --batches 25,100 --levers
 
 Uses bench/finetune.py's model and step (``_step_mode``, ``--fine-tune full``: σ = 1, C = 1).
+``--levers`` adds a column ``veil-before``: the same secure DP step with the levers of the 2026-12-01
+evening session switched off around each of its steps (the host noise transform of before, in chunks
+of 2²⁰; every Linear computing its own input Gram matrix), so before and after are timed interleaved.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
+from collections.abc import Callable, Iterator
 
 import torch
 
 import finetune as fb
+
+
+@contextlib.contextmanager
+def _levers_off() -> Iterator[None]:
+    """The secure host transform of before (generic spelling, 2²⁰ chunks) and no shared Gram matrices."""
+    import veil.mechanisms.box_muller as bm
+    from veil.clipping.rules.linear import LinearRule
+
+    chunk, fast = bm.CHUNK, bm.normal_from_words
+
+    def generic(out: object, words: Callable[[int], object], std: float) -> None:
+        ops = bm._NumpyOps if not isinstance(out, torch.Tensor) else bm._TorchOps()
+        bm._normal_from_words(out, words, std, ops)
+
+    bm.CHUNK, bm.normal_from_words, LinearRule.shares_input = 1 << 20, generic, False
+    try:
+        yield
+    finally:
+        bm.CHUNK, bm.normal_from_words, LinearRule.shares_input = chunk, fast, True
+
+
+def _before(step: Callable[[], None]) -> Callable[[], None]:
+    def run() -> None:
+        with _levers_off():
+            step()
+
+    return run
 
 
 def main() -> None:
@@ -24,6 +57,7 @@ def main() -> None:
     p.add_argument("--batches", default="25,100", help="batch sizes, comma-separated")
     p.add_argument("--repeats", type=int, default=4, help="interleaved repetitions (median)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--levers", action="store_true", help="also time veil with this session's levers off")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     from veil.hf import inspect_folder, load_tokenizer, tokenize
@@ -33,15 +67,19 @@ def main() -> None:
     train_idx, _ = fb.split(len(texts))
     tok = load_tokenizer(folder)
     print(fb.describe_machine(), "\n")
-    print("| batch | plain s | veil s | veil-seeded s | veil vs plain | seeded vs plain | surcharge s |")
-    print("|---|---|---|---|---|---|---|")
+    before = ["veil-before"] if args.levers else []
+    extra = "".join(f" {m} s | {m} vs plain |" for m in before)
+    head = "| batch | plain s | veil s | veil-seeded s | veil vs plain | seeded vs plain | surcharge s |"
+    print(head + extra)
+    print("|---" * (7 + 2 * len(before)) + "|")
     for batch in (int(b) for b in args.batches.split(",")):
         sub = train_idx[:batch]
         x = torch.from_numpy(tokenize(tok, [texts[i] for i in sub], args.max_length))
         y = torch.from_numpy(labels[sub])
         steps = {}
-        for mode in ("plain", "veil", "veil-seeded"):
-            (_, step), _ = fb._step_mode(mode, folder, x, y, 0.5, "full")
+        for mode in ("plain", "veil", "veil-seeded", *before):
+            (_, step), _ = fb._step_mode("veil" if mode in before else mode, folder, x, y, 0.5, "full")
+            step = _before(step) if mode in before else step
             step()  # warm-up
             steps[mode] = step
         times: dict[str, list[float]] = {m: [] for m in steps}
@@ -54,7 +92,8 @@ def main() -> None:
         print(
             f"| {batch} | {med['plain']:.3f} | {med['veil']:.3f} | {med['veil-seeded']:.3f} | "
             f"{med['plain'] / med['veil']:.2f}× | {med['plain'] / med['veil-seeded']:.2f}× | "
-            f"{med['veil'] - med['plain']:.3f} |",
+            f"{med['veil'] - med['plain']:.3f} |"
+            + "".join(f" {med[m]:.3f} | {med['plain'] / med[m]:.2f}× |" for m in before),
             flush=True,
         )
 

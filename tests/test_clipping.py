@@ -298,6 +298,56 @@ def test_both_linear_forms_are_exercised() -> None:
     assert ghost_is_cheaper(4, 8 * 9, 16) and not ghost_is_cheaper(5 * 5, 1 * 9, 2)
 
 
+class SharedInputProjections(nn.Module):
+    """Query/key/value-like Linears on one input, another Linear of the same shape on a different
+    input, and one on a view of the first input (another tensor object: it does not share)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.other, self.after = (nn.Linear(20, 16) for _ in range(5))
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.tanh(x)
+        mixed = self.q(h) * self.k(h) + self.v(h) + self.other(torch.sin(x))
+        return mixed * self.after(h.view(h.shape))
+
+
+def test_linears_on_one_input_share_its_gram_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ghost norms of Linears that read the same tensor compute its Gram matrix once (the query, key
+    and value projections of a transformer), and the clipped sum still equals the naive loop."""
+    import veil.clipping._linear_algebra as linear_algebra
+
+    model, x = SharedInputProjections(), torch.randn(5, 3, 20)
+    assert ghost_is_cheaper(3, 20, 16)
+    products: list[tuple[int, ...]] = []
+    bmm = torch.bmm
+
+    def counting(a: Tensor, b: Tensor) -> Tensor:
+        products.append(tuple(a.shape))
+        return bmm(a, b)
+
+    monkeypatch.setattr(linear_algebra.torch, "bmm", counting)
+    check_exact(model, x)
+    monkeypatch.undo()
+    # Input Grams [B, T, 20]: h once for q, k and v; sin(x); the view of h. Output Grams: one a call.
+    assert len([s for s in products if s[-1] == 16]) == 5
+    assert len([s for s in products if s[-1] == 20]) == 3
+
+
+def test_an_inference_tensor_input_is_clipped_without_sharing() -> None:
+    """An input made under ``torch.inference_mode`` has no version counter: it shares no Gram matrix
+    and is clipped as the same values made normally are."""
+    model = nn.Linear(20, 16)
+    with torch.inference_mode():
+        frozen = torch.randn(5, 3, 20)
+    x = frozen.clone()
+    target = torch.randn(5, 3, 16)
+    _, want, want_norms = run_clipper(model, x, target, 1.0)
+    _, got, got_norms = run_clipper(model, frozen, target, 1.0)
+    assert_close(got, want)
+    assert torch.equal(got_norms, want_norms)
+
+
 # ---------------------------------------------------------------------------- attention
 class Attention(nn.Module):
     def __init__(self, mode: str, **kwargs: object) -> None:

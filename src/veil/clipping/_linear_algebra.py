@@ -15,6 +15,8 @@ hold more memory than the activations ``B·T·(d+p)`` already kept for the layer
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -40,11 +42,15 @@ def _precise(t: Tensor) -> Tensor:
     return t.float() if t.dtype in _LOW_PRECISION else t
 
 
-def grouped_linear(a: Tensor, g: Tensor, shape: torch.Size, *, materialise: bool) -> Contribution:
+def grouped_linear(
+    a: Tensor, g: Tensor, shape: torch.Size, *, materialise: bool, grams: dict[Any, Tensor] | None = None
+) -> Contribution:
     """Per-sample gradient of a grouped linear map's weight.
 
     ``a``: ``[B, G, T, d]`` inputs and ``g``: ``[B, G, T, p]`` output gradients (any strides);
-    the weight is ``G`` blocks of ``p × d`` (group-major), viewed as ``shape``.
+    the weight is ``G`` blocks of ``p × d`` (group-major), viewed as ``shape``. ``grams``: a cache
+    shared by maps applied to the same input (see :attr:`~veil.clipping.registry.CallRecord.shared`):
+    the input's Gram matrices ``a aᵀ`` are computed once for all of them.
     """
     batch, groups, positions, d = a.shape
     p = g.shape[-1]
@@ -62,7 +68,7 @@ def grouped_linear(a: Tensor, g: Tensor, shape: torch.Size, *, materialise: bool
         norm_sq = (a_sq * g_sq).sum(dim=(1, 2))
     elif groups == 1:
         a0, g0 = ap[:, 0], gp[:, 0]
-        aa = torch.bmm(a0, a0.transpose(1, 2))
+        aa = _input_gram(a0, grams)
         gg = torch.bmm(g0, g0.transpose(1, 2))
         norm_sq = (aa * gg).sum(dim=(1, 2))
     else:
@@ -86,6 +92,21 @@ def grouped_linear(a: Tensor, g: Tensor, shape: torch.Size, *, materialise: bool
         return torch.einsum("bgtp,bgtd->gpd", gq * c.view(batch, 1, 1, 1), aq).reshape(shape)
 
     return Ghost(norm_sq, weighted_sum)
+
+
+def _input_gram(a: Tensor, grams: dict[Any, Tensor] | None) -> Tensor:
+    """``a aᵀ`` per example (``a``: ``[B, T, d]``), from ``grams`` when a map on the same input made it.
+
+    Keyed by what the product depends on besides the input tensor itself (its view's shape and
+    dtype), so a map that sees the input regrouped or upcast differently computes its own.
+    """
+    key = ("gram", tuple(a.shape), a.dtype)
+    if grams is not None and key in grams:
+        return grams[key]
+    aa = torch.bmm(a, a.transpose(1, 2))
+    if grams is not None:
+        grams[key] = aa
+    return aa
 
 
 def summed_positions(g: Tensor, batch: int, p: int) -> Materialised:

@@ -49,12 +49,15 @@ class Capture:
         """Rows per example (augmentation multiplicity K) for the calls captured from now on."""
         self.units: Tensor | None = None
         """The privacy unit of each row of the next forward, or None."""
+        self.inputs: dict[int, tuple[weakref.ref[Tensor], int, dict[Any, Tensor]]] = {}
+        """id(first input) -> (the input, its version, the cache) of this generation's sharing calls."""
 
     def take(self) -> list[Call]:
         """The calls of the backward pass just finished; the next forward starts a new generation."""
         calls, self.calls = self.calls, []
         self.backward_seen = False
         self.uses = {}
+        self.inputs = {}
         self.generation += 1
         return calls
 
@@ -64,6 +67,7 @@ class Capture:
         self.late = False
         self.backward_seen = False
         self.uses = {}
+        self.inputs = {}
         self.generation += 1
 
     def attach(self) -> None:
@@ -127,6 +131,7 @@ class Capture:
             if self.backward_seen:  # a forward after a backward starts a new generation
                 self.generation += 1
                 self.backward_seen = False
+                self.inputs = {}
             uses = self.uses.setdefault(self.generation, {})
             for p in site.params:
                 uses[id(p)] = uses.get(id(p), 0) + 1
@@ -136,6 +141,7 @@ class Capture:
                 batch_size=batch,
                 autocast=_autocast_state(args, kwargs),
                 group=self.group,
+                shared=self._shared(args, kwargs) if site.rule.shares_input else None,
             )
             call = Call(site, record, self.generation, units=units)
             context = site.rule.forward_context(module, record)
@@ -151,6 +157,22 @@ class Capture:
             site.frames.append((call, context, toggled))
 
         return hook
+
+    def _shared(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[Any, Tensor] | None:
+        """The cache of the calls of this generation whose first input is this very tensor, unmodified.
+
+        Matched by object identity (a weak reference, so a new tensor that reuses a freed one's id is
+        not taken for it) and by version counter (an in-place change in between starts a new cache).
+        """
+        x = args[0] if args else kwargs.get("input")
+        if not isinstance(x, Tensor) or x.is_inference():  # an inference tensor has no version counter
+            return None
+        seen = self.inputs.get(id(x))
+        if seen is not None and seen[0]() is x and seen[1] == x._version:
+            return seen[2]
+        cache: dict[Any, Tensor] = {}
+        self.inputs[id(x)] = (weakref.ref(x), x._version, cache)
+        return cache
 
     def _release(self, site: Site, frame: tuple[Call, Any, bool]) -> None:
         _, context, toggled = frame

@@ -80,7 +80,10 @@ class CallRecord:
     of the loss with respect to the k-th tensor leaf of the output (``None`` when no gradient
     reached it); ``outputs`` holds those leaves (detached) only for rules that ask for them;
     ``autocast`` is ``(device_type, dtype)`` when the forward ran under ``torch.autocast``;
-    ``extra`` is rule-private state (e.g. captured sub-computations).
+    ``extra`` is rule-private state (e.g. captured sub-computations); ``shared`` (rules with
+    ``shares_input``) is one dict for every call of the backward pass whose first input was the
+    same tensor, unmodified (the same object at the same version), where a rule may keep what it
+    computes from that input alone, such as a Linear's Gram matrix, for the other calls.
 
     ``group`` (augmentation multiplicity, :mod:`veil.augment`): rows ``i·K .. i·K + K − 1`` of the
     call are the ``K`` augmented copies of example ``i``, and the example's gradient is the sum of
@@ -95,6 +98,7 @@ class CallRecord:
     autocast: tuple[str, torch.dtype] | None = None
     extra: Any = None
     group: int = 1
+    shared: dict[Any, Tensor] | None = None
 
     @property
     def examples(self) -> int:
@@ -119,6 +123,8 @@ class LayerRule:
     * ``keep_outputs``: keep the (detached) outputs in the record;
     * ``eager``: the module has one output and the rule may run as soon as its gradient arrives
       (inside the backward pass), after which the captured tensors are released;
+    * ``shares_input``: calls whose first input is the same tensor (a transformer's query, key and
+      value projections) get one :attr:`CallRecord.shared` cache;
     * ``groups_rows``: the rule honours ``record.group`` and returns contributions per example
       (``[B/K, ...]``); any other rule is asked to materialise everything when ``group > 1``, and
       the clipper sums each example's rows itself (exact for every rule, more memory).
@@ -130,6 +136,7 @@ class LayerRule:
     keep_outputs: ClassVar[bool] = False
     eager: ClassVar[bool] = False
     groups_rows: ClassVar[bool] = False
+    shares_input: ClassVar[bool] = False
     #: Parameter names (relative to the module) the rule knows; ``None`` means any.
     param_names: ClassVar[tuple[str, ...] | None] = None
 

@@ -19,6 +19,7 @@ class LinearRule(LayerRule):
 
     eager = True
     groups_rows = True  # an example's K copies are K more positions of the same map
+    shares_input = True  # query, key and value projections of one input: one Gram matrix
 
     param_names = ("weight", "bias")
 
@@ -41,7 +42,9 @@ class LinearRule(LayerRule):
             x = batched_input(record.args, record.kwargs, 2, "Linear")
             a = x.reshape(batch, 1, -1, module.in_features)
             gg = g.reshape(batch, 1, -1, module.out_features)
-            out["weight"] = grouped_linear(a, gg, module.weight.shape, materialise="weight" in materialise)
+            out["weight"] = grouped_linear(
+                a, gg, module.weight.shape, materialise="weight" in materialise, grams=record.shared
+            )
         if "bias" in names:
             out["bias"] = summed_positions(g, batch, module.out_features)
         return out
