@@ -35,6 +35,7 @@ Usage::
     python bench/opacus_mnist_settings.py --epsilons 3            # one ε, the example's settings
     python bench/opacus_mnist_settings.py --epsilons 3,1,8,0.5,2 --out runs/opacus_curve.jsonl
     python bench/opacus_mnist_settings.py --epochs 2 ...          # a reduced run: labelled so in the table
+    python bench/opacus_mnist_settings.py --table runs/opacus_curve.jsonl   # the table of collected runs
 """
 
 from __future__ import annotations
@@ -212,7 +213,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-limit", type=int, default=None, help="first N training images (smoke runs)")
     parser.add_argument("--test-limit", type=int, default=None, help="first N test images (smoke runs)")
     parser.add_argument("--out", type=Path, default=None, help="append each result as a JSON line here")
+    parser.add_argument("--table", type=Path, default=None, help="print a --out file as a table; no training")
     args = parser.parse_args(argv)
+    if args.table is not None:
+        results = [json.loads(line) for line in args.table.read_text().splitlines() if line.strip()]
+        print(markdown_table(HEADER, [table_row(r) for r in results]))
+        return 0
 
     torch.set_num_threads(args.threads)
     epsilons = [float(e) for e in args.epsilons.split(",")]
