@@ -35,6 +35,7 @@ Usage::
     python bench/opacus_mnist_settings.py --epsilons 3            # one ε, the example's settings
     python bench/opacus_mnist_settings.py --epsilons 3,1,8,0.5,2 --out runs/opacus_curve.jsonl
     python bench/opacus_mnist_settings.py --epochs 2 ...          # a reduced run: labelled so in the table
+    python bench/opacus_mnist_settings.py --non-private           # the example's --disable-dp reference
     python bench/opacus_mnist_settings.py --table runs/opacus_curve.jsonl   # the table of collected runs
 """
 
@@ -119,27 +120,33 @@ def test_accuracy(model: nn.Module, data: TensorDataset) -> float:
 
 
 def run_one(
-    target_epsilon: float, train: TensorDataset, test: TensorDataset, args: argparse.Namespace
+    target_epsilon: float | None, train: TensorDataset, test: TensorDataset, args: argparse.Namespace
 ) -> dict[str, Any]:
-    """Train once at ``target_epsilon`` with the example's settings; the row for the table."""
-    from opacus import PrivacyEngine
+    """Train once at ``target_epsilon`` with the example's settings; the row for the table.
 
+    ``target_epsilon=None``: the example's ``--disable-dp`` path (plain SGD over its unshuffled loader of
+    64-image batches), a non-private reference for the same model and schedule.
+    """
     torch.manual_seed(args.seed)
-    model = ExampleConvNet()
+    model: nn.Module = ExampleConvNet()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.0)
-    loader = DataLoader(train, batch_size=args.batch_size)  # replaced by Poisson sampling below
-    engine = PrivacyEngine()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Opacus warns about secure_mode=False, the example's default
-        model, optimizer, loader = engine.make_private_with_epsilon(
-            module=model,
-            optimizer=optimizer,
-            data_loader=loader,
-            target_epsilon=target_epsilon,
-            target_delta=args.delta,
-            epochs=args.epochs,
-            max_grad_norm=args.clip,
-        )
+    loader = DataLoader(train, batch_size=args.batch_size)  # DP: replaced by Poisson sampling below
+    engine = None
+    if target_epsilon is not None:
+        from opacus import PrivacyEngine
+
+        engine = PrivacyEngine()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Opacus warns about secure_mode=False, the example's default
+            model, optimizer, loader = engine.make_private_with_epsilon(
+                module=model,
+                optimizer=optimizer,
+                data_loader=loader,
+                target_epsilon=target_epsilon,
+                target_delta=args.delta,
+                epochs=args.epochs,
+                max_grad_norm=args.clip,
+            )
     criterion = nn.CrossEntropyLoss()
     load_before = os.getloadavg()
     start, cpu_start = time.perf_counter(), time.process_time()
@@ -161,15 +168,16 @@ def run_one(
     return {
         "target_epsilon": target_epsilon,
         "epochs": args.epochs,
-        "sigma": float(optimizer.noise_multiplier),
-        "epsilon_spent": float(engine.get_epsilon(args.delta)),
+        "sigma": None if engine is None else float(optimizer.noise_multiplier),
+        "epsilon_spent": None if engine is None else float(engine.get_epsilon(args.delta)),
         "test_accuracy": test_accuracy(model, test),
         "train_seconds": train_seconds,
         "train_cpu_seconds": cpu_seconds,
         "threads": torch.get_num_threads(),
         "load_before": [round(v, 2) for v in load_before],
         "load_after": [round(v, 2) for v in load_after],
-        "settings": "REDUCED (not the example's)" if reduced else "examples/mnist.py",
+        "settings": ("REDUCED (not the example's)" if reduced else "examples/mnist.py")
+        + (" --disable-dp (NOT PRIVATE)" if engine is None else ""),
         "seed": args.seed,
         "batch_size": args.batch_size,
         "train_size": len(train),
@@ -182,10 +190,10 @@ def run_one(
 def table_row(r: dict[str, Any]) -> list[Any]:
     before, after = r["load_before"], r["load_after"]
     return [
-        r["target_epsilon"],
+        "non-private" if r["target_epsilon"] is None else r["target_epsilon"],
         r["epochs"],
-        f"{r['sigma']:.3f}",
-        f"{r['epsilon_spent']:.3f}",
+        "–" if r["sigma"] is None else f"{r['sigma']:.3f}",
+        "∞ (not private)" if r["epsilon_spent"] is None else f"{r['epsilon_spent']:.3f}",
         f"{r['test_accuracy']:.4f}",
         f"{r['train_seconds']:.0f}",
         f"{r['train_cpu_seconds']:.0f}" if "train_cpu_seconds" in r else "–",
@@ -207,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=EXAMPLE["lr"])
     parser.add_argument("--clip", type=float, default=EXAMPLE["clip"], help="max per-sample gradient norm")
     parser.add_argument("--delta", type=float, default=EXAMPLE["delta"])
+    parser.add_argument("--non-private", action="store_true", help="the example's --disable-dp run instead")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the machine is shared)")
     parser.add_argument("--data-dir", default=DATA_DIR)
@@ -221,7 +230,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     torch.set_num_threads(args.threads)
-    epsilons = [float(e) for e in args.epsilons.split(",")]
+    epsilons: list[float | None] = (
+        [None] if args.non_private else [float(e) for e in args.epsilons.split(",")]
+    )
     train, test = load_split(args.data_dir, args.train_limit, args.test_limit)
     rows = []
     for eps in epsilons:

@@ -81,5 +81,7 @@ def test_opacus_example_settings_bench_runs_one_step(
     row = json.loads(out.read_text())
     assert row["settings"].startswith("REDUCED") and abs(row["epsilon_spent"] - 3.0) < 0.05
     assert row["train_size"] == 64 and 0.0 <= row["test_accuracy"] <= 1.0
+    assert bench.main([*args, "--non-private"]) == 0  # the example's --disable-dp reference, labelled
+    assert "| non-private | 1 | – | ∞ (not private) |" in capsys.readouterr().out
     assert bench.main(["--table", str(out)]) == 0  # the table of collected rows, without training
     assert "| 3 | 1 |" in capsys.readouterr().out
