@@ -37,6 +37,7 @@ bench: setup
 	$(BIN)/python bench/engine.py
 	$(BIN)/python bench/utility.py
 	$(BIN)/python bench/fashion_mnist.py
+	$(BIN)/python bench/opacus_mnist_settings.py
 	$(BIN)/python bench/pate.py
 	$(BIN)/python bench/audit.py
 	$(BIN)/python bench/integrations.py

@@ -4,6 +4,7 @@ here: performance and utility numbers live in docs/benchmarks.md, measured by ha
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -60,3 +61,27 @@ def test_synth_bench_runs_veil_alone(
     assert bench.main([*args, "--domain", "data"]) == 0  # the mechanism on the codes present in the rows
     out = capsys.readouterr().out
     assert "| veil mst | 3 |" in out and "data domain" in out
+
+
+def test_opacus_example_settings_bench_runs_one_step(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    pytest.importorskip("opacus")  # a benchmark peer, installed by the test and bench extras
+    import torch
+
+    from test_data import _write_idx_folder  # tiny random IDX files: CI has no Fashion-MNIST
+
+    _write_idx_folder(tmp_path / "idx", compress=True, n_train=64, n_test=20)
+    bench = _load("opacus_mnist_settings", monkeypatch)
+    out = tmp_path / "rows.jsonl"
+    args = ["--epsilons", "3", "--epochs", "1", "--data-dir", str(tmp_path / "idx"), "--out", str(out)]
+    args += ["--threads", str(torch.get_num_threads())]  # the script sets it process-wide
+    assert bench.main(args) == 0  # 64 images at the example's batch 64: one Poisson step
+    assert "| 3 | 1 |" in capsys.readouterr().out
+    row = json.loads(out.read_text())
+    assert row["settings"].startswith("REDUCED") and abs(row["epsilon_spent"] - 3.0) < 0.05
+    assert row["train_size"] == 64 and 0.0 <= row["test_accuracy"] <= 1.0
+    assert bench.main([*args, "--non-private"]) == 0  # the example's --disable-dp reference, labelled
+    assert "| non-private | 1 | – | ∞ (not private) |" in capsys.readouterr().out
+    assert bench.main(["--table", str(out)]) == 0  # the table of collected rows, without training
+    assert "| 3 | 1 |" in capsys.readouterr().out
