@@ -27,7 +27,7 @@ Usage::
     # issue 29's comparison on one split: DP frozen head, LoRA at ε = 3 and LoRA without privacy
     python bench/finetune.py --part compare --threads 1 --precision bf16 --max-length 64 \
         --lora-train 6000 --lora-test 1500 --head-train 6000 --head-test 1500 \
-        --epochs 1 --batch 128 --physical 32 --lr 5e-3
+        --epochs 1 --batch 64 --physical 32 --lr 5e-3
     python bench/finetune.py --part throughput --repeats 5 [--threads 1]   # the DP/plain step ratio
     python bench/finetune.py --part throughput --fine-tune full   # every parameter, secure σ = 1
 """

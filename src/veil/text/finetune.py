@@ -108,7 +108,14 @@ class SequenceClassifier(nn.Module):
 class PooledClassifier(nn.Module):
     """``[B, 2, L]`` tokens → logits: the encoder's (``.model``) last hidden states, mean-pooled over
     each text's real tokens and scaled to unit norm (as :class:`~veil.text.features.FrozenTextEncoder`),
-    then a linear ``head``.
+    times ``√H`` (``H`` the hidden size), then a linear ``head``.
+
+    The fixed factor ``√H`` gives the features unit scale per coordinate. It changes nothing the
+    head can express (it is the frozen head's model with the weight scaled), but Adam moves every
+    weight by about ``lr`` a step whatever its gradient's scale, so without it the head's logits
+    would move ``√H`` times slower than with it: at the adapters' learning rate (2e-3) the head
+    learnt too little in one epoch (a DP head-only proxy on 5,000 tweets: 0.686 at lr 2e-3 with the
+    factor, 0.607 without).
 
     Each example's logits depend on that example alone (attention within one text, padding masked,
     the norm per row), so per-sample clipping applies unchanged; the head is a plain ``nn.Linear``.
@@ -122,7 +129,9 @@ class PooledClassifier(nn.Module):
             # gradient reaches, and its forward is not paid for
             base.pooler = None
         self.model = encoder
-        self.head = nn.Linear(int(encoder.config.hidden_size), num_classes)
+        hidden = int(encoder.config.hidden_size)
+        self.scale = float(hidden) ** 0.5
+        self.head = nn.Linear(hidden, num_classes)
         expand_shared_lookups(encoder)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -132,9 +141,8 @@ class PooledClassifier(nn.Module):
         with batch_of(ids.shape[0], ids.shape[1]):
             hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state
         pooled = mean_pool(hidden, mask)
-        logits: Tensor = self.head(
-            pooled / torch.linalg.vector_norm(pooled, dim=1, keepdim=True).clamp_min(1e-12)
-        )
+        unit = pooled / torch.linalg.vector_norm(pooled, dim=1, keepdim=True).clamp_min(1e-12)
+        logits: Tensor = self.head(unit * self.scale)
         return logits
 
 
