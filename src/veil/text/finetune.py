@@ -10,8 +10,8 @@
   classification head are trained; every pretrained weight stays frozen and costs nothing in
   clipping (see :mod:`veil.clipping.rules.lora`). The head reads the representation the folder
   declares: a sentence-transformers folder whose ``1_Pooling/config.json`` asks for mean pooling
-  gets :class:`PooledClassifier` (mean-pooled, unit-norm states into a linear head: at zero adapter
-  update exactly the ``head`` mode's model, so LoRA starts where the frozen head starts); any
+  gets :class:`PooledClassifier` (mean-pooled, unit-norm states times a fixed √H into a linear head:
+  at zero adapter update the ``head`` mode's model, so LoRA starts where the frozen head starts); any
   other folder gets the model's own classification head (:class:`SequenceClassifier`).
 * ``full``: every parameter is trained (per-sample clipping over the whole model).
 
