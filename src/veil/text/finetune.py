@@ -123,13 +123,14 @@ class PooledClassifier(nn.Module):
 
     def __init__(self, encoder: nn.Module, num_classes: int) -> None:
         super().__init__()
-        base = encoder.get_base_model() if hasattr(encoder, "get_base_model") else encoder
+        get_base = getattr(encoder, "get_base_model", None)  # peft's wrapper: the model inside
+        base: Any = get_base() if callable(get_base) else encoder
         if isinstance(getattr(base, "pooler", None), nn.Module):
             # BERT's [CLS] pooler is unused here: without it no adapter ("dense") sits where no
             # gradient reaches, and its forward is not paid for
             base.pooler = None
         self.model = encoder
-        hidden = int(encoder.config.hidden_size)
+        hidden = int(base.config.hidden_size)
         self.scale = float(hidden) ** 0.5
         self.head = nn.Linear(hidden, num_classes)
         expand_shared_lookups(encoder)
