@@ -2,9 +2,12 @@
 
 Three measurements, printed as markdown with the machine description:
 
-1. **LoRA** (rank 8, alpha 16, on ``query``/``value``; the classification head trained too) on a
-   fixed subset of the tweets: DP-SGD at ε = 3 (δ = 1e-5, Poisson sampling, C = 1) against the
-   same recipe without privacy; test accuracy on a fixed held-out subset, wall time.
+1. **LoRA** (rank 8, alpha 16, on ``query``/``value``; the classification head trained too: for
+   this sentence-transformers folder a linear head on the mean-pooled unit-norm states, the same
+   representation as part 3's frozen head) on a fixed subset of the tweets: DP-SGD at ε = 3
+   (δ = 1e-5, Poisson sampling, C = 1) against the same recipe without privacy; test accuracy on a
+   fixed held-out subset, wall and CPU time. ``--part compare`` runs parts 1 and 3 on the same
+   subset and prints one summary table.
 2. **Step throughput** on one fixed batch of tweets, interleaved repetitions: plain PyTorch vs veil
    DP-SGD (per-sample clipping + noise) vs Opacus 1.6 (hooks) on the same LoRA model; the DP/plain
    ratio, and whether each DP library's step actually changed the LoRA weights as the reference
@@ -21,6 +24,10 @@ Usage::
     python bench/finetune.py --quick           # smoke run: tiny subsets, few steps
     python bench/finetune.py                   # the recorded run (about 10 minutes on 2 idle cores)
     python bench/finetune.py --part head       # only the frozen-encoder part
+    # issue 29's comparison on one split: DP frozen head, LoRA at ε = 3 and LoRA without privacy
+    python bench/finetune.py --part compare --threads 1 --precision bf16 --max-length 64 \
+        --lora-train 6000 --lora-test 1500 --head-train 6000 --head-test 1500 \
+        --epochs 1 --batch 64 --physical 32 --lr 5e-3
     python bench/finetune.py --part throughput --repeats 5 [--threads 1]   # the DP/plain step ratio
     python bench/finetune.py --part throughput --fine-tune full   # every parameter, secure σ = 1
 """
@@ -94,10 +101,14 @@ def make_engine(seed: int) -> Any:
     return PrivacyEngine(seed=seed)
 
 
-def accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray, batch: int = 256) -> float:
+def accuracy(
+    model: nn.Module, x: np.ndarray, y: np.ndarray, batch: int = 256, precision: str = "fp32"
+) -> float:
+    from veil.precision import autocast
+
     model.eval()
     correct = 0
-    with torch.no_grad():
+    with torch.no_grad(), autocast("cpu", precision):
         for i in range(0, len(x), batch):
             pred = model(torch.from_numpy(x[i : i + batch])).argmax(dim=1).numpy()
             correct += int((pred == y[i : i + batch]).sum())
@@ -106,19 +117,21 @@ def accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray, batch: int = 256) -
 
 
 # ---------------------------------------------------------------------------------------- LoRA
-def lora_model(folder: Any, seed: int) -> nn.Module:
+def lora_model(folder: Any, seed: int, targets: tuple[str, ...] = ("query", "value")) -> nn.Module:
+    """MiniLM with LoRA (rank 8, alpha 16): ``veil.hf.build_text_classifier``'s model, which for this
+    sentence-transformers folder is the mean-pooled unit-norm head (``PooledClassifier``)."""
     from veil.hf import LoraSettings, build_text_classifier
 
     torch.manual_seed(seed)
-    return build_text_classifier(
-        folder, 3, "lora", LoraSettings(rank=8, alpha=16.0, targets=("query", "value"))
-    )
+    return build_text_classifier(folder, 3, "lora", LoraSettings(rank=8, alpha=16.0, targets=targets))
 
 
 def train_lora(
     folder: Any, data: dict[str, np.ndarray], args: argparse.Namespace, epsilon: float | None
 ) -> dict[str, Any]:
-    model = lora_model(folder, args.seed)
+    from veil.precision import autocast
+
+    model = lora_model(folder, args.seed, tuple(args.lora_targets.split(",")))
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(params, lr=args.lr)
     dataset = TensorDataset(torch.from_numpy(data["x"]), torch.from_numpy(data["y"]))
@@ -141,23 +154,27 @@ def train_lora(
         )
         sigma = engine.noise_multiplier
     steps = 0
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     model.train()
     for _ in range(args.epochs):
         for xb, yb in loader:
             optimizer.zero_grad()
-            F.cross_entropy(model(xb), yb).backward()
+            with autocast("cpu", args.precision):
+                logits = model(xb)
+            F.cross_entropy(logits.float(), yb).backward()
             optimizer.step()
             steps += 1
-    seconds = time.perf_counter() - start
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - start_cpu
     if engine is not None:
         steps = engine.steps  # logical steps (the loader yields physical chunks)
     return {
         "epsilon": epsilon,
         "sigma": sigma,
         "spent": engine.get_epsilon(DELTA) if engine is not None else None,
-        "accuracy": accuracy(model, data["x_test"], data["y_test"]),
+        "accuracy": accuracy(model, data["x_test"], data["y_test"], precision=args.precision),
         "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
+        "examples_per_cpu_second": args.epochs * len(data["x"]) / max(cpu_seconds, 1e-9),
         "steps": steps,
     }
 
@@ -371,7 +388,15 @@ def train_head(
 # ---------------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--part", choices=["all", "lora", "throughput", "head"], default="all")
+    p.add_argument(
+        "--part",
+        choices=["all", "compare", "lora", "throughput", "head"],
+        default="all",
+        help="compare: LoRA (DP and non-private) and the frozen head, same split, one summary table",
+    )
+    p.add_argument("--epsilon", type=float, default=3.0, help="the DP LoRA run's ε")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="LoRA forward (autocast)")
+    p.add_argument("--lora-targets", default="query,value", help="modules LoRA adapts (comma-separated)")
     p.add_argument("--quick", action="store_true", help="smoke run: tiny subsets and step counts")
     p.add_argument("--lora-train", type=int, default=500)
     p.add_argument("--lora-test", type=int, default=300)
@@ -425,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(describe_machine(), "\n")
 
-    if args.part in ("all", "lora", "throughput"):
+    if args.part in ("all", "compare", "lora", "throughput"):
         tok = load_tokenizer(folder)
         sub_train, sub_test = train_idx[: args.lora_train], test_idx[: args.lora_test]
         data = {
@@ -435,12 +460,13 @@ def main(argv: list[str] | None = None) -> int:
             "y_test": labels[sub_test],
         }
         majority = float(np.mean(data["y_test"] == np.bincount(data["y"]).argmax()))
-        if args.part in ("all", "lora"):
-            runs = [train_lora(folder, data, args, None), train_lora(folder, data, args, 3.0)]
+        if args.part in ("all", "compare", "lora"):
+            runs = [train_lora(folder, data, args, None), train_lora(folder, data, args, args.epsilon)]
             out["lora"] = runs
             print(
                 f"## LoRA fine-tuning, {len(data['x'])} train / {len(data['x_test'])} test tweets, "
-                f"{args.epochs} epochs, expected batch {args.batch}, max_length {args.max_length}\n"
+                f"{args.epochs} epochs, expected batch {args.batch}, max_length {args.max_length}, "
+                f"Adam lr {args.lr:g}, adapters on {args.lora_targets}, {args.precision}\n"
             )
             rows = [
                 [
@@ -449,11 +475,24 @@ def main(argv: list[str] | None = None) -> int:
                     f"{r['accuracy']:.3f}",
                     r["steps"],
                     f"{r['seconds']:.0f}",
+                    f"{r['cpu_seconds']:.0f}",
+                    f"{r['examples_per_cpu_second']:.1f}",
                 ]
                 for r in runs
             ]
             print(
-                markdown_table(["run", "σ", "test accuracy (non-private metric)", "steps", "seconds"], rows)
+                markdown_table(
+                    [
+                        "run",
+                        "σ",
+                        "test accuracy (non-private metric)",
+                        "steps",
+                        "wall s",
+                        "CPU s",
+                        "examples/CPU s",
+                    ],
+                    rows,
+                )
             )
             print(f"\nmajority class on the test subset: {majority:.3f}\n")
         if args.part in ("all", "throughput"):
@@ -493,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             print()
 
-    if args.part in ("all", "head"):
+    if args.part in ("all", "compare", "head"):
         if args.head_train or args.head_test:  # a fixed subset (the first of each split) when asked
             train_idx, test_idx = train_idx[: args.head_train or None], test_idx[: args.head_test or None]
             used = np.concatenate([train_idx, test_idx])
@@ -524,6 +563,21 @@ def main(argv: list[str] | None = None) -> int:
         ]
         print(markdown_table(["run", "σ", "test accuracy (non-private metric)", "seconds"], rows))
         print(f"\nmajority class on the test split: {float(np.mean(yt == np.bincount(y).argmax())):.3f}\n")
+    if args.part == "compare" and "lora" in out and "head" in out:
+        dp_head = next(r for r in out["head"] if r["epsilon"] == args.epsilon)
+        lora_np, lora_dp = out["lora"]
+        print(f"## Summary: same split, ε = {args.epsilon:g}, δ = {DELTA:g}\n")
+        print(
+            markdown_table(
+                ["model", "test accuracy (non-private metric)"],
+                [
+                    [f"frozen MiniLM + DP linear head, ε = {args.epsilon:g}", f"{dp_head['accuracy']:.3f}"],
+                    [f"LoRA, DP ε = {args.epsilon:g}", f"{lora_dp['accuracy']:.3f}"],
+                    ["LoRA, non-private", f"{lora_np['accuracy']:.3f}"],
+                ],
+            )
+        )
+        print(f"\nLoRA DP minus DP frozen head: {lora_dp['accuracy'] - dp_head['accuracy']:+.3f}\n")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1, default=str))
     return 0

@@ -7,7 +7,8 @@ builds them for ``veil train --model hf:DIR``) and the job-level adapter:
 * from :mod:`veil.text`: model folder checks (``inspect_folder``, ``check_fits``,
   ``load_tokenizer``), text checks and tokenizing (``check_texts``, ``tokenize``), the frozen
   encoder (``FrozenTextEncoder``) and the classifiers (``build_text_classifier``, ``LoraSettings``,
-  ``apply_lora``, ``SequenceClassifier``, ``autocast``).
+  ``apply_lora``, ``SequenceClassifier``, ``PooledClassifier``, ``declared_pooling``,
+  ``autocast``).
 
 Per-sample clipping of peft's LoRA layers lives with the other layer rules
 (:mod:`veil.clipping.rules.lora`, registered the first time such a layer is seen). Importing this
@@ -22,10 +23,12 @@ from veil.text.features import FrozenTextEncoder
 from veil.text.finetune import (
     FINE_TUNE_MODES,
     LoraSettings,
+    PooledClassifier,
     SequenceClassifier,
     apply_lora,
     autocast,
     build_text_classifier,
+    declared_pooling,
 )
 from veil.text.load import ModelFolder, check_fits, inspect_folder, load_tokenizer
 from veil.text.tokens import DEFAULT_MAX_LENGTH, check_texts, tokenize
@@ -37,6 +40,7 @@ __all__ = [
     "FrozenTextEncoder",
     "LoraSettings",
     "ModelFolder",
+    "PooledClassifier",
     "PrivacyArguments",
     "SequenceClassifier",
     "apply_lora",
@@ -44,6 +48,7 @@ __all__ = [
     "build_text_classifier",
     "check_fits",
     "check_texts",
+    "declared_pooling",
     "inspect_folder",
     "load_tokenizer",
     "tokenize",
