@@ -19,6 +19,7 @@ features go through ``asinh`` (a fixed per-value map). No statistic of the priva
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import math
 from collections.abc import Iterator
@@ -162,24 +163,34 @@ def federation(s: FederatedSettings) -> Federation:
     return _federation(source, s.partition, s.clients)
 
 
-def _preprocess(data: Dataset) -> nn.Module:
-    d = data.input_shape
+def _preprocess(kind: str, d: tuple[int, ...], pixel_max: float | None) -> nn.Module:
     zeros, ones = torch.zeros(d), torch.ones(d)
     inf = torch.full(d, math.inf)
-    if data.kind == "image" and data.pixel_max:
-        return InputTransform(-inf, inf, zeros, ones / float(data.pixel_max))
-    return InputTransform(-inf, inf, zeros, ones, resolution=1.0 if data.kind == "table" else 0.0)
+    if kind == "image" and pixel_max:
+        return InputTransform(-inf, inf, zeros, ones / float(pixel_max))
+    return InputTransform(-inf, inf, zeros, ones, resolution=1.0 if kind == "table" else 0.0)
+
+
+@functools.lru_cache(maxsize=4)
+def _network(
+    model: str, kind: str, shape: tuple[int, ...], classes: int, pixel_max: float | None
+) -> tuple[nn.Module | None, nn.Module]:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(FRONT_SEED)
+        name = resolve_name(model, kind, shape)
+        net = build_model(name, shape, classes, kind)
+        built = nn.Sequential(_preprocess(kind, shape, pixel_max), net)
+    return split_fixed_front(built)
 
 
 def build_network(s: FederatedSettings, data: Dataset) -> tuple[nn.Module | None, nn.Module]:
-    """``(front, head)``: the fixed front (None for a model trained end to end) and the trained part."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(FRONT_SEED)
-        name = resolve_name(s.model, data.kind, data.input_shape)
-        net = build_model(name, data.input_shape, data.num_classes, data.kind)
-        model = nn.Sequential(_preprocess(data), net)
-    front, head = split_fixed_front(model)
-    return front, head
+    """``(front, head)``: the fixed front (None for a model trained end to end) and the trained part.
+
+    Built once per process from the public seed and kept: the front (no trained parameter; the
+    scattering transform's filters take longer to build than a client's local epoch) is shared by
+    reference, and each call gets its own copy of the initial head, as a fresh build would give."""
+    front, head = _network(s.model, data.kind, tuple(data.input_shape), int(data.num_classes), data.pixel_max)
+    return front, copy.deepcopy(head)
 
 
 @functools.lru_cache(maxsize=8)
