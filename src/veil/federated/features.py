@@ -35,7 +35,7 @@ from torch import nn
 
 from veil.models import fixed_features
 
-__all__ = ["FEATURES_DIR", "cache_key", "read_rows", "write_features"]
+__all__ = ["FEATURES_DIR", "cache_key", "forget_mappings", "read_rows", "write_features"]
 
 FEATURES_DIR = "features"
 """The run folder's sub-folder of the shared features (internal: never released)."""
@@ -78,3 +78,9 @@ def read_rows(path: Path, rows: np.ndarray) -> np.ndarray:
     """The features of the given rows (a copy in memory; the file itself stays mapped, shared by the
     processes that read it through the page cache)."""
     return np.array(_mapped(str(path))[np.asarray(rows, dtype=np.int64)], dtype=np.float32)
+
+
+def forget_mappings() -> None:
+    """Drop this process's mappings of shared feature files (once a run removed its file: an open
+    mapping would keep the deleted file's pages alive)."""
+    _mapped.cache_clear()

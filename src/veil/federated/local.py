@@ -33,7 +33,13 @@ from torch import nn
 
 from veil.data import Dataset, load_dataset
 from veil.errors import DataError
-from veil.federated.features import FEATURES_DIR, cache_key, read_rows, write_features
+from veil.federated.features import (
+    FEATURES_DIR,
+    cache_key,
+    forget_mappings,
+    read_rows,
+    write_features,
+)
 from veil.federated.partition import parse_partition, row_positions, split_rows
 from veil.federated.settings import FederatedSettings
 from veil.models import InputTransform, build_model, fixed_features, resolve_name, split_fixed_front
@@ -250,6 +256,7 @@ def shared_features(s: FederatedSettings) -> Iterator[Path | None]:
     try:
         yield path
     finally:
+        forget_mappings()
         path.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             path.parent.rmdir()
