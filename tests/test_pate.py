@@ -52,14 +52,6 @@ def test_groups_land_in_one_teacher_and_become_the_unit() -> None:
         partition_teachers(x, y, 5, seed=1, groups=groups[:-1])
 
 
-def test_more_teachers_than_the_data_allows_is_refused() -> None:
-    x, y = _data(40)
-    with pytest.raises(DataError, match="only 40 examples"):
-        partition_teachers(x, y, 41, seed=0)
-    with pytest.raises(DataError, match="received no example"):
-        partition_teachers(x, y, 40, seed=0)  # hashing leaves some of 40 teachers empty
-
-
 def test_public_rows_equal_to_private_rows_are_counted_and_a_wrong_shape_is_refused() -> None:
     x, _ = _data()
     public = np.vstack([np.random.default_rng(9).normal(size=(20, 5)).astype(np.float32), x[17:18], x[3:4]])
@@ -180,7 +172,6 @@ def test_confident_gnmax_with_groups_states_the_group_unit(tmp_path: Path) -> No
     ("extra", "message"),
     [
         (["--aggregator", "majority-vote"], "aggregator='majority-vote'"),
-        (["--teachers", "2000"], "teachers=2000"),
         (["--epsilon", "0.01"], "even one query"),
         (["--budget", "data-dependent", "--aggregator", "lnmax"], "budget"),
     ],

@@ -115,3 +115,25 @@ def test_public_data_sharing_rows_with_the_private_data_is_used_and_counted_non_
     assert (
         "2 public rows" not in json.dumps(report["dataset"]) and "checked" not in report["dataset"]["split"]
     )
+
+
+def test_an_empty_public_pool_is_refused_before_a_private_row_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The declared pool is public: its size is checked before reading (it used to be after)."""
+    import veil.data as data
+
+    def must_not_read(*_: object, **__: object) -> None:
+        raise AssertionError("a private row was read")
+
+    monkeypatch.setattr(data, "load_dataset", must_not_read)
+    spec = f"csv:{_csv(tmp_path)}"
+    np.savez(tmp_path / "empty.npz", x=np.zeros((0, 3)))
+    out = tmp_path / "p"
+    code, _, err = cli(capsys, "pate", "--dataset", spec, "--target", "label", "--classes", "0,1",
+                       "--public-data", str(tmp_path / "empty.npz"), "--teachers", "5", "--sigma", "1",
+                       "--epsilon", "10", "--delta", "1e-4", "--out", str(out))  # fmt: skip
+    assert code == 2 and "no example" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+    code, out_text, _ = cli(capsys, "budget", "show", "--dataset", spec, "--json")
+    assert code == 0 and json.loads(out_text)["datasets"][0]["runs"] == []  # nothing charged

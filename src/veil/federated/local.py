@@ -3,7 +3,9 @@
 Each client loads the dataset named by the run, keeps only its own rows (its partition) and maps
 them through the model's fixed front (scattering or random features: no parameters, each example on
 its own, drawn from a public seed — so precomputing costs no privacy and every party builds the same
-front). Only the head travels and trains.
+front). Only the head travels and trains. A simulated run computes the front's features of every
+training row once, before its clients start, into a file of the run folder that every simulated
+client reads its rows from (:func:`shared_features`, :mod:`veil.federated.features`).
 
 * client-level mode: :func:`local_sgd` — ordinary (non-private) SGD on the client's rows; privacy
   comes from the server's clipping and noise, at the level of whole clients.
@@ -16,9 +18,13 @@ features go through ``asinh`` (a fixed per-value map). No statistic of the priva
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import functools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,6 +33,13 @@ from torch import nn
 
 from veil.data import Dataset, load_dataset
 from veil.errors import DataError
+from veil.federated.features import (
+    FEATURES_DIR,
+    cache_key,
+    forget_mappings,
+    read_rows,
+    write_features,
+)
 from veil.federated.partition import parse_partition, row_positions, split_rows
 from veil.federated.settings import FederatedSettings
 from veil.models import InputTransform, build_model, fixed_features, resolve_name, split_fixed_front
@@ -40,7 +53,10 @@ __all__ = [
     "get_arrays",
     "local_dpsgd",
     "local_sgd",
+    "partition_features",
     "set_arrays",
+    "shared_features",
+    "shared_features_path",
 ]
 
 FRONT_SEED = 20261130
@@ -153,24 +169,34 @@ def federation(s: FederatedSettings) -> Federation:
     return _federation(source, s.partition, s.clients)
 
 
-def _preprocess(data: Dataset) -> nn.Module:
-    d = data.input_shape
+def _preprocess(kind: str, d: tuple[int, ...], pixel_max: float | None) -> nn.Module:
     zeros, ones = torch.zeros(d), torch.ones(d)
     inf = torch.full(d, math.inf)
-    if data.kind == "image" and data.pixel_max:
-        return InputTransform(-inf, inf, zeros, ones / float(data.pixel_max))
-    return InputTransform(-inf, inf, zeros, ones, resolution=1.0 if data.kind == "table" else 0.0)
+    if kind == "image" and pixel_max:
+        return InputTransform(-inf, inf, zeros, ones / float(pixel_max))
+    return InputTransform(-inf, inf, zeros, ones, resolution=1.0 if kind == "table" else 0.0)
+
+
+@functools.lru_cache(maxsize=4)
+def _network(
+    model: str, kind: str, shape: tuple[int, ...], classes: int, pixel_max: float | None
+) -> tuple[nn.Module | None, nn.Module]:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(FRONT_SEED)
+        name = resolve_name(model, kind, shape)
+        net = build_model(name, shape, classes, kind)
+        built = nn.Sequential(_preprocess(kind, shape, pixel_max), net)
+    return split_fixed_front(built)
 
 
 def build_network(s: FederatedSettings, data: Dataset) -> tuple[nn.Module | None, nn.Module]:
-    """``(front, head)``: the fixed front (None for a model trained end to end) and the trained part."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(FRONT_SEED)
-        name = resolve_name(s.model, data.kind, data.input_shape)
-        net = build_model(name, data.input_shape, data.num_classes, data.kind)
-        model = nn.Sequential(_preprocess(data), net)
-    front, head = split_fixed_front(model)
-    return front, head
+    """``(front, head)``: the fixed front (None for a model trained end to end) and the trained part.
+
+    Built once per process from the public seed and kept: the front (no trained parameter; the
+    scattering transform's filters take longer to build than a client's local epoch) is shared by
+    reference, and each call gets its own copy of the initial head, as a fresh build would give."""
+    front, head = _network(s.model, data.kind, tuple(data.input_shape), int(data.num_classes), data.pixel_max)
+    return front, copy.deepcopy(head)
 
 
 @functools.lru_cache(maxsize=8)
@@ -185,12 +211,73 @@ def _client_level_features(s: FederatedSettings, pid: int) -> tuple[torch.Tensor
     return client_features(s, federation(s).parts[pid], front)
 
 
+@functools.lru_cache(maxsize=8)
+def shared_features_path(s: FederatedSettings) -> Path | None:
+    """Where the run's shared features of every training row live (:mod:`veil.federated.features`):
+    inside the run folder, named by a key over the front's public description and the data's
+    fingerprint; None for a model without a fixed front or a run without a folder."""
+    if not s.out:
+        return None
+    data = federation(s).data
+    name = resolve_name(s.model, data.kind, data.input_shape)
+    front, _ = build_network(s, data)
+    if front is None:
+        return None
+    description = {
+        "model": name,
+        "front": repr(front),
+        "front_seed": FRONT_SEED,
+        "input_shape": list(data.input_shape),
+        "kind": data.kind,
+        "pixel_max": data.pixel_max,
+        "data_sha256": data.sha256,
+        "train_rows": len(data.x_train),
+        "columns": data.feature_names,
+        "source": [s.dataset, s.data_dir, s.target, s.test_fraction, s.table_schema, s.table, s.query],
+        "partition": s.partition,  # a column partition drops its column from the features
+        "privacy_unit": s.privacy_unit,
+    }
+    return Path(s.out) / FEATURES_DIR / f"train-{cache_key(description)}.npy"
+
+
+@contextlib.contextmanager
+def shared_features(s: FederatedSettings) -> Iterator[Path | None]:
+    """The fixed front's features of every training row, computed once for the whole simulated run
+    before its clients start, and removed when it ends (they are a function of private rows: kept
+    in the run folder's internal part only while the run needs them). Yields the file, or None for a
+    model trained end to end."""
+    path = shared_features_path(s)
+    if path is None:
+        yield None
+        return
+    front, _ = build_network(s, federation(s).data)
+    assert front is not None
+    write_features(front, federation(s).data.x_train, path)
+    try:
+        yield path
+    finally:
+        forget_mappings()
+        path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            path.parent.rmdir()
+
+
 def partition_features(
     s: FederatedSettings, pid: int, front: nn.Module | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Client ``pid``'s features and labels, computed once per process and kept (in memory only): a
-    fixed front such as the scattering transform costs more per client and round than its training,
-    and the kept features of all clients are at most the training set's (silos and clients alike)."""
+    """Client ``pid``'s features and labels. With a fixed front: read from the run's shared file when
+    the simulation wrote one (:func:`shared_features`), else computed once per process and kept (in
+    memory only: a fixed front such as the scattering transform costs more per client and round than
+    its training, and the kept features of all clients are at most the training set's)."""
+    if front is not None:
+        path = shared_features_path(s)
+        if path is not None and path.exists():
+            fed = federation(s)
+            rows = fed.parts[pid]
+            return (
+                torch.from_numpy(read_rows(path, rows)),
+                torch.from_numpy(np.asarray(fed.data.y_train[rows], dtype=np.int64)),
+            )
     if s.mode == "record-level":
         return _silo_features(s, pid)
     if front is None:

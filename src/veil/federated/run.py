@@ -6,9 +6,11 @@ the data and its partition (the column present; a client may be empty) → σ fo
 target over the planned rounds → the whole plan reserved in the registry (refused over budget:
 nothing written, nothing charged; record level: a stand-in — the target ε at δ — is reserved before
 the data is read, and the silos' plan replaces it once their sizes are known) → the run folder →
-Flower (the simulation engine here; real SuperLink/SuperNodes on loopback with
-:mod:`veil.federated.deploy`) → the registry settled with what the ledger charged → the report,
-computed from the run folder. What is charged and why: :mod:`veil.federated.charge`.
+a fixed front's features of every training row computed once into the run folder (internal,
+removed at the end; :mod:`veil.federated.features`) → Flower (the simulation engine here; real
+SuperLink/SuperNodes on loopback with :mod:`veil.federated.deploy`) → the registry settled with
+what the ledger charged → the report, computed from the run folder. What is charged and why:
+:mod:`veil.federated.charge`.
 """
 
 from __future__ import annotations
@@ -228,6 +230,9 @@ def simulate(s: FederatedSettings, *, resume: bool = False, cpus: int = 2) -> di
         (run_dir / "error.txt").unlink(missing_ok=True)
         run_dir.mkdir(parents=True, exist_ok=True)
         start = time.monotonic()
-        run_simulation_engine(s, cpus=cpus)
+        from veil.federated.local import shared_features
+
+        with shared_features(s):  # a fixed front's features: computed once, read by every client
+            run_simulation_engine(s, cpus=cpus)
     raise_if_failed(run_dir)
     return report_files(run_dir, time.monotonic() - start)

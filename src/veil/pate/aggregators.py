@@ -3,7 +3,8 @@
 Every aggregator has the same interface:
 
 * :meth:`Aggregator.answer` answers one query from its vote histogram (one count per class,
-  summing to the number of teachers) and returns the label and the privacy events it spent, so
+  summing to the number of teachers with data, at most K: a teacher without data abstains, see
+  :mod:`veil.pate.partition`) and returns the label and the privacy events it spent, so
   the caller's accountant composes exactly what was run;
 * the data-independent analysis: :meth:`Aggregator.query_events` (the worst case of one query),
   :meth:`Aggregator.epsilon_of` (the ε of the events spent, read from an

@@ -29,11 +29,21 @@ __all__ = ["PateData", "load_pate_data", "load_public_data", "require_public_poo
 
 
 def require_public_pool(cfg: PateConfig) -> None:
-    """Refuse, before any row is read, a run whose public pool would be cut from private data: a user
-    dataset (not a built-in benchmark) without ``public_data``."""
+    """Refuse, before any row is read, a run whose public pool would be cut from private data (a user
+    dataset, not a built-in benchmark, without ``public_data``) or would be empty (a declared
+    ``public_data`` file without rows: a public fact, so refused here rather than after reading)."""
     from veil.data import BUILTIN
 
-    if cfg.public_data is None and cfg.dataset not in BUILTIN:
+    if cfg.public_data is not None:
+        if len(load_public_data(cfg.public_data)[0]) == 0:
+            raise DataError(
+                "public_data",
+                cfg.public_data,
+                "the public pool holds no example, so there is nothing for the student to query",
+                "pass a file with at least one public example",
+            )
+        return
+    if cfg.dataset not in BUILTIN:
         raise ConfigError(
             "public_data",
             None,
@@ -148,8 +158,8 @@ def load_pate_data(cfg: PateConfig) -> PateData:
             f"and a test set of {len(x_test)}"
         )
     duplicates = count_shared_rows(ds.x_train, x_pub)  # non-private: reported in non_private only
-    if len(x_pub) == 0:
-        raise DataError("public pool", 0, "there is nothing for the student to query", "provide public data")
+    # The pool is never empty here: a declared file was checked before reading
+    # (require_public_pool), a benchmark's split keeps at least one example (_split_holdout).
     q_planned = min(cfg.queries or len(x_pub), len(x_pub))
     order = np.random.default_rng(derive_seed(cfg.seed, Purpose.PATE_QUERIES)).permutation(len(x_pub))[
         :q_planned

@@ -126,11 +126,12 @@ def _check_histograms(histograms: np.ndarray, s: LabelSettings) -> np.ndarray:
             "one integer vote count per class per query",
             "pass (queries, classes) ints",
         )
-    if hist.shape[0] and np.any(hist.sum(axis=1) != s.num_teachers):
+    if hist.shape[0] and (np.any(hist < 0) or np.any(hist.sum(axis=1) > s.num_teachers)):
         raise InvalidParameterError(
             "histograms",
-            "row sums",
-            "every teacher votes once per query; the analysis assumes histograms summing to K",
+            "counts",
+            "each of the K teachers votes at most once per query (a teacher without data abstains); "
+            "the analysis assumes non-negative counts summing to at most K",
             "pass the teachers' vote counts",
         )
     return hist

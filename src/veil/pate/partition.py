@@ -11,6 +11,18 @@ replacement is a removal plus an addition and may touch two teachers (group priv
 
 A position-based split (shuffle, then cut into k blocks) would *not* have this property: removing
 one example shifts the blocks and can change every teacher.
+
+Empty teachers. A teacher whose partition holds no example abstains: its vote vector is zero on
+every query (:data:`veil.pate.teachers.ABSTAIN`), so each query's histogram sums to the number of
+teachers with data, at most K. This is a rule on the teacher's own partition, never a refusal
+after the rows are read (which would make the run's outcome depend on how many examples there
+are). The analyses are unchanged: every record is in exactly one teacher's partition, so adding or
+removing one record changes one teacher's vote vector — from one class to another (L2 distance √2,
+L1 2), or between a vote and abstaining (L2 1, L1 1) when that record is the teacher's first or
+last — never more than the √2 (L2) and 2 (L1) the GNMax and LNMax bounds assume; each count (so
+each order statistic, and the top count the confident threshold reads) moves by at most one per
+changed teacher and stays in [0, K], which is all the data-dependent bounds, their smooth
+sensitivity and the PTR distance use (:mod:`veil.pate.smooth_sensitivity`, :mod:`veil.pate.ptr`).
 """
 
 from __future__ import annotations
@@ -81,8 +93,10 @@ def partition_teachers(
 ) -> Partition:
     """Assign each private example (or group) to one of ``num_teachers`` teachers (see module docstring).
 
-    Refuses (:class:`~veil.errors.DataError`) a partition that leaves a teacher without data, and
-    more teachers than examples (or groups).
+    Never refuses on what the data holds: a teacher whose partition is empty (more teachers than
+    examples, or the hash leaving one out) abstains — a public per-record rule, see the module doc.
+    Only the settings (``num_teachers`` ≥ 1) and the inputs' layout (one label and one group id per
+    example) are checked.
     """
     if isinstance(num_teachers, bool) or not isinstance(num_teachers, (int, np.integer)) or num_teachers < 1:
         raise InvalidParameterError(
@@ -115,22 +129,6 @@ def partition_teachers(
         assignment = np.array([_teacher_of(d, k) for d in digests], dtype=np.int64)
         unit = "example"
         units = n
-    if k > units:
-        raise DataError(
-            "teachers",
-            k,
-            f"there are only {units} {unit}s to split, so some teachers would train on nothing",
-            f"use far fewer teachers than {unit}s (each needs data to learn from), or provide more data",
-        )
-    sizes = np.bincount(assignment, minlength=k)
-    if np.any(sizes == 0):
-        raise DataError(
-            "teachers",
-            k,
-            f"{int(np.sum(sizes == 0))} of {k} teachers received no {unit} ({units} {unit}s, about "
-            f"{units / k:.1f} per teacher): a teacher without data only adds noise to the vote",
-            f"use fewer teachers (at most about {max(1, units // 5)}), or provide more private data",
-        )
     return Partition(assignment=assignment, num_teachers=k, unit=unit, num_units=units)
 
 

@@ -214,11 +214,12 @@ def _student(
     cfg: PateConfig, data: PateData, result: LabelResult, out: Path, s_factory: Any
 ) -> StudentResult | None:
     """Train the student on public inputs and released labels only (the pool's true labels are never
-    passed) and save it; None when a failed PTR test released nothing."""
+    passed) and save it; None when no label was released (a failed PTR test, or no query answered):
+    a rule on the released labels, never a refusal once they are released and charged."""
     from veil.pate.student import train_student
 
     idx = np.flatnonzero(result.labels >= 0)
-    if not idx.size and cfg.budget == "ptr":
+    if not idx.size:
         return None
     unlabelled = np.ones(len(data.x_pub), dtype=bool)
     unlabelled[data.order[idx]] = False

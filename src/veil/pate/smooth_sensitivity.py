@@ -151,7 +151,8 @@ class GnmaxSensitivity:
         return np.clip(np.searchsorted(self.log_a, log_a, side="left"), 0, len(self.log_a) - 1)
 
     def local(self, counts: np.ndarray) -> np.ndarray:
-        """``A⁽ᵏ⁾``, k = 0..K, for one histogram (its counts must sum to K)."""
+        """``A⁽ᵏ⁾``, k = 0..K, for one histogram (counts in [0, K] summing to at most K: a teacher
+        without data abstains; the bound uses only that each count moves by ≤ 1 per changed teacher)."""
         c = np.asarray(counts, dtype=np.float64)
         k_total = self.num_teachers
         s = -np.sort(-c)

@@ -37,6 +37,7 @@ from veil.errors import CheckpointError, ConfigError, InvalidParameterError
 from veil.pipeline.run_folder import write_files
 
 __all__ = [
+    "ABSTAIN",
     "BUILTIN_MODELS",
     "Estimator",
     "ModelRecipe",
@@ -52,6 +53,11 @@ BUILTIN_MODELS = (
     "torch-mlp",
     "torch-cnn",
 )
+
+
+ABSTAIN = -1
+"""The vote of a teacher without data (an empty partition): no class; it adds nothing to any count
+(:mod:`veil.pate.partition` argues why the privacy analyses are unchanged)."""
 
 
 class Estimator(Protocol):
@@ -318,11 +324,14 @@ class TeacherVotes:
     resumed: int
 
     def histograms(self, num_classes: int) -> np.ndarray:
-        """Vote counts per public query, shape ``(n_public, num_classes)``."""
+        """Vote counts per public query, shape ``(n_public, num_classes)``; an abstaining teacher
+        (:data:`ABSTAIN`) counts nothing, so a row sums to the teachers with data (at most K)."""
         k, n = self.public.shape
         out = np.zeros((n, num_classes), dtype=np.int64)
         for t in range(k):
-            out[np.arange(n), self.public[t]] += 1
+            votes = self.public[t]
+            voted = votes != ABSTAIN
+            out[np.flatnonzero(voted), votes[voted]] += 1
         return out
 
 
@@ -345,12 +354,17 @@ def _train_one(
 ) -> tuple[int, np.ndarray, np.ndarray]:
     from threadpoolctl import threadpool_limits
 
-    with threadpool_limits(1):
-        model = factory(index)
-        model.fit(x, y)
-        votes_public = np.asarray(model.predict(_SHARED["public"]), dtype=np.int64)
-        votes_test = np.asarray(model.predict(_SHARED["test"]), dtype=np.int64)
-    for v in (votes_public, votes_test):
+    model: Any = None
+    if len(y) == 0:  # an empty partition: the teacher abstains on every query (no model is fitted)
+        votes_public = np.full(len(_SHARED["public"]), ABSTAIN, dtype=np.int64)
+        votes_test = np.full(len(_SHARED["test"]), ABSTAIN, dtype=np.int64)
+    else:
+        with threadpool_limits(1):
+            model = factory(index)
+            model.fit(x, y)
+            votes_public = np.asarray(model.predict(_SHARED["public"]), dtype=np.int64)
+            votes_test = np.asarray(model.predict(_SHARED["test"]), dtype=np.int64)
+    for v in (votes_public, votes_test) if model is not None else ():
         if v.size and (v.min() < 0 or v.max() >= num_classes):
             raise InvalidParameterError(
                 "teacher", index, "a teacher predicted a label outside 0..C-1", "fix the model's predict()"
@@ -465,7 +479,9 @@ def train_teachers(
 
 
 def mean_accuracy(votes: np.ndarray, y: np.ndarray) -> float:
-    """Mean over teachers of each teacher's accuracy against ``y`` (nan if ``y`` is empty)."""
-    if votes.size == 0 or len(y) == 0:
+    """Mean over the teachers with data of each one's accuracy against ``y`` (nan if ``y`` is empty or
+    every teacher abstains)."""
+    voting = votes[np.any(votes != ABSTAIN, axis=1)] if votes.ndim == 2 else votes
+    if voting.size == 0 or len(y) == 0:
         return math.nan
-    return float(np.mean(votes == np.asarray(y)[None, :]))
+    return float(np.mean(voting == np.asarray(y)[None, :]))
