@@ -1,6 +1,6 @@
 """`veil tune` (automatic plan, preset as a candidate) against `veil train`'s preset, same ε, same splits.
 
-    python bench/tune_vs_preset.py                                   # digits, German credit, GBSG2; ε 1, 3; seeds 0-2
+    python bench/tune_vs_preset.py        # digits, German credit, GBSG2; ε 1 and 3; seeds 0, 1, 2
     python bench/tune_vs_preset.py --datasets german --epsilons 1 --seeds 0
 
 Each cell is one `veil tune --dataset D --epsilon E --seed S --json` (digits with `--tune-anyway`: its
@@ -27,7 +27,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
-from common import describe_machine, markdown_table  # noqa: E402
+from common import describe_machine, markdown_table
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))  # tables_support: the installed tables' paths
@@ -39,9 +39,19 @@ def _data_args(name: str) -> list[str]:
     if name == "digits":
         return ["--dataset", "digits", "--tune-anyway"]
     if name == "german":
-        return ["--dataset", f"csv:{tables_support.german_credit()}", "--schema", str(HERE / "schemas" / "german_credit.toml")]
+        return [
+            "--dataset",
+            f"csv:{tables_support.german_credit()}",
+            "--schema",
+            str(HERE / "schemas" / "german_credit.toml"),
+        ]
     if name == "gbsg2":
-        return ["--dataset", f"csv:{tables_support.gbsg2()}", "--schema", str(HERE / "schemas" / "gbsg2.toml")]
+        return [
+            "--dataset",
+            f"csv:{tables_support.gbsg2()}",
+            "--schema",
+            str(HERE / "schemas" / "gbsg2.toml"),
+        ]
     raise SystemExit(f"unknown dataset {name}")
 
 
@@ -55,7 +65,9 @@ def _veil(args: list[str]) -> tuple[int, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--datasets", default="digits,german,gbsg2")
     parser.add_argument("--epsilons", default="1,3")
     parser.add_argument("--seeds", default="0,1,2")
@@ -80,22 +92,34 @@ def main(argv: list[str] | None = None) -> int:
                     r = json.loads(text.strip().splitlines()[-1])
                     plan, np_ = r["budget_split"]["plan"], r["non_private"]
                     ref, c = np_["preset_reference"], r["chosen"]
-                    chosen = "–" if c is None else f"lr {c['lr']:g}, {c['epochs']} ep, σ {c['noise_multiplier']:.2f}"
+                    chosen = (
+                        "–"
+                        if c is None
+                        else f"lr {c['lr']:g}, {c['epochs']} ep, σ {c['noise_multiplier']:.2f}"
+                    )
                     row = [name, eps, seed, round(r["epsilon"], 3), plan["trials_mean"],
-                           round(plan["score_noise_std"], 1), round(plan["noise_ratio"], 2), np_["trials_run"],
-                           chosen, np_["test_accuracy"], ref["test_accuracy"], round(ref["sigma"], 2),
-                           round(time.perf_counter() - t, 1)]  # fmt: skip
+                           round(plan["score_noise_std"], 1), round(plan["noise_ratio"], 2),
+                           np_["trials_run"], chosen, np_["test_accuracy"], ref["test_accuracy"],
+                           round(ref["sigma"], 2), round(time.perf_counter() - t, 1)]  # fmt: skip
                     rows.append(row)
-                    by_cell.setdefault((name, eps), []).append((np_["test_accuracy"] or 0.0, ref["test_accuracy"]))
+                    by_cell.setdefault((name, eps), []).append(
+                        (np_["test_accuracy"] or 0.0, ref["test_accuracy"])
+                    )
                     print(row, file=sys.stderr, flush=True)
     load_after = os.getloadavg()
-    header = ["data", "ε", "seed", "ε spent", "mean K", "score std", "σ ratio", "K", "chosen", "tune test acc",
-              "preset test acc", "preset σ", "wall s"]  # fmt: skip
+    header = ["data", "ε", "seed", "ε spent", "mean K", "score std", "σ ratio", "K", "chosen",
+              "tune test acc", "preset test acc", "preset σ", "wall s"]  # fmt: skip
     print(markdown_table(header, rows))
     print()
     means = [
-        [n, e, len(v), round(sum(a for a, _ in v) / len(v), 4), round(sum(b for _, b in v) / len(v), 4),
-         round(sum(a - b for a, b in v) / len(v) * 100, 1)]  # fmt: skip
+        [
+            n,
+            e,
+            len(v),
+            round(sum(a for a, _ in v) / len(v), 4),
+            round(sum(b for _, b in v) / len(v), 4),
+            round(sum(a - b for a, b in v) / len(v) * 100, 1),
+        ]
         for (n, e), v in by_cell.items()
     ]
     print(markdown_table(["data", "ε", "runs", "tune mean", "preset mean", "tune − preset (points)"], means))

@@ -108,7 +108,8 @@ def choose_plan(
         raise UnreachableTargetError(
             "epsilon",
             epsilon,
-            "no plan of the automatic menu fits the tuning budget (the validation score alone spends it)",
+            "the validation scores (and preprocessing) alone spend the whole tuning budget at every "
+            "plan of the automatic menu",
             "raise --epsilon, or run `veil train`",
         )
     return fallback
