@@ -42,7 +42,13 @@ class TrialPlan:
     score_noise: float
     reference_sigma: float
     trial_sigma: float
-    chosen_by: str  # "auto" or "given"
+    chosen_by: str  # "auto", "given" or "partly auto"
+    n_validation: float  # the expected validation size (a share of the public N)
+
+    @property
+    def score_points(self) -> float:
+        """The score noise's std in accuracy points (on the expected validation size)."""
+        return 100 * self.score_noise / max(self.n_validation, 1.0)
 
     @property
     def noise_ratio(self) -> float:
@@ -59,8 +65,9 @@ class TrialPlan:
             "trials_law": self.count.law,
             "trials_shape": self.count.shape,
             "score_noise_std": self.score_noise,
+            "score_noise_accuracy_points": self.score_points,
             "reference_noise_multiplier": self.reference_sigma,
-            "preset_trial_noise_multiplier": self.trial_sigma,
+            "trial_noise_multiplier": self.trial_sigma,  # the preset's shape (else the space's last)
             "noise_ratio": self.noise_ratio,
             "max_noise_ratio": MAX_NOISE_RATIO,
             "advice": advice(self),
@@ -73,12 +80,16 @@ def advice(plan: TrialPlan) -> str:
         f"each trial trains with σ = {plan.trial_sigma:.3g} where `veil train` with the preset would use "
         f"σ = {plan.reference_sigma:.3g} ({plan.noise_ratio:.2f}×) on 100% of the training split"
     )
+    score = (
+        f"the noisy validation score has a std of {plan.score_points:.1f} accuracy points, so settings "
+        "closer than that are told apart by chance"
+    )
     if plan.expensive:
         return (
             f"Tuning is expensive here: {price}; above {MAX_NOISE_RATIO:g}× the search rarely pays, "
-            "prefer `veil train` unless the preset is known to fit this data badly."
+            f"prefer `veil train` unless the preset is known to fit this data badly; {score}."
         )
-    return f"Tuning costs {price}."
+    return f"Tuning costs {price}; {score}."
 
 
 def choose_plan(
@@ -99,7 +110,7 @@ def choose_plan(
                 split = split_budget(epsilon, delta, count, [preset_shape], prefix, score_event(noise))
             except UnreachableTargetError:
                 continue
-            plan = TrialPlan(count, noise, ref_sigma, split.shapes[0].sigma, "auto")
+            plan = TrialPlan(count, noise, ref_sigma, split.shapes[0].sigma, "auto", n_validation)
             if not plan.expensive:
                 return plan
             if fallback is None or plan.trial_sigma < fallback.trial_sigma:

@@ -257,7 +257,9 @@ def _admit(
         count, noise = count or auto.count, noise if noise is not None else auto.score_noise
     split = split_budget(epsilon, base["delta"], count, shapes, prefix, score_event(noise))
     auto_or_given = "auto" if given == (None, None) else ("given" if None not in given else "partly auto")
-    plan = TrialPlan(count, noise, ref_sigma, split.shape(*preset_shape[:2]).sigma, auto_or_given)
+    plan = TrialPlan(
+        count, noise, ref_sigma, split.shape(*preset_shape[:2]).sigma, auto_or_given, n_validation
+    )
     return split, plan
 
 
