@@ -88,7 +88,7 @@ def test_pate_and_tune_are_charged_to_the_declared_id(
     monkeypatch.setattr(tune_run, "prepare_trial", _must_not_read)
     monkeypatch.setattr(pate_run, "load_pate_data", _must_not_read)
     code, _, err = cli(capsys, "tune", "--dataset", "breast-cancer", "--dataset-id", "bc", "--epsilon", "1",
-                       "--out", str(tmp_path / "t"))  # fmt: skip
+                       "--tune-anyway", "--out", str(tmp_path / "t"))  # fmt: skip
     assert code == 2 and "budget" in err and not (tmp_path / "t").exists()
     code, _, err = cli(capsys, "pate", "--dataset", "breast-cancer", "--dataset-id", "bc", "--epsilon", "1",
                        "--out", str(tmp_path / "p2"))  # fmt: skip

@@ -26,6 +26,8 @@ TINY = [
     "1.0,2.0",
     "--max-grad-norm",
     "1",
+    "--preset-share",  # one trial shape, so the exact accounting check below is of that shape
+    "0",
 ]
 
 
@@ -109,3 +111,95 @@ def test_space_draws_from_the_lists() -> None:
     assert {d.lr for d in draws} == {0.1, 0.2} and {d.batch_size for d in draws} == {64, 128}
     assert space.budget_shapes == [(1, 64), (1, 128)]
     assert np.all([d.epochs == 1 for d in draws])
+
+
+def test_the_chosen_model_is_compared_with_the_preset_non_privately(tuned: tuple[Path, dict]) -> None:
+    """veil train's preset ran on the whole training split at the same ε: its test accuracy and the
+    difference are in ``non_private`` only, its model deleted; the plan is public and says its price."""
+    out, r = tuned
+    ref = r["non_private"]["preset_reference"]
+    assert ref is not None and 0.0 <= ref["test_accuracy"] <= 1.0 and ref["model"] == "rff"
+    assert r["non_private"]["chosen_minus_preset"] == pytest.approx(
+        r["non_private"]["test_accuracy"] - ref["test_accuracy"]
+    )
+    assert "preset_reference" not in r and not list((out / "reference").rglob("*.pt"))
+    public = json.loads((out / "release" / "report.json").read_text())
+    assert "preset_reference" not in json.dumps({k: v for k, v in public.items() if k != "non_private"})
+    plan = r["budget_split"]["plan"]
+    assert plan["chosen_by"] == "partly auto" and plan["trials_mean"] == 1.5  # given; score noise automatic
+    assert plan["score_noise_std"] == r["budget_split"]["score_noise_std"] >= 2.0
+    assert plan["reference_noise_multiplier"] == pytest.approx(ref["sigma"])
+    ratio = plan["trial_noise_multiplier"] / plan["reference_noise_multiplier"]
+    assert plan["noise_ratio"] == pytest.approx(ratio) and "veil train" in plan["advice"]
+    assert "Chosen minus preset" in (out / "report.html").read_text()
+
+
+def test_a_benchmark_tuned_preset_is_refused_before_reading(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """digits with the default space: the job says tuning will not pay before a row is read or ε spent."""
+    import veil.tune.run as tune_run
+
+    def must_not_read(*_: object, **__: object) -> None:
+        raise AssertionError("read the data")
+
+    monkeypatch.setattr(tune_run, "prepare_trial", must_not_read)
+    db, out = tmp_path / "budget.db", tmp_path / "t"
+    code = main(["tune", "--dataset", "digits", "--epsilon", "3", "--db", str(db), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "veil train --dataset digits --epsilon 3" in err and "--tune-anyway" in err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
+    assert main(["budget", "show", "--db", str(db), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["datasets"] == []  # nothing charged
+
+
+def test_the_preset_is_a_candidate_drawn_with_its_share() -> None:
+    """Around the preset: lr halved/doubled, epochs halved; the preset drawn with probability 1/2
+    (plus the grid's own 1/6 chance of the same values). 6,000 secure draws, bound ± 6 sd: a false
+    failure has probability below 1e-8."""
+    from veil.tune.space import Candidate, around_preset
+
+    preset = Candidate(lr=0.8, epochs=10, batch_size=256, max_grad_norm=1.0, model="rff")
+    space = around_preset(preset)
+    assert space.lr == (0.4, 0.8, 1.6) and space.epochs == (5, 10) and space.batch_size == (256,)
+    assert space.budget_shapes == [(5, 256), (10, 256)]
+    n = 6000
+    hits = sum(space.draw() == preset for _ in range(n))
+    p = 0.5 + 0.5 / 6
+    assert abs(hits - n * p) < 6 * (n * p * (1 - p)) ** 0.5, hits
+    only = around_preset(preset, {"lr": (0.1,), "epochs": (1,)}, preset_share=1.0)
+    assert all(only.draw() == preset for _ in range(50))
+    assert only.budget_shapes == [(1, 256), (10, 256)]  # the preset's shape is always planned for
+    never = around_preset(preset, {"lr": (0.1,)}, preset_share=0.0)
+    assert all(d.lr == 0.1 for d in (never.draw() for _ in range(50)))
+    with pytest.raises(Exception, match="preset_share"):
+        SearchSpace(preset_share=0.5)
+
+
+def test_the_automatic_plan_is_the_largest_mean_within_its_noise_price() -> None:
+    """From public settings only (ε, δ, the preset's shape, the validation size, veil train's σ): the
+    largest mean of the menu whose trial σ is within MAX_NOISE_RATIO of one run's, and the plan fits ε."""
+    from veil.accounting.calibrate import calibrate_noise
+    from veil.accounting.tuning import TrialCount
+    from veil.errors import UnreachableTargetError
+    from veil.tune.budget import split_budget
+    from veil.tune.plan import MAX_NOISE_RATIO, MEANS, MIN_SCORE_NOISE, SCORE_SHARES, choose_plan
+    from veil.tune.trial import score_event
+
+    shape, n_val = (10, 256, 256 / 1150, 45), 287
+    ref = calibrate_noise(3.0, 1e-5, 256 / 1437, 57)
+    plan = choose_plan(3.0, 1e-5, shape, [], n_val, ref)
+    assert plan.chosen_by == "auto" and plan.count.law == "negative_binomial" and plan.count.shape == 0
+    assert plan.noise_ratio <= MAX_NOISE_RATIO and plan.count.mean in MEANS
+    split = split_budget(3.0, 1e-5, plan.count, [shape], [], score_event(plan.score_noise))
+    assert split.epsilon <= 3.0 and split.shapes[0].sigma == pytest.approx(plan.trial_sigma)
+    for mean in [m for m in MEANS if m > plan.count.mean]:  # every larger mean costs too much noise
+        for share in SCORE_SHARES:
+            noise = max(MIN_SCORE_NOISE, share * n_val)
+            try:
+                s = split_budget(
+                    3.0, 1e-5, TrialCount(mean, "negative_binomial", 0.0), [shape], [], score_event(noise)
+                )
+            except UnreachableTargetError:
+                continue
+            assert s.shapes[0].sigma / ref > MAX_NOISE_RATIO

@@ -32,6 +32,9 @@ def _reference_rdp(sigma: float, q: float, steps: int, mean: float, shape: float
     ("law", "shape", "mean"),
     [
         ("negative_binomial", 0.0, 5.0),
+        ("negative_binomial", 0.0, 1.5),  # the automatic plan's menu (veil.tune.plan): η = 0
+        ("negative_binomial", 0.0, 2.0),
+        ("negative_binomial", 0.0, 6.0),
         ("negative_binomial", 1.0, 3.0),
         ("negative_binomial", 0.5, 10.0),
         ("poisson", math.inf, 4.0),

@@ -30,7 +30,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "schema check": ("veil schema check schema.toml --dataset csv:data.csv",),
     "predict": ("veil predict runs/data --dataset csv:new_rows.csv --out predictions.csv",),
     "synth": ("veil synth --dataset csv:data.csv --schema schema.toml --epsilon 1 --rows 500 --out syn",),
-    "tune": ("veil tune --dataset digits --epsilon 3 --out runs/tuned",),
+    "tune": ("veil tune --dataset csv:data.csv --schema schema.toml --epsilon 3 --out runs/tuned",),
     "federated": (
         "veil federated --mode client-level --dataset digits --clients 200 --rounds 20 --epsilon 3",
     ),

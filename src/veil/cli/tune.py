@@ -30,7 +30,6 @@ def _values(name: str, text: str | None, kind: type) -> tuple[Any, ...] | None:
 def run_tune(flags: dict[str, Any]) -> dict[str, Any]:
     """The work of ``veil tune``: the search space from the flags, then :func:`veil.tune.run.tune`."""
     from veil.tune.run import tune
-    from veil.tune.space import SearchSpace
 
     dims = {
         "lr": _values("lr", flags.pop("lr"), float),
@@ -39,14 +38,27 @@ def run_tune(flags: dict[str, Any]) -> dict[str, Any]:
         "max_grad_norm": _values("max_grad_norm", flags.pop("max_grad_norm"), float),
         "model": _values("model", flags.pop("model"), str),
     }
-    space = SearchSpace(**{k: v for k, v in dims.items() if v is not None})
+    given = {k: v for k, v in dims.items() if v is not None}  # the others: around the preset
+    for key in ("trials_mean", "score_noise"):
+        value = flags.get(key)
+        if isinstance(value, str) and value != "auto":  # a number, or refused in one line
+            parsed = _values(key, value, float)
+            flags[key] = parsed[0] if parsed else value
     extra: dict[str, Any] = {}
     for key in ("table_schema", "privacy_unit", "max_rows_per_unit"):  # train settings every trial shares
         value = flags.pop(key, None)
         if value is not None:
             extra[key] = value
     settings: dict[str, Any] = {k: v for k, v in flags.items() if v is not None}
-    return tune(space=space, extra=extra or None, **settings)
+    return tune(dims=given, extra=extra or None, **settings)
+
+
+def _against_preset(report: dict[str, Any]) -> str:
+    """``; veil train's preset 0.9xxx`` when the comparison ran (a non-private figure too)."""
+    ref = report["non_private"].get("preset_reference")
+    if ref is None or ref.get("test_accuracy") is None:
+        return ""
+    return f"; veil train's preset at the same ε {ref['test_accuracy']:.4f}"
 
 
 def register(app: typer.Typer) -> None:
@@ -65,13 +77,30 @@ def register(app: typer.Typer) -> None:
             None, "--max-grad-norm", help="Clip norms to try, comma-separated."
         ),
         model: str = typer.Option(None, "--model", help="Models to try, comma-separated (default auto)."),
-        trials_mean: float = typer.Option(3.0, "--trials-mean", help="Mean of the random number of trials."),
+        trials_mean: str = typer.Option(
+            "auto",
+            "--trials-mean",
+            help="Mean of the random number of trials (auto: chosen from public settings, docs/tune.md).",
+        ),
         trials_law: str = typer.Option(
             "negative_binomial", "--trials-law", help="negative_binomial (truncated, K ≥ 1) or poisson."
         ),
         trials_shape: float = typer.Option(0.5, "--trials-shape", help="Negative binomial shape η ≥ 0."),
-        score_noise: float = typer.Option(
-            5.0, "--score-noise", help="Std of the Gaussian noise on each validation count."
+        score_noise: str = typer.Option(
+            "auto",
+            "--score-noise",
+            help="Std of the noise on each validation count (auto: a share of it).",
+        ),
+        preset_share: float = typer.Option(
+            0.5, "--preset-share", help="Chance that a trial is veil train's preset (0: never)."
+        ),
+        compare_preset: bool = typer.Option(
+            True,
+            "--compare-preset/--no-compare-preset",
+            help="Also train veil train's preset for the report's non-private comparison.",
+        ),
+        tune_anyway: bool = typer.Option(
+            False, "--tune-anyway", help="Tune a benchmark whose preset was tuned on it (refused otherwise)."
         ),
         validation_fraction: float = typer.Option(
             0.2, "--validation-fraction", help="Share of the training split held out for scoring."
@@ -112,6 +141,9 @@ def register(app: typer.Typer) -> None:
                     "trials_law": trials_law,
                     "trials_shape": trials_shape,
                     "score_noise": score_noise,
+                    "preset_share": preset_share,
+                    "compare_preset": compare_preset,
+                    "tune_anyway": tune_anyway,
                     "validation_fraction": validation_fraction,
                     "seed": seed,
                     "out": out,
@@ -130,6 +162,8 @@ def register(app: typer.Typer) -> None:
             f"tuning spent ε = {report['epsilon']:.3f} in total (target {report['target_epsilon']:g}), "
             f"δ = {report['delta']:g}; chosen model test accuracy "
             + ("–" if acc is None else f"{acc:.4f}")
-            + " (non-private figure)\n"
+            + " (non-private figure)"
+            + _against_preset(report)
+            + "\n"
             + f"report: {folder / 'report.html'}\n        {folder / 'report.json'}\n"
         )

@@ -14,6 +14,7 @@ from typing import Any
 from veil.pipeline.run_folder import write_files
 from veil.report import Check
 from veil.tune.budget import BudgetSplit
+from veil.tune.plan import TrialPlan
 from veil.tune.space import SearchSpace
 
 __all__ = ["write_report"]
@@ -25,7 +26,8 @@ GUARANTEE = (
     "Steinke 2022, a {law} number of trials with mean {mean:g}), not the best trial alone."
 )
 CAVEATS = [
-    "Not covered: the number of trials, the other trials (under trials/) and every test accuracy. "
+    "Not covered: the number of trials, the other trials (under trials/), the preset's reference run "
+    "(under reference/, trained on the private data and not released) and every test accuracy. "
     "They are shown below as non-private diagnostics; releasing them voids the bound. Release only "
     "model.pt and the private part of this report.",
     "The number of trials was drawn from the stated law with the OS CSPRNG and never capped or cut "
@@ -36,6 +38,8 @@ FILES = {
     "report.html": "this report as a page (the full internal one)",
     "model.pt": "the chosen DP model's state_dict (torch.load(path, weights_only=True))",
     "trials/": "INTERNAL, non-private: every trial's run folder and ledger (their number is K)",
+    "reference/": "INTERNAL, non-private: veil train's preset on the whole training split, for the "
+    "comparison (its model deleted)",
     "ledger.jsonl": "the tuning ledger: the one charged event",
     "release": "what the guarantee covers, publishable as is: the chosen model and the public report",
 }
@@ -56,11 +60,12 @@ def _checks(split: BudgetSplit, target: float, trials: list[dict[str, Any]]) -> 
     ]
 
 
-def _budget(split: BudgetSplit, score_noise: float) -> dict[str, Any]:
+def _budget(split: BudgetSplit, plan: TrialPlan) -> dict[str, Any]:
     return {
         "orders": "integer 2..64, 80, 96, 128, 192, 256",
         "trial_count": {"law": split.count.law, "mean": split.count.mean, "shape": split.count.shape},
-        "score_noise_std": score_noise,
+        "score_noise_std": plan.score_noise,
+        "plan": plan.to_dict(),  # public: chosen from public settings only (veil.tune.plan)
         "epsilon_score_alone": split.trial_epsilon([split.score_event]),
         "epsilon_preprocessing_alone": split.trial_epsilon(split.prefix) if split.prefix else 0.0,
         "shapes": [
@@ -88,10 +93,11 @@ def write_report(
     n_validation: int,
     n_test: int,
     split: BudgetSplit,
+    plan: TrialPlan,
     space: SearchSpace,
     trials: list[dict[str, Any]],
     chosen: dict[str, Any] | None,
-    score_noise: float,
+    reference: dict[str, Any] | None,
     target: float,
     duration: float,
     privacy_unit: str | None = None,
@@ -99,7 +105,8 @@ def write_report(
     """Write ``report.json`` and ``report.html`` to ``out``; return the report.
 
     ``privacy_unit``: the unit column every trial and the score protect (``n_train`` and
-    ``n_validation`` then count units); None: rows."""
+    ``n_validation`` then count units); None: rows. ``reference``: ``veil train``'s preset run on the
+    whole training split (:func:`veil.tune.trial.run_reference`), compared in ``non_private`` only."""
     import veil
     from veil.report.publish import publish
     from veil.report.render import render_page
@@ -119,7 +126,7 @@ def write_report(
             "accountant": "rdp (random-stopping tuning, Papernot & Steinke 2022)",
             "privacy_unit": privacy_unit,
             "neighbouring": "add_or_remove_one" if privacy_unit is None else "add_or_remove_one_unit",
-            "budget_split": _budget(split, score_noise),
+            "budget_split": _budget(split, plan),
             "search_space": space.to_dict(),
             "out_dir": str(out),
             "duration_s": duration,
@@ -137,6 +144,7 @@ def write_report(
             "n_test": n_test,
             "test_accuracy": None if chosen is None else chosen["test_accuracy"],
             "trials": trials,
+            **_comparison(chosen, reference),
         },
         _checks(split, target, trials),
     )
@@ -157,6 +165,18 @@ def write_report(
     model = out / "model.pt"
     publish(out, report, {"model.pt": model.read_bytes()} if model.is_file() else {})
     return report
+
+
+def _comparison(chosen: dict[str, Any] | None, reference: dict[str, Any] | None) -> dict[str, Any]:
+    """The non-private comparison of the chosen model with ``veil train``'s preset (test accuracies)."""
+    if reference is None:
+        return {"preset_reference": None, "chosen_minus_preset": None}
+    acc = None if chosen is None else chosen["test_accuracy"]
+    ref = reference["test_accuracy"]
+    return {
+        "preset_reference": reference,
+        "chosen_minus_preset": None if acc is None or ref is None else acc - ref,
+    }
 
 
 def _who(settings: dict[str, Any]) -> str:
@@ -214,7 +234,9 @@ def _envelope(
     b.released("chosen", chosen, evidence)
     b.non_private_fields({"note": CAVEATS[0], **non_private})
     for name, what in FILES.items():
-        if name != "model.pt" or chosen is not None:
+        if (name != "model.pt" or chosen is not None) and (
+            name != "reference/" or non_private.get("preset_reference") is not None
+        ):
             b.file(name, what, release=name == "model.pt")
     b.release_file("report.json").release_file("report.html").checks(checks)
     b.dataset_budget = budget_section_for(ledger.header.get("budget_run_id"), events, out)

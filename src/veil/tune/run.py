@@ -18,6 +18,7 @@ or the other trials voids the bound; only the chosen model is meant for release.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import time
 from pathlib import Path
@@ -33,16 +34,23 @@ from veil.pipeline.budget import plan_steps
 from veil.pipeline.data import check_delta
 from veil.pipeline.private_data import record_mask
 from veil.pipeline.run_folder import check_out, default_out
+from veil.presets import apply_presets, preset_for
 from veil.tune.budget import ORDERS, BudgetSplit, split_budget
 from veil.tune.charge import TuneCharge
-from veil.tune.space import SearchSpace
-from veil.tune.trial import prepare_trial, run_trial, score_event, trial_config
+from veil.tune.plan import TrialPlan, choose_plan
+from veil.tune.space import PRESET_SHARE, Candidate, SearchSpace, around_preset
+from veil.tune.trial import prepare_trial, run_reference, run_trial, score_event, trial_config
 from veil.tune.units import records_outside
 
 if TYPE_CHECKING:
     from veil.data import Dataset
+    from veil.pipeline.data import Prepared
 
-__all__ = ["tune", "validation_mask"]
+__all__ = ["TUNED_ON", "preset_candidate", "tune", "validation_mask"]
+
+# Built-in benchmarks whose preset was tuned on them (veil.presets): tuning them with the default space
+# is refused before reading unless asked for (docs/tune.md has the measurements).
+TUNED_ON = ("digits", "fashion-mnist", "mnist", "breast-cancer")
 
 
 def validation_mask(data: Dataset, fraction: float, seed: int) -> np.ndarray:
@@ -66,17 +74,11 @@ def validation_mask(data: Dataset, fraction: float, seed: int) -> np.ndarray:
     return record_mask(data.x_train, labels, fraction, "veil.tune.validation", seed, units=data.units_train)
 
 
-def _plan(
-    base: dict[str, Any],
-    space: SearchSpace,
-    mask: np.ndarray,
-    epsilon: float,
-    count: TrialCount,
-    score_noise: float,
-    n_train: int,
-) -> BudgetSplit:
-    """Every shape's (q, steps) on the reduced training split, the preprocessing events of every model
-    in the space (all charged: an upper bound), then the σ split."""
+def _shapes(
+    base: dict[str, Any], space: SearchSpace, mask: np.ndarray, epsilon: float, n_train: int
+) -> tuple[list[Any], list[tuple[int, int, float, int]]]:
+    """The preprocessing events of every model in the space (all charged: an upper bound), then
+    every shape's (epochs, batch, q, steps) on the reduced training split."""
     prefix: list[Any] = []
     for model in space.model:
         cfg = make_config({**base, "model": model, "epsilon": epsilon, "noise_multiplier": 1.0})
@@ -88,7 +90,34 @@ def _plan(
         cfg = make_config({**base, "epochs": epochs, "batch_size": batch, "noise_multiplier": 1.0})
         steps = plan_steps(cfg, n_train, prefix)
         shapes.append((epochs, batch, steps.q, steps.steps_planned))
-    return split_budget(epsilon, base["delta"], count, shapes, prefix, score_event(score_noise))
+    return prefix, shapes
+
+
+def preset_candidate(full: Prepared, base: dict[str, Any], epsilon: float, n_train: int) -> Candidate:
+    """``veil train``'s defaults for this data (:mod:`veil.presets`: its kind and shape, and N for a
+    table's batch) sized for the training part: a public choice, read from no private value."""
+    cfg = make_config({**base, "epsilon": epsilon})
+    cfg = apply_presets(cfg, preset_for(cfg.model, full.data), n_train)
+    assert cfg.lr is not None and cfg.epochs is not None and cfg.batch_size is not None
+    assert cfg.max_grad_norm is not None
+    return Candidate(
+        float(cfg.lr), int(cfg.epochs), int(cfg.batch_size), float(cfg.max_grad_norm), full.model_name
+    )
+
+
+def refuse_benchmark_preset(dataset: str, epsilon: float) -> None:
+    """Before a row is read: a built-in benchmark whose preset was tuned on it, with the default search
+    space, is not worth tuning (docs/tune.md measured it): say so instead of spending the budget."""
+    if dataset in TUNED_ON:
+        raise ConfigError(
+            "dataset",
+            dataset,
+            "veil train's preset for this benchmark was tuned on it; a private search pays more noise "
+            "per trial and holds out a validation share, so it is not expected to beat the preset "
+            "(docs/tune.md)",
+            f"run `veil train --dataset {dataset} --epsilon {epsilon:g}`, give a search space "
+            "(--lr, --epochs, ...), or pass --tune-anyway",
+        )
 
 
 def tune(
@@ -99,22 +128,32 @@ def tune(
     delta: float = DEFAULT_DELTA,
     out: str | Path | None = None,
     space: SearchSpace | None = None,
-    trials_mean: float = 3.0,
+    dims: dict[str, tuple[Any, ...]] | None = None,
+    trials_mean: float | str = "auto",
     trials_law: str = "negative_binomial",
     trials_shape: float = 0.5,
-    score_noise: float = 5.0,
+    score_noise: float | str = "auto",
     validation_fraction: float = 0.2,
     seed: int = 0,
     extra: dict[str, Any] | None = None,
+    preset_share: float = PRESET_SHARE,
+    compare_preset: bool = True,
+    tune_anyway: bool = False,
 ) -> dict[str, Any]:
     """Run ``veil tune`` and return the report (also written as ``report.json``); see the module
     docstring for the guarantee. ``dataset_id``: the declared identity the run is charged to (default:
-    the data's fingerprint). ``extra``: further train settings shared by every trial."""
+    the data's fingerprint). ``space``: the whole search space, or ``dims``: some of its lists, the
+    others around the preset (:func:`veil.tune.space.around_preset`); either way the preset is drawn
+    with probability ``preset_share``. ``trials_mean`` / ``score_noise`` ``"auto"``: chosen from
+    public settings (:mod:`veil.tune.plan`). ``compare_preset``: also train ``veil train``'s preset on
+    the whole training split for the non-private comparison. ``tune_anyway``: tune a built-in
+    benchmark with the default space (refused otherwise, before reading). ``extra``: further train
+    settings shared by every trial."""
     from veil.tune.report import write_report
 
     t0 = time.monotonic()
-    space = space or SearchSpace()
-    count = TrialCount(trials_mean, trials_law, trials_shape)  # type: ignore[arg-type]
+    count = None if trials_mean == "auto" else TrialCount(float(trials_mean), trials_law, trials_shape)  # type: ignore[arg-type]
+    noise = None if score_noise == "auto" else float(score_noise)
     base: dict[str, Any] = {
         "dataset": dataset,
         **({"dataset_id": dataset_id} if dataset_id is not None else {}),
@@ -124,6 +163,8 @@ def tune(
         **(extra or {}),
     }
     make_config({**base, "epsilon": epsilon})  # typos and wrong types refused before anything else
+    if space is None and not dims and not tune_anyway:
+        refuse_benchmark_preset(dataset, epsilon)
     out_dir = Path(out if out is not None else default_out(dataset, job="tune"))
     check_out(out_dir)
     account = TuneCharge(dataset, base)  # an exhausted dataset is refused before a row is read
@@ -132,18 +173,39 @@ def tune(
         full, _, _ = prepare_trial(make_config({**base, "epsilon": epsilon}), None)
         mask = validation_mask(full.data, validation_fraction, seed)
         n_train = records_outside(mask, full.data.units_train)  # rows, or units with a privacy unit
-        split = _admit(base, space, mask, epsilon, count, score_noise, n_train)
+        preset = preset_candidate(full, base, epsilon, n_train)
+        if space is None:
+            space = around_preset(preset, dims, preset_share)
+        elif preset_share > 0 and space.preset is None:
+            space = dataclasses.replace(space, preset=preset, preset_share=preset_share)
+        n_public = full.data.n_records  # N, public under DP-SGD's convention (as for every plan)
+        ref = plan_steps(full.cfg, n_public, full.pre_events)
+        split, plan = _admit(
+            base,
+            space,
+            mask,
+            epsilon,
+            (count, noise),
+            n_train,
+            (preset, ref.sigma, validation_fraction * n_public),
+        )
         account.reserve(split.event(), delta)  # the whole procedure, before any trial or file
     except BaseException:
         account.abandon()  # settled at the stand-in (or the plan): never released after reading
         raise
 
-    k = count.sample()
+    k = split.count.sample()
     account.start(out_dir)
-    trials = _run_trials(k, base, space, split, mask, score_noise, out_dir)
+    trials = _run_trials(k, base, space, split, mask, plan.score_noise, out_dir)
     chosen = max(trials, key=lambda t: t["noisy_score"]) if trials else None
     if chosen is not None:
         shutil.copyfile(out_dir / "trials" / str(chosen["trial"]) / "model.pt", out_dir / "model.pt")
+    reference = None
+    if compare_preset:
+        ref_cfg = {**base, "epsilon": epsilon, "baseline": False, "progress": False, "audit": False}
+        reference = run_reference(
+            make_config({**ref_cfg, "out": str(out_dir / "reference")}), out_dir / "reference"
+        )
     report = write_report(
         out_dir,
         dataset=full.data.name,
@@ -151,10 +213,11 @@ def tune(
         n_validation=records_outside(~mask, full.data.units_train),
         n_test=full.data.n_test,
         split=split,
+        plan=plan,
         space=space,
         trials=trials,
         chosen=chosen,
-        score_noise=score_noise,
+        reference=reference,
         target=epsilon,
         duration=time.monotonic() - t0,
         privacy_unit=full.data.unit_column,
@@ -168,17 +231,36 @@ def _admit(
     space: SearchSpace,
     mask: np.ndarray,
     epsilon: float,
-    count: TrialCount,
-    score_noise: float,
+    given: tuple[TrialCount | None, float | None],
     n_train: int,
-) -> BudgetSplit:
-    """δ < 1/N and B ≤ N on the training part, then the budget split of the whole procedure (refused
-    here, before any trial, if it cannot fit)."""
+    public: tuple[Candidate, float, float],
+) -> tuple[BudgetSplit, TrialPlan]:
+    """δ < 1/N and B ≤ N on the training part, then the trial plan (given, or chosen from public
+    settings: the preset, the σ of ``veil train`` with it, the expected validation size) and the budget
+    split of the whole procedure (refused here, before any trial, if it cannot fit)."""
     check_delta(base["delta"], n_train)
     for b in space.batch_size:
         if b > n_train:
             raise ConfigError("batch_size", b, "the sampling rate B/N must be ≤ 1", "lower it")
-    return _plan(base, space, mask, epsilon, count, score_noise, n_train)
+    preset, ref_sigma, n_validation = public
+    prefix, shapes = _shapes(base, space, mask, epsilon, n_train)
+    preset_shape = (
+        next(s for s in shapes if s[:2] == (preset.epochs, preset.batch_size))
+        if ((preset.epochs, preset.batch_size) in [s[:2] for s in shapes])
+        else shapes[-1]
+    )
+    count, noise = given
+    if count is None or noise is None:
+        auto = choose_plan(
+            epsilon, base["delta"], preset_shape, prefix, max(1, round(n_validation)), ref_sigma
+        )
+        count, noise = count or auto.count, noise if noise is not None else auto.score_noise
+    split = split_budget(epsilon, base["delta"], count, shapes, prefix, score_event(noise))
+    auto_or_given = "auto" if given == (None, None) else ("given" if None not in given else "partly auto")
+    plan = TrialPlan(
+        count, noise, ref_sigma, split.shape(*preset_shape[:2]).sigma, auto_or_given, n_validation
+    )
+    return split, plan
 
 
 def _run_trials(

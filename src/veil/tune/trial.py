@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from veil.tune.budget import ShapePlan
     from veil.tune.space import Candidate
 
-__all__ = ["prepare_trial", "run_trial", "score_event"]
+__all__ = ["prepare_trial", "run_reference", "run_trial", "score_event"]
 
 
 def score_event(score_noise: float) -> PrivacyEvent:
@@ -160,5 +160,49 @@ def run_trial(
         "sampling_rate": steps.q,
         "test_accuracy": report.test_accuracy,
         "events": events,
+        "duration_s": time.monotonic() - t0,
+    }
+
+
+def run_reference(cfg: TrainConfig, out: Path) -> dict[str, Any]:
+    """``veil train`` with the preset on the whole training split at the tuning target ε (its own σ
+    calibration and ledger, ``job: tune-reference``), for the report's non-private comparison only.
+
+    Not covered by the tuning guarantee and never released: the model trained here is deleted and
+    only its test accuracy is kept, in the report's ``non_private`` section (as ``veil train``'s
+    non-private baseline is)."""
+    from veil.engine import refuse_example_mixing
+    from veil.training.execute import execute_run
+    from veil.training.prepare import run_header
+
+    t0 = time.monotonic()
+    prepared, _, _, _ = split_trial(cfg, None)
+    cfg = prepared.cfg
+    steps = plan_steps(cfg, prepared.data.n_records, prepared.pre_events)
+    allowed = allowed_steps(cfg, steps.sigma, steps.q, steps.steps_planned, prepared.pre_events)
+    net = build_net(cfg, prepared.data, cfg.seed)
+    plan = RunPlan(prepared, net, steps, allowed, out)
+    refuse_example_mixing(
+        assemble(plan.prep, plan.data.input_shape, net), plan.data.x_train, plan.data.y_train
+    )
+    out.mkdir(parents=True, exist_ok=False)
+    with RunLock(out):
+        ledger = Ledger.create(out / LEDGER, {**run_header(plan), "job": "tune-reference"})
+        try:
+            write_config(cfg, out / CONFIG)
+            report = execute_run(plan, out, ledger, t0, False)
+        finally:
+            ledger.close()
+    for weights in out.rglob("*.pt"):  # never released: only its test accuracy is reported
+        weights.unlink()
+    return {
+        "lr": cfg.lr,
+        "epochs": cfg.epochs,
+        "batch_size": cfg.batch_size,
+        "max_grad_norm": cfg.max_grad_norm,
+        "model": prepared.model_name,
+        "sigma": steps.sigma,
+        "steps": ledger.steps,
+        "test_accuracy": report.test_accuracy,
         "duration_s": time.monotonic() - t0,
     }
