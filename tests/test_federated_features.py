@@ -148,3 +148,31 @@ def test_a_run_with_shared_features_trains_the_same_model_as_per_client_features
     for k in a.files:
         np.testing.assert_array_equal(a[k], b[k])
     assert shared["non_private"]["final_test_accuracy"] == own["non_private"]["final_test_accuracy"]
+
+
+def test_a_failed_write_or_a_killed_run_leaves_no_private_features(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk after the first chunk left 1,024 rows' features in a .partial file (the review's
+    find); a killed run's whole file stayed until a resume with the same key. Both are removed."""
+    s = _settings(tmp_path, model="rff")
+    real, calls = features.fixed_features, []
+
+    def failing(front, x):  # the third call: after the blank probe and the first chunk
+        calls.append(len(x))
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        return real(front, x)
+
+    monkeypatch.setattr(features, "fixed_features", failing)
+    with pytest.raises(OSError), local.shared_features(s):
+        pass
+    folder = tmp_path / "run" / features.FEATURES_DIR
+    assert not folder.exists() or not any(folder.iterdir())
+    monkeypatch.setattr(features, "fixed_features", real)
+    stale = folder / "train-0123456789abcdef01234567.npy"
+    folder.mkdir(parents=True, exist_ok=True)
+    stale.write_bytes(b"features of a killed run")
+    with local.shared_features(s) as path:
+        assert path is not None and path.exists() and not stale.exists()
+    assert not folder.exists() or not any(folder.iterdir())

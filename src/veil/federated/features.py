@@ -57,16 +57,26 @@ def write_features(front: nn.Module, x: np.ndarray, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     os.chmod(path.parent, 0o700)
     tmp = path.with_name(path.name + ".partial")
-    shape = fixed_features(front, x[:0]).shape[1:]  # the front's output shape, from a blank example
-    out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(len(x), *shape))
     try:
-        os.chmod(tmp, 0o600)
-        for i in range(0, len(x), _CHUNK):
-            out[i : i + _CHUNK] = fixed_features(front, x[i : i + _CHUNK])
-        out.flush()
-    finally:
-        del out
-    os.replace(tmp, path)
+        shape = fixed_features(front, x[:0]).shape[1:]  # the front's output shape, from a blank example
+        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(len(x), *shape))
+        try:
+            os.chmod(tmp, 0o600)
+            for i in range(0, len(x), _CHUNK):
+                out[i : i + _CHUNK] = fixed_features(front, x[i : i + _CHUNK])
+            out.flush()
+        finally:
+            del out
+        os.replace(tmp, path)
+    except BaseException:  # a failed write (a full disk, an interrupt) leaves no private features
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def remove_leftovers(folder: Path) -> None:
+    """Delete shared-feature files a killed run left behind (a run removes its own when it ends)."""
+    for stale in folder.glob("train-*.npy*"):
+        stale.unlink(missing_ok=True)
 
 
 @functools.lru_cache(maxsize=2)

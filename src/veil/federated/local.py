@@ -38,6 +38,7 @@ from veil.federated.features import (
     cache_key,
     forget_mappings,
     read_rows,
+    remove_leftovers,
     write_features,
 )
 from veil.federated.partition import parse_partition, row_positions, split_rows
@@ -252,8 +253,9 @@ def shared_features(s: FederatedSettings) -> Iterator[Path | None]:
         return
     front, _ = build_network(s, federation(s).data)
     assert front is not None
-    write_features(front, federation(s).data.x_train, path)
     try:
+        remove_leftovers(path.parent)  # a killed earlier run's file, whatever its key
+        write_features(front, federation(s).data.x_train, path)
         yield path
     finally:
         forget_mappings()
