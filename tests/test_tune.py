@@ -113,6 +113,14 @@ def test_space_draws_from_the_lists() -> None:
     assert np.all([d.epochs == 1 for d in draws])
 
 
+def test_only_the_tune_itself_has_a_release_folder(tuned: tuple[Path, dict]) -> None:
+    """The trials and the preset reference are trained by the train job, which writes a release/
+    folder claiming its own guarantee; the tuning bound covers only the chosen model, and the
+    reference is charged nowhere, so theirs are removed (found by the review)."""
+    out, _ = tuned
+    assert [p.relative_to(out) for p in out.rglob("release")] == [Path("release")]
+
+
 def test_the_chosen_model_is_compared_with_the_preset_non_privately(tuned: tuple[Path, dict]) -> None:
     """veil train's preset ran on the whole training split at the same ε: its test accuracy and the
     difference are in ``non_private`` only, its model deleted; the plan is public and says its price."""

@@ -99,6 +99,18 @@ def trial_config(
     )
 
 
+def withdraw_release(out: Path) -> None:
+    """Remove the ``release/`` folder the train job wrote inside a trial's (or the reference's) folder.
+
+    A trial's model and report claim their own guarantee, which the tuning bound does not give when
+    more than the chosen model is published (the reference is charged nowhere at all): nothing under
+    a tune's folder but its own top-level ``release/`` may look releasable. The trial's ``model.pt``
+    stays in its owner-only folder, for the chosen one to be copied out."""
+    import shutil
+
+    shutil.rmtree(out / "release", ignore_errors=True)
+
+
 def run_trial(
     cfg: TrainConfig, validation: np.ndarray, shape: ShapePlan, score_noise: float, out: Path
 ) -> dict[str, Any]:
@@ -132,6 +144,7 @@ def run_trial(
         try:
             write_config(cfg, out / CONFIG)
             report = execute_run(plan, out, ledger, t0, False)
+            withdraw_release(out)
             model = assemble(plan.prep, plan.data.input_shape, build_net(cfg, plan.data, cfg.seed))
             model.load_state_dict(torch.load(out / "model.pt", weights_only=True))
             model.eval()
@@ -193,6 +206,7 @@ def run_reference(cfg: TrainConfig, out: Path) -> dict[str, Any]:
             report = execute_run(plan, out, ledger, t0, False)
         finally:
             ledger.close()
+    withdraw_release(out)
     for weights in out.rglob("*.pt"):  # never released: only its test accuracy is reported
         weights.unlink()
     return {
