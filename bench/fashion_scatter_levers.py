@@ -312,4 +312,5 @@ def main():
     )
 
 
-main()
+if __name__ == "__main__":
+    main()
