@@ -3,8 +3,17 @@
 Features: veil's Scattering2d (J = 2, L = 8) on x/255 (what ``veil train``'s scatternet trains on),
 computed once and cached as .npy files in ``$VEIL_BENCH_CACHE`` (default: the system temp folder).
 σ is calibrated by veil (PLD, Poisson sampling) for the schedule; one run evaluates the final
-weights and their exponential moving averages (``--ema``) on the official test split. A research
-loop for choosing presets, not a private job (the test split is only a diagnostic here).
+weights, their exponential moving averages (``--ema``) and the uniform average of the last share of
+iterates (``--tail``) on the official test split and, with ``--val F``, on a held-out share F of
+the training rows (a fixed split from a public seed; choose on it, report test). A research loop
+for choosing presets, not a private job (the test split is only a diagnostic here).
+
+Levers: ``--groups G`` (GroupNorm groups over the 81 channels, per example and data-independent:
+81 = per-example channel standardisation, 0 = none), ``--log`` (log(1 + x / ``--log-scale``), a
+fixed per-value map), ``--head cnn|cnn-small``, ``--opt adam``, ``--dpbn-sigma S`` (per-channel
+mean and variance released with the Gaussian mechanism, noise multiplier S, per-example clip
+``--dpbn-clip``, frozen as the normalisation; the release is one ``Gaussian(S)`` event composed
+before the DP-SGD steps by veil's accountant, and σ is calibrated so the *total* is ``--eps``).
 
 Usage::
 
@@ -27,7 +36,13 @@ from torch import nn
 
 torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from veil.accounting.calibrate import calibrate_noise  # noqa: E402
+from veil.accounting.calibrate import (  # noqa: E402
+    calibrate_noise,
+    dpsgd_event,
+    epsilon_of,
+    with_steps,
+)
+from veil.accounting.events import Gaussian  # noqa: E402
 from veil.data.idx import load_idx_dataset  # noqa: E402
 from veil.engine import PrivacyEngine  # noqa: E402
 from veil.models.scattering import scattering_features  # noqa: E402
@@ -54,12 +69,32 @@ def feats():
     ]
 
 
-def head(kind, groups):
+class FrozenChannelNorm(nn.Module):
+    """(x − mean_c) / sqrt(var_c + eps) with fixed per-channel statistics (not trained: buffers)."""
+
+    def __init__(self, mean, var):
+        super().__init__()
+        self.register_buffer("mean", mean.reshape(1, -1, 1, 1))
+        self.register_buffer("scale", (var.clamp_min(0) + 1e-5).rsqrt().reshape(1, -1, 1, 1))
+
+    def forward(self, x):
+        return (x - self.mean) * self.scale
+
+
+def norm_layer(groups, stats):
+    if stats is not None:
+        return FrozenChannelNorm(*stats)
+    if groups == 0:
+        return nn.Identity()
+    return nn.GroupNorm(groups, 81)
+
+
+def head(kind, groups, stats=None):
     if kind == "linear":
-        return nn.Sequential(nn.GroupNorm(groups, 81), nn.Flatten(), nn.Linear(81 * 49, 10))
+        return nn.Sequential(norm_layer(groups, stats), nn.Flatten(), nn.Linear(81 * 49, 10))
     if kind == "cnn":  # small CNN on the 81x7x7 maps
         return nn.Sequential(
-            nn.GroupNorm(groups, 81),
+            norm_layer(groups, stats),
             nn.Conv2d(81, 32, 3, padding=1),
             nn.GroupNorm(4, 32),
             nn.Tanh(),
@@ -72,7 +107,7 @@ def head(kind, groups):
         )
     if kind == "cnn-small":
         return nn.Sequential(
-            nn.GroupNorm(groups, 81),
+            norm_layer(groups, stats),
             nn.Conv2d(81, 16, 3, padding=1),
             nn.GroupNorm(4, 16),
             nn.Tanh(),
@@ -80,6 +115,33 @@ def head(kind, groups):
             nn.Linear(16 * 49, 10),
         )
     raise SystemExit(kind)
+
+
+def dp_channel_stats(x, clip, sigma, generator):
+    """Per-channel mean and variance of the scattering maps, released with the Gaussian mechanism.
+
+    Each example contributes v_i = (its 81 channel means over the 7×7 positions, their 81 mean
+    squares), clipped to L2 norm ``clip``; the sum gets N(0, σ² clip²) per coordinate, so one
+    release is the Gaussian mechanism with sensitivity ``clip`` under add/remove-one (one
+    ``Gaussian(σ)`` event, composed with the training's steps by veil's accountant). Divided by the
+    training size n (treated as public, as veil's q = B / n already does)."""
+    total = torch.zeros(162, dtype=torch.float64)
+    for i in range(0, len(x), 4096):
+        xb = x[i : i + 4096].double()
+        v = torch.cat([xb.mean(dim=(2, 3)), (xb * xb).mean(dim=(2, 3))], dim=1)
+        v = v * (clip / v.norm(dim=1, keepdim=True).clamp_min(clip))
+        total += v.sum(0)
+    total += torch.randn(162, dtype=torch.float64, generator=generator) * sigma * clip
+    mean, sq = total[:81] / len(x), total[81:] / len(x)
+    return mean.float(), (sq - mean * mean).float()
+
+
+def accuracy(model, x, y):
+    with torch.no_grad():
+        hits = sum(
+            (model(x[i : i + 4096]).argmax(1) == y[i : i + 4096]).sum() for i in range(0, len(y), 4096)
+        )
+    return round(float(hits) / max(len(y), 1), 4)
 
 
 def main():
@@ -101,25 +163,41 @@ def main():
     p.add_argument("--nesterov", action="store_true")
     p.add_argument("--memtrace", action="store_true")
     p.add_argument("--secure", action="store_true")
+    p.add_argument("--val", type=float, default=0.0, help="hold out this share of the training rows")
+    p.add_argument("--tail", type=float, default=0.0, help="also average the last share of iterates")
+    p.add_argument("--dpbn-sigma", dest="bn_sigma", type=float, default=0.0)
+    p.add_argument("--dpbn-clip", dest="bn_clip", type=float, default=1.0)
+    p.add_argument("--log-scale", dest="log_scale", type=float, default=1e-3)
     a = p.parse_args()
     xtr, ytr, xte, yte = feats()
     if a.memtrace:
         print("start rss", _rss_mib(), "MiB", flush=True)
     xtr_t = torch.from_numpy(np.ascontiguousarray(xtr))
     ytr_t = torch.from_numpy(np.asarray(ytr))
-    if a.log:  # a fixed per-value map (data-independent): log(1 + x / 1e-3)
-        xtr_t = torch.log1p(xtr_t / 1e-3)
+    if a.log:  # a fixed per-value map (data-independent): log(1 + x / scale)
+        xtr_t = torch.log1p(xtr_t / a.log_scale)
     xte_t = torch.from_numpy(np.ascontiguousarray(xte))
     yte_t = torch.from_numpy(np.asarray(yte))
     if a.log:
-        xte_t = torch.log1p(xte_t / 1e-3)
+        xte_t = torch.log1p(xte_t / a.log_scale)
+    xva_t, yva_t = xte_t[:0], yte_t[:0]
+    if a.val > 0:  # a fixed split drawn from a public seed, independent of the data and of --seed
+        order = torch.from_numpy(np.random.default_rng(20261201).permutation(len(ytr_t)))
+        k = round(a.val * len(ytr_t))
+        xva_t, yva_t = xtr_t[order[:k]], ytr_t[order[:k]]
+        xtr_t, ytr_t = xtr_t[order[k:]], ytr_t[order[k:]]
     n = len(ytr_t)
     spe = steps_per_epoch(n, a.batch)
     steps = round(a.epochs * spe)
     q = a.batch / n
-    sigma = calibrate_noise(a.eps, 1e-5, q, steps)
+    prefix = [Gaussian(a.bn_sigma)] if a.bn_sigma > 0 else []
+    sigma = calibrate_noise(a.eps, 1e-5, q, steps, prefix=prefix)
     torch.manual_seed(a.seed)
-    model = head(a.head, a.groups)
+    stats = None
+    if a.bn_sigma > 0:
+        g = torch.Generator().manual_seed(a.seed + 2000)
+        stats = dp_channel_stats(xtr_t, a.bn_clip, a.bn_sigma, g)
+    model = head(a.head, a.groups, stats)
     opt = (
         torch.optim.Adam(model.parameters(), lr=a.lr)
         if a.opt == "adam"
@@ -150,6 +228,8 @@ def main():
         )
     emas = [float(e) for e in a.ema.split(",")]
     avg = {e: {k: v.detach().clone() for k, v in model.state_dict().items()} for e in emas}
+    tail_from = steps - round(a.tail * steps) if a.tail > 0 else None
+    tail = None
     sched = (
         torch.optim.lr_scheduler.CosineAnnealingLR(
             dopt.original_optimizer if hasattr(dopt, "original_optimizer") else opt, steps
@@ -187,22 +267,30 @@ def main():
                             avg[e][k].mul_(d).add_(v, alpha=1 - d)
                         else:
                             avg[e][k].copy_(v)
+            if tail_from is not None and done > tail_from:
+                with torch.no_grad():
+                    k = done - tail_from
+                    sd = model.state_dict()
+                    if tail is None:
+                        tail = {n_: v.detach().clone() for n_, v in sd.items()}
+                    else:
+                        for n_, v in sd.items():
+                            if v.is_floating_point():
+                                tail[n_].mul_((k - 1) / k).add_(v, alpha=1 / k)
             if done >= steps:
                 break
     tt = time.time() - t0
-    ev = head(a.head, a.groups)
-    res = {}
-    for e in emas:
-        ev.load_state_dict(avg[e])
+    ev = head(a.head, a.groups, stats)
+    res, val = {}, {}
+    weights = {str(e): avg[e] for e in emas}
+    if tail is not None:
+        weights[f"tail{a.tail}"] = tail
+    for name, w in weights.items():
+        ev.load_state_dict(w)
         ev.eval()
-        with torch.no_grad():
-            acc = float(
-                sum(
-                    (ev(xte_t[i : i + 4096]).argmax(1) == yte_t[i : i + 4096]).sum()
-                    for i in range(0, len(yte_t), 4096)
-                )
-            ) / len(yte_t)
-        res[e] = round(acc, 4)
+        res[name] = accuracy(ev, xte_t, yte_t)
+        if len(yva_t):
+            val[name] = accuracy(ev, xva_t, yva_t)
     ru = resource.getrusage(resource.RUSAGE_SELF)
     print(
         json.dumps(
@@ -210,7 +298,9 @@ def main():
                 "args": vars(a),
                 "sigma": round(sigma, 3),
                 "steps": steps,
-                "eps": round(eng.get_epsilon(1e-5), 3),
+                "eps_train": round(eng.get_epsilon(1e-5), 3),
+                "eps_total": round(epsilon_of(with_steps(prefix, dpsgd_event(q, sigma), steps), 1e-5), 3),
+                "val": val,
                 "acc": res,
                 "train_s": round(tt, 1),
                 "cpu_s": round(ru.ru_utime + ru.ru_stime, 1),
@@ -222,4 +312,5 @@ def main():
     )
 
 
-main()
+if __name__ == "__main__":
+    main()
