@@ -41,6 +41,19 @@ TEXT_RULES = ("rows_dropped_text_missing", "rows_dropped_text_empty")
 """The per-record rules' counters of :func:`text_rows`."""
 
 
+def _one_column(values: Sequence[Any] | np.ndarray, column: str) -> np.ndarray:
+    """``values`` as a 1-D array (the column's shape, the only thing checked as a whole)."""
+    array = np.asarray(values, dtype=object) if not isinstance(values, np.ndarray) else values
+    if array.ndim != 1:
+        raise DataError(
+            "text_column",
+            column,
+            f"holds an array of shape {array.shape}, not one text per row",
+            "pass one column of strings",
+        )
+    return array
+
+
 def text_rows(values: Sequence[Any] | np.ndarray, column: str = "text") -> tuple[list[str], np.ndarray]:
     """Each row's text by a rule on that row alone: ``(texts, reason)``.
 
@@ -51,14 +64,7 @@ def text_rows(values: Sequence[Any] | np.ndarray, column: str = "text") -> tuple
     value per row) is checked as a whole; no value stops the read."""
     from veil.tables.sources.cells import cell_text
 
-    array = np.asarray(values, dtype=object) if not isinstance(values, np.ndarray) else values
-    if array.ndim != 1:
-        raise DataError(
-            "text_column",
-            column,
-            f"holds an array of shape {array.shape}, not one text per row",
-            "pass one column of strings",
-        )
+    array = _one_column(values, column)
     texts: list[str] = []
     reason = np.zeros(len(array), dtype=np.int8)
     for row, value in enumerate(array.tolist()):
@@ -73,14 +79,7 @@ def text_rows(values: Sequence[Any] | np.ndarray, column: str = "text") -> tuple
 
 def check_texts(values: Sequence[Any] | np.ndarray, column: str = "text") -> list[str]:
     """``values`` as a list of non-empty strings, or a :class:`DataError` naming the first bad row."""
-    array = np.asarray(values, dtype=object) if not isinstance(values, np.ndarray) else values
-    if array.ndim != 1:
-        raise DataError(
-            "text_column",
-            column,
-            f"holds an array of shape {array.shape}, not one text per row",
-            "pass one column of strings",
-        )
+    array = _one_column(values, column)
     if array.dtype.kind in "biufc":
         raise DataError(
             "text_column",

@@ -99,6 +99,22 @@ def trial_config(
     )
 
 
+def _checked_plan(prepared: Any, out: Path) -> RunPlan:
+    """The train job's step plan, network and example-mixing check for a trial or the reference, as
+    ``veil train`` makes them (the same functions), before anything is written."""
+    from veil.engine import refuse_example_mixing
+
+    cfg = prepared.cfg
+    steps = plan_steps(cfg, prepared.data.n_records, prepared.pre_events)
+    allowed = allowed_steps(cfg, steps.sigma, steps.q, steps.steps_planned, prepared.pre_events)
+    net = build_net(cfg, prepared.data, cfg.seed)
+    plan = RunPlan(prepared, net, steps, allowed, out)
+    refuse_example_mixing(
+        assemble(plan.prep, plan.data.input_shape, net), plan.data.x_train, plan.data.y_train
+    )
+    return plan
+
+
 def withdraw_release(out: Path) -> None:
     """Remove the ``release/`` folder the train job wrote inside a trial's (or the reference's) folder.
 
@@ -117,14 +133,14 @@ def run_trial(
     """Train one candidate (every step charged to ``out/ledger.jsonl``), then release its noisy score."""
     import torch
 
-    from veil.engine import refuse_example_mixing
     from veil.training.execute import execute_run
     from veil.training.prepare import run_header
 
     t0 = time.monotonic()
     prepared, x_val, y_val, units_val = split_trial(cfg, validation)
     cfg = prepared.cfg
-    steps = plan_steps(cfg, prepared.data.n_records, prepared.pre_events)
+    plan = _checked_plan(prepared, out)
+    steps = plan.steps
     if (steps.q, steps.steps_planned, steps.sigma) != (shape.q, shape.steps, shape.sigma):
         raise BudgetExhaustedError(  # pragma: no cover - the plan and the trial size the data alike
             "trial",
@@ -132,12 +148,6 @@ def run_trial(
             "the trial would not run the steps its budget share was planned for",
             "report this as a bug",
         )
-    allowed = allowed_steps(cfg, steps.sigma, steps.q, steps.steps_planned, prepared.pre_events)
-    net = build_net(cfg, prepared.data, cfg.seed)
-    plan = RunPlan(prepared, net, steps, allowed, out)
-    refuse_example_mixing(
-        assemble(plan.prep, plan.data.input_shape, net), plan.data.x_train, plan.data.y_train
-    )
     out.mkdir(parents=True, exist_ok=False)
     with RunLock(out):
         ledger = Ledger.create(out / LEDGER, {**run_header(plan), "job": "tune-trial"})
@@ -184,20 +194,13 @@ def run_reference(cfg: TrainConfig, out: Path) -> dict[str, Any]:
     Not covered by the tuning guarantee and never released: the model trained here is deleted and
     only its test accuracy is kept, in the report's ``non_private`` section (as ``veil train``'s
     non-private baseline is)."""
-    from veil.engine import refuse_example_mixing
     from veil.training.execute import execute_run
     from veil.training.prepare import run_header
 
     t0 = time.monotonic()
     prepared, _, _, _ = split_trial(cfg, None)
     cfg = prepared.cfg
-    steps = plan_steps(cfg, prepared.data.n_records, prepared.pre_events)
-    allowed = allowed_steps(cfg, steps.sigma, steps.q, steps.steps_planned, prepared.pre_events)
-    net = build_net(cfg, prepared.data, cfg.seed)
-    plan = RunPlan(prepared, net, steps, allowed, out)
-    refuse_example_mixing(
-        assemble(plan.prep, plan.data.input_shape, net), plan.data.x_train, plan.data.y_train
-    )
+    plan = _checked_plan(prepared, out)
     out.mkdir(parents=True, exist_ok=False)
     with RunLock(out):
         ledger = Ledger.create(out / LEDGER, {**run_header(plan), "job": "tune-reference"})
@@ -215,7 +218,7 @@ def run_reference(cfg: TrainConfig, out: Path) -> dict[str, Any]:
         "batch_size": cfg.batch_size,
         "max_grad_norm": cfg.max_grad_norm,
         "model": prepared.model_name,
-        "sigma": steps.sigma,
+        "sigma": plan.steps.sigma,
         "steps": ledger.steps,
         "test_accuracy": report.test_accuracy,
         "duration_s": time.monotonic() - t0,
