@@ -7,6 +7,7 @@ a float cell's text does not depend on whether the other cells are integral.
 
 from __future__ import annotations
 
+import datetime
 import math
 from pathlib import Path
 
@@ -119,6 +120,7 @@ def test_number_texts_is_number_text_cell_by_cell(values: list[float | None]) ->
     assert got == [None if v is None else number_text(v) for v in values]
 
 
+_DAY = datetime.timedelta(hours=23)
 _cells = st.one_of(
     st.none(),
     st.booleans(),
@@ -128,7 +130,10 @@ _cells = st.one_of(
     st.binary(max_size=3),
     st.dates(),
     st.datetimes(),
+    st.datetimes(timezones=st.builds(datetime.timezone, st.timedeltas(-_DAY / 2, _DAY / 2))),
     st.decimals(places=2, min_value=-1000, max_value=1000),
+    st.dictionaries(st.text(max_size=2), st.one_of(st.integers(), st.floats(), st.none()), max_size=3),
+    st.lists(st.one_of(st.integers(min_value=-(2**70), max_value=2**70), st.floats()), max_size=3),
 )
 
 
@@ -146,7 +151,6 @@ def test_a_number_text_reads_back_as_the_same_number(v: float) -> None:
 
 
 def test_cell_rules_for_other_types() -> None:
-    import datetime
     import decimal
 
     assert [cell_text(v) for v in (True, 3, 3.0, decimal.Decimal("2.50"), b"\xff7", None)] == [
@@ -155,6 +159,25 @@ def test_cell_rules_for_other_types() -> None:
     assert cell_text(datetime.date(2020, 1, 2)) == "2020-01-02"
     stamps = pa.chunked_array([pa.array([datetime.datetime(2020, 1, 2, 3, 4)])])
     assert column_texts(stamps).to_pylist() == [cell_text(datetime.datetime(2020, 1, 2, 3, 4))]
+    assert [cell_text(v) for v in ({"b": [1, 2.5], "a": None}, [1, "x"], ())] == [
+        '{"a":null,"b":[1,2.5]}', '[1,"x"]', "[]",
+    ]  # fmt: skip
+
+
+def test_json_and_zoned_cells_read_as_they_would_alone() -> None:
+    """Arrow types a column of objects as one struct (every record gets every key), lists of integers
+    as reals beside a real and timestamps in the first record's zone; read cell by cell instead."""
+    east = datetime.timezone(datetime.timedelta(hours=2))
+    for cells in (
+        [{"a": 1}, {"b": 2}],
+        [[1, 2], [1.5]],
+        [datetime.datetime(2020, 1, 1, 12, tzinfo=datetime.timezone.utc), datetime.datetime(2020, 1, 1, 12, tzinfo=east)],
+    ):
+        column = pa.chunked_array([mixed_cells_as_text(cells)])
+        assert column_texts(column).to_pylist() == [cell_text(v) for v in cells]
+        assert [column_texts(pa.chunked_array([mixed_cells_as_text([v])])).to_pylist()[0] for v in cells] == [
+            cell_text(v) for v in cells
+        ]
 
 
 def test_an_integer_no_double_holds_beside_reals_in_another_partition(tmp_path: Path, monkeypatch) -> None:

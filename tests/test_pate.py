@@ -126,6 +126,8 @@ def test_end_to_end_on_digits_through_the_cli(tmp_path: Path, capsys: pytest.Cap
     private = {k: v for k, v in r.items() if k != "non_private"}
     for key in ("label_accuracy", "teacher_accuracy", "student_test_accuracy", "vote_margins"):
         assert key in r["non_private"] and key not in private  # non-private figures only there
+    for key in ("n_private", "n_test", "public_private_duplicates", "sha256"):  # counted from private rows
+        assert key in r["non_private"]["dataset"] and key not in r["dataset"]
     assert r["randomness"] == "secure" and r["release_ready"] is True
     assert r["label_set"]["source"] == "declared" and r["label_set"]["classes"] == [str(d) for d in range(10)]
     assert (

@@ -110,3 +110,34 @@ def test_train_from_postgres_with_the_password_outside_the_url(
     assert json.loads(out)["dataset"]["n_train"] + json.loads(out)["dataset"]["n_test"] == 686
     assert PG_PASSWORD not in "".join(p.read_text(errors="ignore") for p in run.rglob("*") if p.is_file())
     assert tomllib.loads((run / "config.toml").read_text())["table"] == "gbsg2"
+
+
+def test_json_array_and_zoned_columns_read_each_row_as_alone(postgres: PostgresServer) -> None:
+    """PostgreSQL's JSON, JSONB, ARRAY and TIMESTAMPTZ columns come back from the driver as dicts,
+    lists and zoned datetimes; each cell reads as the text it has alone (Arrow's inference would give
+    an object every other record's keys, promote one record's integers to reals beside another's
+    real, and shift a timestamp to the first record's zone)."""
+    from veil.tables.sources.cells import cell_text
+    from veil.tables.sources.common import TableSource
+    from veil.tables.sources.sql_reader import read_table
+
+    engine = sqlalchemy.create_engine(postgres.url())
+    with engine.begin() as conn:
+        conn.exec_driver_sql("DROP TABLE IF EXISTS shapes")
+        conn.exec_driver_sql(
+            "CREATE TABLE shapes (id int, doc json, docb jsonb, nums numeric[], seen timestamptz, y int)"
+        )
+        conn.exec_driver_sql(
+            "INSERT INTO shapes VALUES "
+            """(1, '{"a": 1}', '{"z": [1, 2]}', '{1,2}', '2020-01-01 12:00+01', 0),"""
+            """(2, '{"b": 2}', '[1, 2.5]', '{1.5}', '2020-01-01 12:00+05', 1),"""
+            """(3, '[1, "x"]', '"text"', NULL, NULL, 0)"""
+        )
+    engine.dispose()
+    url = postgres.url()
+    together = read_table(TableSource("sql", url, query="SELECT * FROM shapes ORDER BY id")).to_pylist()
+    for i in (1, 2, 3):
+        alone = read_table(TableSource("sql", url, query=f"SELECT * FROM shapes WHERE id = {i}")).to_pylist()
+        assert alone == [together[i - 1]], f"row {i} reads differently beside the others"
+    assert together[0]["doc"] == '{"a":1}' and together[1]["doc"] == '{"b":2}'
+    assert together[1]["docb"] == "[1,2.5]" and together[0]["nums"] == "[1,2]" == cell_text([1, 2])

@@ -38,7 +38,7 @@ __all__ = [
 NON_PRIVATE = ("label_accuracy", "teacher_accuracy", "student_test_accuracy", "vote_margins", "teacher_sizes")
 """Fields computed on private data without privacy: written under ``non_private`` in report.json."""
 
-_NON_PRIVATE_DATASET = ("n_private", "public_private_duplicates", "sha256")
+_NON_PRIVATE_DATASET = ("n_private", "n_test", "public_private_duplicates", "sha256")
 """``dataset`` fields counted or hashed from the private data without noise: in ``non_private``."""
 
 _RELEASED = ("queries_answered", "stop_reason", "data_dependent", "epsilon_data_dependent", "ptr", "history")

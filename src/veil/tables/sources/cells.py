@@ -9,14 +9,23 @@ stores a type per cell) failed Arrow's type inference for the whole read, after 
 The rule: a missing cell stays missing (NaN too); a number integral and below 2**53 in size is written
 as an integer (``3.0`` → ``"3"``), any other number as Python's shortest round-trip ``repr`` (``2.5``,
 ``1e-07``, ``inf``) — so its text read back as a number is the same number; a boolean is ``"true"`` or
-``"false"``; bytes are their hex digits (one-to-one, as for unit ids); a date or time its ISO form;
-text is kept as written. A column read typed and the same column read as text encode the same way.
+``"false"``; bytes are their hex digits (one-to-one, as for unit ids); a date or time its ISO form
+(with its own UTC offset); a JSON object or array (a database's JSON, JSONB or ARRAY column) its
+canonical JSON text (keys sorted); text is kept as written. A column read typed and the same column
+read as text encode the same way.
+
+A database column is typed only when its cells are booleans, integers, reals or text: Arrow infers one
+type for *all* the cells of any other column, and that type leaks one record into another's text — a
+JSON object gets every key any other record has (``{"a": 1}`` read as ``{'a': 1, 'b': None}``), a list
+of integers becomes reals beside a list holding a real, a timestamp is shifted to the first record's
+time zone. Those columns are read cell by cell as text.
 """
 
 from __future__ import annotations
 
 import datetime
 import decimal
+import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -54,7 +63,26 @@ def cell_text(value: object) -> str | None:
         return bytes(value).hex()
     if isinstance(value, datetime.date | datetime.time):
         return value.isoformat()
+    if isinstance(value, dict | list | tuple):
+        return _json_text(value)
     return str(value)
+
+
+def _json_text(value: dict[object, object] | list[object] | tuple[object, ...]) -> str:
+    """A JSON object or array as canonical JSON (keys sorted, no spaces); a value JSON cannot write
+    (a key of mixed types, an object inside) as Python's ``repr`` — either way from the cell alone."""
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_json_cell)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def _json_cell(value: object) -> object:
+    """What JSON writes for a value it has no type for: a decimal as its number (an integral one as an
+    integer, as :func:`number_text` does), anything else as its :func:`cell_text`."""
+    if isinstance(value, decimal.Decimal) and value.is_finite():
+        return int(value) if value == value.to_integral_value() else float(value)
+    return cell_text(value)
 
 
 def number_texts(column: pa.Array | pa.ChunkedArray) -> pa.Array:
@@ -121,19 +149,24 @@ def _kind(value: object) -> str:
     return type(value).__name__
 
 
+_TYPED_KINDS = frozenset({"bool", "int", "float", "str"})
+"""Cell kinds Arrow types cell by cell (a cell's value, hence its text, is what it holds alone)."""
+
+
 def mixed_cells_as_text(cells: Sequence[object]) -> pa.Array:
-    """A column's cells as an Arrow array: typed when every non-missing cell is of one kind (integers
-    and reals together while every integer is exact in a double), else every cell as text by the
-    module's rule. Arrow's own inference is not used to decide: it reads ``"x"`` beside bytes as
-    bytes, ``True`` beside 0.5 as 1.0 and a date beside a datetime as a date — one record's type
-    changing another's text."""
+    """A column's cells as an Arrow array: typed when every non-missing cell is of one of the kinds
+    :data:`_TYPED_KINDS` (integers and reals together while every integer is exact in a double), else
+    every cell as text by the module's rule. Arrow's own inference is not used to decide: it reads
+    ``"x"`` beside bytes as bytes, ``True`` beside 0.5 as 1.0, a date beside a datetime as a date, a
+    JSON object with the keys of every other record and a timestamp in the first record's time zone —
+    one record's type changing another's text."""
     import pyarrow as pa
 
     kinds = {_kind(v) for v in cells if v is not None}
     numbers = kinds == {"int", "float"} and all(
         abs(v) < _EXACT_INTEGERS for v in cells if isinstance(v, int) and not isinstance(v, bool)
     )
-    if len(kinds) <= 1 or numbers:
+    if kinds <= _TYPED_KINDS and (len(kinds) <= 1 or numbers):
         try:
             return pa.array(list(cells))
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError):
