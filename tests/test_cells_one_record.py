@@ -171,7 +171,7 @@ def test_json_and_zoned_cells_read_as_they_would_alone() -> None:
     for cells in (
         [{"a": 1}, {"b": 2}],
         [[1, 2], [1.5]],
-        [datetime.datetime(2020, 1, 1, 12, tzinfo=datetime.timezone.utc), datetime.datetime(2020, 1, 1, 12, tzinfo=east)],
+        [datetime.datetime(2020, 1, 1, 12, tzinfo=tz) for tz in (datetime.timezone.utc, east)],
     ):
         column = pa.chunked_array([mixed_cells_as_text(cells)])
         assert column_texts(column).to_pylist() == [cell_text(v) for v in cells]

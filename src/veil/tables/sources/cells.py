@@ -72,7 +72,9 @@ def _json_text(value: dict[object, object] | list[object] | tuple[object, ...]) 
     """A JSON object or array as canonical JSON (keys sorted, no spaces); a value JSON cannot write
     (a key of mixed types, an object inside) as Python's ``repr`` — either way from the cell alone."""
     try:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_json_cell)
+        return json.dumps(
+            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_json_cell
+        )
     except (TypeError, ValueError):
         return repr(value)
 
