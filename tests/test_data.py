@@ -76,6 +76,26 @@ def test_idx_dataset_gz_or_not(tmp_path: Path, compress: bool) -> None:
     assert array.tolist() == [i % 10 for i in range(30)]
 
 
+def test_an_idx_label_outside_the_classes_drops_its_image_and_nothing_else(tmp_path: Path) -> None:
+    """A label no class has (a value of one record, read after the run was charged) drops that image by
+    a per-record rule; it was a refusal of the whole run. The other images load as they would alone."""
+    _write_idx_folder(tmp_path / "clean", False)
+    clean = load_dataset("fashion-mnist", data_dir=str(tmp_path / "clean"))
+    _write_idx_folder(tmp_path / "odd", False)
+    labels = (np.arange(30) % 10).astype(np.uint8)
+    labels[[4, 17]] = [10, 255]
+    (tmp_path / "odd" / "train-labels-idx1-ubyte").write_bytes(_idx(labels))
+    odd = load_dataset("fashion-mnist", data_dir=str(tmp_path / "odd"))
+    kept = np.setdiff1d(np.arange(30), [4, 17])
+    np.testing.assert_array_equal(odd.x_train, clean.x_train[kept])
+    np.testing.assert_array_equal(odd.y_train, clean.y_train[kept])
+    np.testing.assert_array_equal(odd.x_test, clean.x_test)
+    assert (
+        odd.rules == {"rows_dropped_label_not_declared": 2}
+        and clean.rules["rows_dropped_label_not_declared"] == 0
+    )
+
+
 def test_idx_refusals(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="does not exist"):
         load_dataset("mnist", data_dir=str(tmp_path / "none"))

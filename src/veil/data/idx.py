@@ -99,6 +99,13 @@ def _find(folder: Path, key: str) -> Path:
     )
 
 
+def _declared(labels: np.ndarray, k: int) -> np.ndarray:
+    """Which labels name one of the ``k`` documented classes: a whole number in ``0 .. k-1``, judged on
+    each label alone (an IDX file may store labels as signed or real numbers)."""
+    values = labels.astype(np.float64)
+    return np.isfinite(values) & (values >= 0) & (values < k) & (values == np.floor(values))
+
+
 def load_idx_dataset(name: str, data_dir: str) -> Dataset:
     """The official train/test split of ``name`` from ``data_dir``, images as 1×H×W, pixels 0..255."""
     folder = Path(data_dir)
@@ -126,25 +133,23 @@ def load_idx_dataset(name: str, data_dir: str) -> Dataset:
                 "use matching image and label files",
             )
     classes = CLASSES[name]
-    y_train = arrays["train_labels"].astype(np.int64)
-    y_test = arrays["test_labels"].astype(np.int64)
-    if y_train.min() < 0 or max(y_train.max(), y_test.max()) >= len(classes):
-        raise DataError(
-            "labels",
-            f"{int(y_train.max())}",
-            f"{name} has {len(classes)} classes",
-            "use the right label files",
-        )
-    check_labels(y_train, [str(c) for c in np.unique(y_train)], "train labels")
+    # A label outside the benchmark's documented classes drops its image (a per-record rule, counted
+    # in `rules`), never a refusal: after the first row is read nothing may depend on one record.
+    keep = {part: _declared(arrays[f"{part}_labels"], len(classes)) for part in ("train", "test")}
+    rules = {"rows_dropped_label_not_declared": int((~keep["train"]).sum())}
+    y_train = arrays["train_labels"].astype(np.int64)[keep["train"]]
+    y_test = arrays["test_labels"].astype(np.int64)[keep["test"]]
+    check_labels(y_train, list(classes), "train labels")
     return Dataset(
         name=name,
         kind="image",
-        x_train=arrays["train_images"][:, None].astype(np.float32),
+        x_train=arrays["train_images"][keep["train"]][:, None].astype(np.float32),
         y_train=y_train,
-        x_test=arrays["test_images"][:, None].astype(np.float32),
+        x_test=arrays["test_images"][keep["test"]][:, None].astype(np.float32),
         y_test=y_test,
         classes=list(classes),
         sha256=digest.hexdigest(),
         preset="image",
         pixel_max=255.0,
+        rules=rules,
     )
