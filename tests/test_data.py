@@ -91,7 +91,7 @@ def test_an_idx_label_outside_the_classes_drops_its_image_and_nothing_else(tmp_p
     np.testing.assert_array_equal(odd.y_train, clean.y_train[kept])
     np.testing.assert_array_equal(odd.x_test, clean.x_test)
     assert (
-        odd.rules == {"rows_dropped_label_not_declared": 2}
+        odd.rules["rows_dropped_label_not_declared"] == 2
         and clean.rules["rows_dropped_label_not_declared"] == 0
     )
 

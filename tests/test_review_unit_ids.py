@@ -37,6 +37,18 @@ def test_unit_texts_is_a_rule_on_each_cell() -> None:
     assert unit_texts(pa.array(["007", "7"])) == ["007", "7"]
 
 
+def test_a_numeric_unit_id_reads_the_same_whatever_another_persons_id_is() -> None:
+    """Review: Arrow's cast wrote 10**15 as "1e+15" once another person's id (7.5) made the column
+    real, and "1000000000000000" beside integers — one person's key, hence side of the split, moved
+    with another's record. Each id is now ``number_text`` of its own value."""
+    from veil.tables.units import unit_texts
+
+    alone = unit_texts(pa.array([10**15, 3], pa.int64()))
+    beside_a_real = unit_texts(pa.array([1e15, 7.5, -0.0], pa.float64()))
+    assert beside_a_real[0] == alone[0] == "1000000000000000"
+    assert beside_a_real[2] == unit_texts(pa.array([0], pa.int64()))[0] == "0"
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_unit_id_that_is_not_utf8_is_an_id_not_a_failure(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], stream: bool

@@ -106,6 +106,14 @@ def _declared(labels: np.ndarray, k: int) -> np.ndarray:
     return np.isfinite(values) & (values >= 0) & (values < k) & (values == np.floor(values))
 
 
+def _finite_images(images: np.ndarray) -> np.ndarray:
+    """Which images have only finite pixels (an IDX file may store reals): a NaN pixel would make its
+    example's clip factor NaN and the whole noisy sum with it, so such an image is dropped."""
+    if not np.issubdtype(images.dtype, np.floating):
+        return np.ones(len(images), dtype=bool)
+    return np.isfinite(images.reshape(len(images), -1)).all(axis=1)
+
+
 def load_idx_dataset(name: str, data_dir: str) -> Dataset:
     """The official train/test split of ``name`` from ``data_dir``, images as 1×H×W, pixels 0..255."""
     folder = Path(data_dir)
@@ -136,7 +144,12 @@ def load_idx_dataset(name: str, data_dir: str) -> Dataset:
     # A label outside the benchmark's documented classes drops its image (a per-record rule, counted
     # in `rules`), never a refusal: after the first row is read nothing may depend on one record.
     keep = {part: _declared(arrays[f"{part}_labels"], len(classes)) for part in ("train", "test")}
-    rules = {"rows_dropped_label_not_declared": int((~keep["train"]).sum())}
+    finite = {part: _finite_images(arrays[f"{part}_images"]) for part in ("train", "test")}
+    rules = {
+        "rows_dropped_label_not_declared": int((~keep["train"]).sum()),
+        "rows_dropped_feature_not_a_finite_number": int((keep["train"] & ~finite["train"]).sum()),
+    }
+    keep = {part: keep[part] & finite[part] for part in keep}
     y_train = arrays["train_labels"].astype(np.int64)[keep["train"]]
     y_test = arrays["test_labels"].astype(np.int64)[keep["test"]]
     check_labels(y_train, list(classes), "train labels")

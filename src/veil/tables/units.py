@@ -57,24 +57,19 @@ def check_unit_column(schema: TableSchema, present: Sequence[str], column: str, 
 def unit_texts(values: pa.ChunkedArray | pa.Array) -> list[object]:
     """Each cell of a unit column as text (``None`` if missing): a function of that cell alone.
 
-    Text as stored; bytes (a Parquet ``binary`` column) as their hexadecimal digits — one-to-one, so
-    two people's byte ids never become one text, and a byte string that is not UTF-8 is still an id
-    (never a failure after reading on one person's value); anything else cast by Arrow (numbers,
-    dictionaries of text), a floating-point NaN being missing like a null (rows without a unit belong
-    to no one)."""
+    The rule of :mod:`veil.tables.sources.cells` (``column_texts``): text as stored; bytes (a Parquet
+    ``binary`` column) as their hexadecimal digits — one-to-one, so two people's byte ids never become
+    one text, and a byte string that is not UTF-8 is still an id (never a failure after reading on one
+    person's value); a number by ``number_text`` (``10**15`` is ``"1000000000000000"`` whether the
+    column holds integers or reals: Arrow's cast wrote ``"1e+15"`` once another person's id made the
+    column real, moving this person's key and side of the split); a floating-point NaN is missing
+    like a null (rows without a unit belong to no one)."""
     import pyarrow as pa
 
-    kind = values.type
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-        return list(values.to_pylist())
-    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind):
-        return [None if v is None else v.hex() for v in values.to_pylist()]
-    if pa.types.is_dictionary(kind):
-        return unit_texts(values.cast(kind.value_type))
-    texts = values.cast(pa.string()).to_pylist()
-    if pa.types.is_floating(kind):  # NaN names no one (missing), never one "nan" person of many rows
-        return [None if v is None or v != v else t for v, t in zip(values.to_pylist(), texts, strict=True)]
-    return list(texts)
+    from veil.tables.sources.cells import column_texts
+
+    column = values if isinstance(values, pa.ChunkedArray) else pa.chunked_array([values])
+    return list(column_texts(column).to_pylist())
 
 
 def collect_units(batches: Iterator[_Batch], column: str, into: list[Any]) -> Iterator[_Batch]:
