@@ -96,6 +96,20 @@ def test_an_idx_label_outside_the_classes_drops_its_image_and_nothing_else(tmp_p
     )
 
 
+def test_an_idx_image_with_a_pixel_that_is_not_finite_is_dropped(tmp_path: Path) -> None:
+    """Review: real-valued IDX images (type 0x0D) loaded a NaN pixel as is; its clip factor was NaN
+    and so was every noisy sum — one record decided the released model. The image is dropped now."""
+    _write_idx_folder(tmp_path, False)
+    images = np.random.default_rng(0).random((30, 28, 28)).astype(">f4")
+    images[3, 5, 5], images[8, 0, 0] = np.nan, np.inf
+    data = struct.pack(">BBBB", 0, 0, 0x0D, 3) + struct.pack(">3I", *images.shape) + images.tobytes()
+    (tmp_path / "train-images-idx3-ubyte").write_bytes(data)
+    d = load_dataset("fashion-mnist", data_dir=str(tmp_path))
+    assert len(d.x_train) == 28 and np.isfinite(d.x_train).all()
+    assert d.rules["rows_dropped_feature_not_a_finite_number"] == 2
+    np.testing.assert_array_equal(d.y_train, np.delete(np.arange(30) % 10, [3, 8]))
+
+
 def test_idx_refusals(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="does not exist"):
         load_dataset("mnist", data_dir=str(tmp_path / "none"))
