@@ -143,6 +143,14 @@ class _Columns:
 
             self.parquet = pq.ParquetFile(source.location)
             count = int(self.parquet.metadata.num_rows)
+        elif source.kind == "csv":  # every cell as written: Arrow's per-column type guess is not used
+            import pyarrow as pa
+
+            from veil.tables.sources.csv_reader import read_csv_text
+
+            cells = read_csv_text(source)
+            self.table = pa.table({n: pa.array(cells[n], pa.string()) for n in columns})
+            count = self.table.num_rows
         else:
             from veil.tables.sources import read_source
 
@@ -204,31 +212,29 @@ def one_row_per_unit(unit_ids: list[object], rng: RandomSource) -> np.ndarray:
 
 
 def _cells(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str | None], np.ndarray]:
-    """(finite numbers, text cells or None, missing mask): each cell is a number, a text or missing."""
+    """(finite numbers, text cells or None, missing mask): each cell is a number, a text or missing,
+    by a rule on the cell alone.
+
+    Why on the cell alone: these counts feed the DP release (kind counts, bounds, level histograms
+    with sensitivity 1). Sorting cells by the column's type let one record move every other: a CSV
+    column of reals read as text once one cell was ``"x"`` (its ``nan`` cells turned from missing into
+    text), booleans written ``true`` or ``True`` depending on another row. So every cell is first its
+    text by :func:`veil.tables.sources.cells.column_texts` (a CSV is read as written), then: missing
+    when null, a default marker (``""``, ``?``, ``NA``) or NaN; a number when it reads as a finite
+    number; an infinity is neither (it has no bound and no level); anything else text."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    kind = column.type
-    if pa.types.is_dictionary(kind):
-        column = column.cast(kind.value_type)
-        kind = column.type
-    if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind):
-        v = np.asarray(pc.fill_null(pc.cast(column, pa.float64()), math.nan).to_numpy(), dtype=np.float64)
-        missing = np.isnan(v)
-        return v[~missing & np.isfinite(v)], [], missing
-    if pa.types.is_null(kind):
+    from veil.tables.sources.cells import column_texts
+
+    if pa.types.is_null(column.type):
         return np.array([]), [], np.ones(len(column), dtype=bool)
-    if pa.types.is_boolean(kind):
-        column = pc.if_else(column, pa.scalar("true"), pa.scalar("false"))
-    elif not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
-        column = pc.cast(column, pa.string())
-    text = pc.utf8_trim_whitespace(column)
-    missing = np.asarray(
-        pc.or_(
-            pc.is_null(text), pc.fill_null(pc.is_in(text, pa.array(list(DEFAULT_MISSING_VALUES))), False)
-        ).to_numpy(zero_copy_only=False),
-        dtype=bool,
+    text = pc.utf8_trim_whitespace(column_texts(column))
+    values = text.to_pylist()
+    missing = np.array(
+        [v is None or v in DEFAULT_MISSING_VALUES or v.lower() in _NAN_TEXTS for v in values], dtype=bool
     )
+    infinite = np.array([v is not None and v.lower() in _INFINITY_TEXTS for v in values], dtype=bool)
     is_number = (
         np.asarray(
             pc.fill_null(pc.match_substring_regex(text, _NUMBER_RE), False).to_numpy(zero_copy_only=False),
@@ -236,10 +242,13 @@ def _cells(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str | None], np.nd
         )
         & ~missing
     )
-    values = text.to_pylist()
     numbers = np.array([float(values[i]) for i in np.flatnonzero(is_number)], dtype=np.float64)
-    words = [None if (missing[i] or is_number[i]) else values[i] for i in range(len(values))]
+    words = [None if (missing[i] or is_number[i] or infinite[i]) else values[i] for i in range(len(values))]
     return numbers[np.isfinite(numbers)], words, missing
+
+
+_NAN_TEXTS = frozenset({"nan", "+nan", "-nan"})
+_INFINITY_TEXTS = frozenset({"inf", "+inf", "-inf", "infinity", "+infinity", "-infinity"})
 
 
 def _value_counts(numbers: np.ndarray, words: list[str | None]) -> dict[str, int]:
