@@ -233,3 +233,43 @@ def test_a_csv_number_reads_the_same_beside_a_cell_that_is_not_one(tmp_path: Pat
     a = load_table(f"csv:{alone}", schema).x
     b = load_table(f"csv:{beside}", schema).x
     np.testing.assert_array_equal(b[:2], a)
+
+
+def test_a_declared_column_type_never_converts_a_cell_after_reading(tmp_path: Path) -> None:
+    """Review: ``--table`` reflected the declared column types and SQLAlchemy converted every fetched
+    cell by them: a DATETIME, NUMERIC or JSON column holding other text raised after the charge, with
+    the cell's value in the message. The table is read untyped, each cell by the cell rule."""
+    from veil.tables.sources.common import TableSource
+
+    engine = sqlalchemy.create_engine(f"sqlite:///{tmp_path / 'typed.db'}")
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE t (seen DATETIME, dose NUMERIC, doc JSON, y INTEGER)")
+        conn.exec_driver_sql(
+            "INSERT INTO t VALUES (?, ?, ?, ?)",
+            [("2020-01-02 03:04:05", 2.5, '{"a": 1}', 0), ("SECRET-ssn-123", "n/a", "{not json", 1)],
+        )
+    engine.dispose()
+    url = f"sqlite:///{tmp_path / 'typed.db'}"
+    rows = sql_reader.read_table(TableSource("sql", url, table="t")).to_pylist()
+    assert rows[1] == {"seen": "SECRET-ssn-123", "dose": "n/a", "doc": "{not json", "y": 1}
+    assert rows[0]["seen"] == "2020-01-02 03:04:05" and rows[0]["doc"] == '{"a": 1}'
+
+
+def test_a_driver_error_while_fetching_shows_no_value(tmp_path: Path, monkeypatch) -> None:
+    """The backstop: any error while fetching rows becomes one line without the driver's text."""
+    from veil.errors import DataError
+    from veil.tables.sources.common import TableSource
+
+    engine = sqlalchemy.create_engine(f"sqlite:///{tmp_path / 'x.db'}")
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE t (a)")
+        conn.exec_driver_sql("INSERT INTO t VALUES ('SECRET')")
+    engine.dispose()
+
+    def boom(names, rows):  # type: ignore[no-untyped-def]
+        raise ValueError(f"Invalid isoformat string: {rows[0][0]!r}")
+
+    monkeypatch.setattr(sql_reader, "_partition", boom)
+    with pytest.raises(DataError) as caught:
+        sql_reader.read_table(TableSource("sql", f"sqlite:///{tmp_path / 'x.db'}", table="t"))
+    assert "SECRET" not in str(caught.value) and "not shown" in str(caught.value)

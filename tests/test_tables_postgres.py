@@ -113,11 +113,11 @@ def test_train_from_postgres_with_the_password_outside_the_url(
 
 
 def test_json_array_and_zoned_columns_read_each_row_as_alone(postgres: PostgresServer) -> None:
-    """PostgreSQL's JSON, JSONB, ARRAY and TIMESTAMPTZ columns come back from the driver as dicts,
-    lists and zoned datetimes; each cell reads as the text it has alone (Arrow's inference would give
-    an object every other record's keys, promote one record's integers to reals beside another's
-    real, and shift a timestamp to the first record's zone)."""
-    from veil.tables.sources.cells import cell_text
+    """PostgreSQL's JSON, JSONB, ARRAY, DATE and TIMESTAMPTZ columns: each cell reads as the text it
+    has alone (Arrow's inference gave an object every other record's keys and promoted one record's
+    integers to reals beside another's real), and a value the driver cannot convert (a date past year
+    9999, BC or ``infinity``, a JSON number of 5,000 digits) neither stops the read nor shows up in a
+    message: those types come back as the server writes them."""
     from veil.tables.sources.common import TableSource
     from veil.tables.sources.sql_reader import read_table
 
@@ -125,19 +125,26 @@ def test_json_array_and_zoned_columns_read_each_row_as_alone(postgres: PostgresS
     with engine.begin() as conn:
         conn.exec_driver_sql("DROP TABLE IF EXISTS shapes")
         conn.exec_driver_sql(
-            "CREATE TABLE shapes (id int, doc json, docb jsonb, nums numeric[], seen timestamptz, y int)"
+            "CREATE TABLE shapes (id int, doc json, docb jsonb, nums numeric[], seen timestamptz, day date)"
         )
         conn.exec_driver_sql(
             "INSERT INTO shapes VALUES "
-            """(1, '{"a": 1}', '{"z": [1, 2]}', '{1,2}', '2020-01-01 12:00+01', 0),"""
-            """(2, '{"b": 2}', '[1, 2.5]', '{1.5}', '2020-01-01 12:00+05', 1),"""
-            """(3, '[1, "x"]', '"text"', NULL, NULL, 0)"""
+            """(1, '{"a": 1}', '{"z": [1, 2]}', '{1,2}', '2020-01-01 12:00+01', '2020-02-03'),"""
+            """(2, '{"b": 2}', '[1, 2.5]', '{1.5}', '2020-01-01 12:00+05', 'infinity'),"""
+            f"""(3, '[1, "x"]', '{"9" * 5000}', NULL, NULL, '12345-06-07'),"""
+            """(4, NULL, NULL, '{3}', '0044-03-15 12:00 BC', '0044-03-15 BC')"""
         )
     engine.dispose()
     url = postgres.url()
-    together = read_table(TableSource("sql", url, query="SELECT * FROM shapes ORDER BY id")).to_pylist()
-    for i in (1, 2, 3):
-        alone = read_table(TableSource("sql", url, query=f"SELECT * FROM shapes WHERE id = {i}")).to_pylist()
-        assert alone == [together[i - 1]], f"row {i} reads differently beside the others"
-    assert together[0]["doc"] == '{"a":1}' and together[1]["doc"] == '{"b":2}'
-    assert together[1]["docb"] == "[1,2.5]" and together[0]["nums"] == "[1,2]" == cell_text([1, 2])
+    for how in ({"table": "shapes"}, {"query": "SELECT * FROM shapes"}):
+        together = read_table(TableSource("sql", url, **how)).to_pylist()
+        together.sort(key=lambda r: r["id"])
+        for i in (1, 2, 3, 4):
+            alone = read_table(
+                TableSource("sql", url, query=f"SELECT * FROM shapes WHERE id = {i}")
+            ).to_pylist()
+            assert alone == [together[i - 1]], f"row {i} reads differently beside the others"
+    assert together[0]["doc"] == '{"a": 1}' and together[1]["doc"] == '{"b": 2}'  # as stored
+    assert together[1]["docb"] == "[1, 2.5]" and together[0]["nums"] == "[1,2]"
+    assert together[1]["day"] == "infinity" and together[2]["day"] == "12345-06-07"
+    assert together[2]["docb"] == "9" * 5000

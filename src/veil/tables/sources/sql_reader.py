@@ -47,7 +47,7 @@ def _engine(source: TableSource) -> Any:
             "check the path in the URL",
         )
     try:
-        return sqlalchemy.create_engine(source.location)
+        engine = sqlalchemy.create_engine(source.location)
     except Exception as exc:
         raise DataError(
             "dataset",
@@ -55,6 +55,23 @@ def _engine(source: TableSource) -> Any:
             f"not a usable database URL ({first_line(exc)})",
             "write sql:DIALECT[+DRIVER]://USER:PASSWORD@HOST/DB, e.g. sql:sqlite:///data.db",
         ) from None
+    if engine.dialect.driver == "psycopg":
+        sqlalchemy.event.listen(engine, "connect", _text_loaders)
+    return engine
+
+
+_AS_TEXT = ("date", "time", "timetz", "timestamp", "timestamptz", "interval", "json", "jsonb")
+"""PostgreSQL types psycopg converts in ways that can fail on one stored value (a date past year
+9999 or BC, ``infinity``, a JSON number longer than Python's integer-string limit), naming it."""
+
+
+def _text_loaders(dbapi_connection: Any, _record: Any) -> None:
+    """Load :data:`_AS_TEXT` types as the server writes them (arrays of them too): never a conversion
+    error on one record's value, and each cell's text is its own (the cell rule applies to it)."""
+    from psycopg.types.string import TextLoader
+
+    for name in _AS_TEXT:
+        dbapi_connection.adapters.register_loader(name, TextLoader)
 
 
 def _connect_error(source: TableSource, exc: BaseException) -> DataError:
@@ -108,7 +125,19 @@ def read_table(source: TableSource, limit: int | None = None) -> pa.Table:
             if limit == 0:
                 result.close()
                 return pa.table({n: pa.array([], pa.null()) for n in names})
-            parts = [_partition(names, rows) for rows in result.partitions(SQL_PARTITION_ROWS)]
+            try:
+                parts = [_partition(names, rows) for rows in result.partitions(SQL_PARTITION_ROWS)]
+            except Exception:
+                # A driver that cannot convert a cell names the cell's value in its error (a date it
+                # cannot hold, a JSON number too long): the run has read rows by now, so the message
+                # carries nothing of the driver's text. The usual conversions are avoided upstream
+                # (`_text_loaders`, `_statement`); this is the backstop.
+                raise DataError(
+                    "query" if source.query else "table",
+                    source.query or source.table,
+                    "the database driver could not convert a value of the result (the value is not shown)",
+                    "cast the column to text in --query (e.g. CAST(col AS TEXT)) or fix the stored value",
+                ) from None
     finally:
         engine.dispose()
     if not parts:
@@ -161,6 +190,12 @@ def _statement(sqlalchemy: Any, conn: Any, source: TableSource, limit: int | Non
             "the database has no such table",
             f"{hint}tables there: {', '.join(known[:15]) or 'none'}",
         )
-    table = sqlalchemy.Table(name, sqlalchemy.MetaData(), schema=schema_name or None, autoload_with=conn)
+    reflected = sqlalchemy.Table(name, sqlalchemy.MetaData(), schema=schema_name or None, autoload_with=conn)
+    # The reflected names, without their types: a typed Table makes SQLAlchemy convert every cell after
+    # fetching it (a DATETIME column holding other text raised with the cell's value in the message,
+    # after the run was charged). Untyped columns pass the driver's values through to the cell rule.
+    table = sqlalchemy.table(
+        name, *(sqlalchemy.column(c.name) for c in reflected.columns), schema=schema_name or None
+    )
     statement = sqlalchemy.select(table)
     return statement.where(sqlalchemy.false()) if limit == 0 else statement
