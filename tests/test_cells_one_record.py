@@ -273,3 +273,40 @@ def test_a_driver_error_while_fetching_shows_no_value(tmp_path: Path, monkeypatc
     with pytest.raises(DataError) as caught:
         sql_reader.read_table(TableSource("sql", f"sqlite:///{tmp_path / 'x.db'}", table="t"))
     assert "SECRET" not in str(caught.value) and "not shown" in str(caught.value)
+
+
+def test_a_streamed_csv_with_blank_lines_reads_each_row_once_whatever_a_later_cell_holds(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Review: a cell that is not a number in a later block made the streaming reader reopen the file
+    skipping the rows already yielded — a count pyarrow also spent on blank lines, so rows after them
+    were yielded twice: one record decided how often others were trained on. Each row now once."""
+    from veil.tables.sources import csv_reader, iter_source, parse_source
+
+    schema = parse_schema(
+        {
+            "reviewed": True,
+            "columns": {
+                "a": {"type": "numeric", "bounds": [0, 1000]},
+                "y": {"role": "target", "classes": ["0", "1"]},
+            },
+        },
+        "test",
+    )
+    monkeypatch.setattr(csv_reader, "CSV_BLOCK_BYTES", 256, raising=False)  # many blocks from a small file
+
+    def rows(last: str) -> list[tuple[object, object]]:
+        path = tmp_path / f"t{last}.csv"
+        body = "".join(f"{i},{i % 2}\n" + ("\n" if i in (3, 5, 9) else "") for i in range(5000))
+        path.write_text("a,y\n" + body + f"{last},1\n")
+        _, batches = iter_source(parse_source(f"csv:{path}"), schema)
+        out = []
+        for raw in batches:
+            out += list(
+                zip(raw.table.column("a").to_pylist(), raw.table.column("y").to_pylist(), strict=True)
+            )
+        return out
+
+    clean, odd = rows("7"), rows("oops")
+    assert len(clean) == len(odd) == 5001
+    assert [str(float(a)) for a, _ in odd[:5000]] == [str(float(a)) for a, _ in clean[:5000]]

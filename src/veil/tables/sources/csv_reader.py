@@ -24,7 +24,10 @@ if TYPE_CHECKING:
 
     from veil.tables.schema import TableSchema
 
-__all__ = ["header", "newline_count", "read_batches", "read_csv_text", "read_table"]
+__all__ = ["CSV_BLOCK_BYTES", "header", "newline_count", "read_batches", "read_csv_text", "read_table"]
+
+CSV_BLOCK_BYTES = 1 << 22
+"""Bytes pyarrow parses per block when a CSV is streamed (the rows of a block arrive together)."""
 
 
 def _open_text(p: Path, encoding: str) -> Any:
@@ -73,9 +76,7 @@ def _delimiter(p: Path, encoding: str) -> str:
     return best if counts[best] > counts[","] else ","
 
 
-def _csv_options(
-    p: Path, encoding: str, names: list[str], block_size: int | None = None, skip: int = 0
-) -> dict[str, Any]:
+def _csv_options(p: Path, encoding: str, names: list[str], block_size: int | None = None) -> dict[str, Any]:
     """pyarrow's read and parse options shared by every CSV read: the header's (stripped) names, the
     declared encoding, the header's delimiter, and newlines allowed inside quoted values."""
     import pyarrow.csv as pa_csv
@@ -83,7 +84,6 @@ def _csv_options(
     read = pa_csv.ReadOptions(
         column_names=names,
         skip_rows=1,
-        skip_rows_after_names=skip,
         encoding=encoding,
         **({"block_size": block_size} if block_size else {}),
     )
@@ -109,11 +109,13 @@ def read_batches(
     *,
     text: Sequence[str] = (),
     numbers_as_text: bool = False,
-    skip: int = 0,
+    already: int = 0,
 ) -> Iterator[RawTable]:
     """The CSV block by block. A cell of a numeric column that is not a number stops pyarrow's typed
-    reader; the rest of the file is then read with those columns as text, from the first row not yet
-    yielded, and the encoder makes such a cell missing (a per-record rule, never a refusal)."""
+    reader; the file is then read again from its start with those columns as text, the ``already``
+    rows yielded being passed over (counted as data rows, as the typed reader counted them: a row
+    count to skip in the file would also count blank lines, and yield some rows twice), and the
+    encoder makes such a cell missing (a per-record rule, never a refusal)."""
     pa_csv = need("pyarrow.csv", source.describe())
     import pyarrow as pa
 
@@ -129,15 +131,20 @@ def read_batches(
         true_values=["true", "True", "TRUE"],
         false_values=["false", "False", "FALSE"],
     )
-    offset = skip
+    seen = 0  # data rows read in this pass, yielded or passed over
     try:
         reader = pa_csv.open_csv(
-            path, convert_options=convert, **_csv_options(path, source.encoding, names, 1 << 22, skip)
+            path, convert_options=convert, **_csv_options(path, source.encoding, names, CSV_BLOCK_BYTES)
         )
         for batch in reader:
-            if batch.num_rows:
-                yield RawTable(pa.Table.from_batches([batch]), source, first_row=offset + 2)
-                offset += batch.num_rows
+            start = min(max(already - seen, 0), batch.num_rows)
+            seen += batch.num_rows
+            if batch.num_rows > start:
+                yield RawTable(
+                    pa.Table.from_batches([batch.slice(start)]),
+                    source,
+                    first_row=seen - batch.num_rows + start + 2,
+                )
     except pa.ArrowInvalid as exc:
         if numbers_as_text or not _conversion_error(exc):
             _csv_error(path, exc)
@@ -146,7 +153,7 @@ def read_batches(
         retry = False
     if retry:
         yield from read_batches(
-            path, schema, wanted, source, names, text=text, numbers_as_text=True, skip=offset
+            path, schema, wanted, source, names, text=text, numbers_as_text=True, already=max(seen, already)
         )
 
 
