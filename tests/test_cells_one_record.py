@@ -310,3 +310,35 @@ def test_a_streamed_csv_with_blank_lines_reads_each_row_once_whatever_a_later_ce
     clean, odd = rows("7"), rows("oops")
     assert len(clean) == len(odd) == 5001
     assert [str(float(a)) for a, _ in odd[:5000]] == [str(float(a)) for a, _ in clean[:5000]]
+
+
+def test_a_row_with_the_wrong_field_count_is_dropped_and_counted_not_refused(tmp_path: Path) -> None:
+    """Review: one row with an extra field stopped a charged run (exit 2, its line number and field
+    count in the message). It is skipped by a per-record rule now, counted as rows_dropped_malformed;
+    every other row encodes as it would without it, in memory and streamed."""
+    from veil.tables.encoder import TableEncoder
+    from veil.tables.sources import iter_source, parse_source, read_source
+
+    schema = parse_schema(
+        {
+            "reviewed": True,
+            "columns": {
+                "a": {"type": "numeric", "bounds": [0, 100]},
+                "y": {"role": "target", "classes": ["0", "1"]},
+            },
+        },
+        "test",
+    )
+    rows = [f"{i},{i % 2}\n" for i in range(40)]
+    clean, odd = tmp_path / "clean.csv", tmp_path / "odd.csv"
+    clean.write_text("a,y\n" + "".join(rows))
+    odd.write_text("a,y\n" + "".join(rows[:20]) + "5,1,SECRET\n" + "".join(rows[20:]))
+    encoder = TableEncoder(schema)
+    want = encoder.encode(read_source(parse_source(f"csv:{clean}"), schema))
+    got = encoder.encode(read_source(parse_source(f"csv:{odd}"), schema))
+    np.testing.assert_array_equal(got.x, want.x)
+    assert got.rules["rows_dropped_malformed"] == 1 and want.rules["rows_dropped_malformed"] == 0
+    bound, batches = iter_source(parse_source(f"csv:{odd}"), schema)
+    streamed = encoder.encode_batches(bound, batches)
+    np.testing.assert_array_equal(streamed.x, want.x)
+    assert streamed.rules["rows_dropped_malformed"] == 1

@@ -87,6 +87,7 @@ DROP_RULES = ("rows_dropped_outside", "rows_dropped_unknown", "rows_dropped_miss
 levels, or missing, in a column whose policy drops the row."""
 
 RULES = (
+    "rows_dropped_malformed",
     "rows_dropped_label_not_declared",
     "rows_dropped_label_missing",
     "cells_not_a_number_made_missing",
@@ -199,6 +200,7 @@ class TableEncoder:
         rules = dict.fromkeys(RULES, 0)
         flags: list[np.ndarray] = []
         for raw in batches:
+            rules["rows_dropped_malformed"] += raw.malformed
             m = raw.table.num_rows
             if x is not None and n + m > x.shape[0]:  # pragma: no cover - the bound is an upper bound
                 raise RuntimeError(f"more rows than the bound {x.shape[0]}")

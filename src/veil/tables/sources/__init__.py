@@ -85,8 +85,11 @@ def read_source(
     else:
         wanted = present
     if source.kind == "csv":
-        table = csv_reader.read_table(Path(source.location), schema, wanted, source.encoding, present)
-        return RawTable(table, source, first_row=2)
+        malformed = [0]
+        table = csv_reader.read_table(
+            Path(source.location), schema, wanted, source.encoding, present, malformed
+        )
+        return RawTable(table, source, first_row=2, malformed=malformed[0])
     if source.kind == "parquet":
         return RawTable(parquet_reader.read_table(source, schema, wanted), source)
     table = sql_reader.read_table(source)

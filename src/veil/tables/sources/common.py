@@ -63,6 +63,9 @@ class RawTable:
     table: pa.Table
     source: TableSource
     first_row: int = 1
+    malformed: int = 0
+    """Rows of the source the parser skipped before this batch's last row (a CSV row whose field count
+    is not the header's): counted by the encoder as ``rows_dropped_malformed``."""
 
     def row_label(self, index: int) -> str:
         if self.source.kind == "csv":

@@ -76,10 +76,24 @@ def _delimiter(p: Path, encoding: str) -> str:
     return best if counts[best] > counts[","] else ","
 
 
-def _csv_options(p: Path, encoding: str, names: list[str], block_size: int | None = None) -> dict[str, Any]:
+def _csv_options(
+    p: Path,
+    encoding: str,
+    names: list[str],
+    block_size: int | None = None,
+    malformed: list[int] | None = None,
+) -> dict[str, Any]:
     """pyarrow's read and parse options shared by every CSV read: the header's (stripped) names, the
-    declared encoding, the header's delimiter, and newlines allowed inside quoted values."""
+    declared encoding, the header's delimiter, and newlines allowed inside quoted values. A row whose
+    field count is not the header's is skipped (a per-record rule: after reading, one record's shape
+    must not stop the run, nor its line number appear in a message), counted in ``malformed[0]``."""
     import pyarrow.csv as pa_csv
+
+    counter = malformed if malformed is not None else [0]
+
+    def skip(_row: Any) -> str:
+        counter[0] += 1
+        return "skip"
 
     read = pa_csv.ReadOptions(
         column_names=names,
@@ -87,7 +101,9 @@ def _csv_options(p: Path, encoding: str, names: list[str], block_size: int | Non
         encoding=encoding,
         **({"block_size": block_size} if block_size else {}),
     )
-    parse = pa_csv.ParseOptions(delimiter=_delimiter(p, encoding), newlines_in_values=True)
+    parse = pa_csv.ParseOptions(
+        delimiter=_delimiter(p, encoding), newlines_in_values=True, invalid_row_handler=skip
+    )
     return {"read_options": read, "parse_options": parse}
 
 
@@ -110,12 +126,15 @@ def read_batches(
     text: Sequence[str] = (),
     numbers_as_text: bool = False,
     already: int = 0,
+    malformed_before: int = 0,
 ) -> Iterator[RawTable]:
     """The CSV block by block. A cell of a numeric column that is not a number stops pyarrow's typed
     reader; the file is then read again from its start with those columns as text, the ``already``
     rows yielded being passed over (counted as data rows, as the typed reader counted them: a row
     count to skip in the file would also count blank lines, and yield some rows twice), and the
-    encoder makes such a cell missing (a per-record rule, never a refusal)."""
+    encoder makes such a cell missing (a per-record rule, never a refusal). Rows with the wrong field
+    count are skipped by the parser; each batch carries those counted since the previous one
+    (``malformed_before``: counted by an earlier pass, which this one parses again)."""
     pa_csv = need("pyarrow.csv", source.describe())
     import pyarrow as pa
 
@@ -132,18 +151,24 @@ def read_batches(
         false_values=["false", "False", "FALSE"],
     )
     seen = 0  # data rows read in this pass, yielded or passed over
+    malformed = [0]  # rows skipped by the parser so far in this pass
+    counted = malformed_before
     try:
         reader = pa_csv.open_csv(
-            path, convert_options=convert, **_csv_options(path, source.encoding, names, CSV_BLOCK_BYTES)
+            path,
+            convert_options=convert,
+            **_csv_options(path, source.encoding, names, CSV_BLOCK_BYTES, malformed),
         )
         for batch in reader:
             start = min(max(already - seen, 0), batch.num_rows)
             seen += batch.num_rows
             if batch.num_rows > start:
+                new, counted = max(malformed[0] - counted, 0), max(malformed[0], counted)
                 yield RawTable(
                     pa.Table.from_batches([batch.slice(start)]),
                     source,
                     first_row=seen - batch.num_rows + start + 2,
+                    malformed=new,
                 )
     except pa.ArrowInvalid as exc:
         if numbers_as_text or not _conversion_error(exc):
@@ -153,7 +178,15 @@ def read_batches(
         retry = False
     if retry:
         yield from read_batches(
-            path, schema, wanted, source, names, text=text, numbers_as_text=True, already=max(seen, already)
+            path,
+            schema,
+            wanted,
+            source,
+            names,
+            text=text,
+            numbers_as_text=True,
+            already=max(seen, already),
+            malformed_before=counted,
         )
 
 
@@ -190,7 +223,10 @@ def read_table(
     wanted: list[str],
     encoding: str = "utf-8",
     names: list[str] | None = None,
+    malformed: list[int] | None = None,
 ) -> pa.Table:
+    """The whole CSV, typed by the schema; rows with the wrong field count skipped, counted in
+    ``malformed[0]``."""
     pa_csv = need("pyarrow.csv", f"csv:{p}")
     import pyarrow as pa
 
@@ -208,7 +244,13 @@ def read_table(
             false_values=["false", "False", "FALSE"],
         )
         try:
-            return pa_csv.read_csv(p, convert_options=convert, **_csv_options(p, encoding, names))
+            counter = [0]
+            table = pa_csv.read_csv(
+                p, convert_options=convert, **_csv_options(p, encoding, names, None, counter)
+            )
+            if malformed is not None:
+                malformed[0] = counter[0]
+            return table
         except pa.ArrowInvalid as exc:
             if numbers_as_text or not _conversion_error(exc):
                 _csv_error(p, exc)
