@@ -342,3 +342,33 @@ def test_a_row_with_the_wrong_field_count_is_dropped_and_counted_not_refused(tmp
     streamed = encoder.encode_batches(bound, batches)
     np.testing.assert_array_equal(streamed.x, want.x)
     assert streamed.rules["rows_dropped_malformed"] == 1
+
+
+def test_a_byte_not_valid_in_the_declared_encoding_is_replaced_in_its_cell_only(tmp_path: Path) -> None:
+    """Review: one byte that is not UTF-8 in a text cell stopped a charged run ("cannot be read as
+    utf-8"). It reads as U+FFFD in its own cell; every other row reads as it would without it."""
+    from veil.tables.encoder import TableEncoder
+    from veil.tables.sources import iter_source, parse_source, read_source
+
+    schema = parse_schema(
+        {
+            "reviewed": True,
+            "columns": {
+                "c": {"type": "categorical", "levels": ["a", "b"]},
+                "y": {"role": "target", "classes": ["0", "1"]},
+            },
+        },
+        "test",
+    )
+    rows = [f"{'ab'[i % 2]},{i % 2}\n".encode() for i in range(30)]
+    clean, odd = tmp_path / "clean.csv", tmp_path / "odd.csv"
+    clean.write_bytes(b"c,y\n" + b"".join(rows))
+    odd.write_bytes(b"c,y\n" + b"".join(rows[:10]) + b"caf\xe9,1\n" + b"".join(rows[10:]))
+    encoder = TableEncoder(schema)
+    want = encoder.encode(read_source(parse_source(f"csv:{clean}"), schema), drop=False)
+    raw = read_source(parse_source(f"csv:{odd}"), schema)
+    assert raw.table.column("c").to_pylist()[10] == "caf\ufffd"
+    got = encoder.encode(raw, drop=False)
+    np.testing.assert_array_equal(np.delete(got.x, 10, axis=0), want.x)
+    bound, batches = iter_source(parse_source(f"csv:{odd}"), schema)
+    np.testing.assert_array_equal(encoder.encode_batches(bound, batches, drop=False).x, got.x)

@@ -62,8 +62,18 @@ def test_a_semicolon_csv_is_still_read(tmp_path: Path) -> None:
     assert read_csv_columns(p) == expected
 
 
-def test_latin1_bytes_read_as_utf8_are_refused_without_echoing_a_cell(tmp_path: Path) -> None:
-    p, _ = _write(tmp_path, "latin-1")
-    with pytest.raises(DataError) as info:
+def test_latin1_bytes_read_as_utf8_become_replacement_characters_in_their_cells(tmp_path: Path) -> None:
+    """A byte not valid in the declared encoding is U+FFFD in its own cell (a rule on that byte): it
+    was a refusal of the whole file after reading, decided by one record's bytes."""
+    p, expected = _write(tmp_path, "latin-1")
+    got = read_csv_columns(p)
+    assert got["label"] == expected["label"] and got["id"] == expected["id"]
+    assert got["text"] == [t.replace("\x85", "\ufffd").replace("é", "\ufffd") for t in expected["text"]]
+
+
+def test_a_header_not_valid_in_the_declared_encoding_is_refused(tmp_path: Path) -> None:
+    """The header is read before any row (public): a name that does not decode is still refused."""
+    p = tmp_path / "h.csv"
+    p.write_bytes("café,y\n1,0\n".encode("latin-1"))
+    with pytest.raises(DataError, match="encoding"):
         read_csv_columns(p)
-    assert "café" not in str(info.value) and "encoding" in str(info.value)

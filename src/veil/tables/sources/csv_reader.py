@@ -11,6 +11,7 @@ never its content (pyarrow's own message quotes the row, which holds private val
 from __future__ import annotations
 
 import csv
+import io
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -31,11 +32,54 @@ CSV_BLOCK_BYTES = 1 << 22
 
 
 def _open_text(p: Path, encoding: str) -> Any:
+    """The file as text for its header line: a byte not valid in ``encoding`` reads as U+FFFD (the
+    decoder works on blocks, so a later row's stray byte must not fail the header's read); the
+    header itself is then checked for U+FFFD."""
     import gzip
 
     opener: Any = gzip.open if p.name.lower().endswith(".gz") else open
     codec = "utf-8-sig" if encoding in ("utf-8", "utf_8") else encoding
-    return opener(p, "rt", encoding=codec, newline="")
+    return opener(p, "rt", encoding=codec, errors="replace", newline="")
+
+
+class _Utf8Stream(io.RawIOBase):
+    """A text file's characters as UTF-8 bytes, for pyarrow (which parses UTF-8 only)."""
+
+    def __init__(self, text: Any) -> None:
+        self._text = text
+        self._pending = bytearray()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        while len(self._pending) < len(view):
+            chunk = self._text.read(1 << 16)
+            if not chunk:
+                break
+            self._pending += chunk.encode("utf-8")
+        n = min(len(view), len(self._pending))
+        view[:n] = self._pending[:n]
+        del self._pending[:n]
+        return n
+
+    def close(self) -> None:
+        self._text.close()
+        super().close()
+
+
+def _decoded(p: Path, encoding: str) -> io.BufferedReader:
+    """The file decoded with its declared encoding, a byte that is not valid there read as U+FFFD (a
+    rule on that byte alone: one record's stray byte neither stops the run after reading nor changes
+    another record), re-encoded as UTF-8 for pyarrow. The header line was decoded strictly before."""
+    import gzip
+
+    opener: Any = gzip.open if p.name.lower().endswith(".gz") else open
+    codec = "utf-8-sig" if encoding in ("utf-8", "utf_8") else encoding
+    return io.BufferedReader(
+        _Utf8Stream(opener(p, "rt", encoding=codec, errors="replace", newline="")), 1 << 20
+    )
 
 
 def header(p: Path, encoding: str = "utf-8") -> list[str]:
@@ -49,6 +93,8 @@ def header(p: Path, encoding: str = "utf-8") -> list[str]:
             "dataset file", str(p), "the CSV has no header row", "add a header naming the columns"
         )
     names = [h.strip() for h in header]
+    if any("\ufffd" in n for n in names):  # the header is public: read before any row
+        raise _not_decodable(p, encoding, UnicodeDecodeError(encoding, b"", 0, 1, "in the header line"))
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup is not None:
         raise DataError("CSV header", dup, "column names must be unique to be declared", "rename duplicates")
@@ -98,7 +144,7 @@ def _csv_options(
     read = pa_csv.ReadOptions(
         column_names=names,
         skip_rows=1,
-        encoding=encoding,
+        encoding="utf8",  # the stream `_decoded` gives is UTF-8 whatever the file's encoding
         **({"block_size": block_size} if block_size else {}),
     )
     parse = pa_csv.ParseOptions(
@@ -153,9 +199,10 @@ def read_batches(
     seen = 0  # data rows read in this pass, yielded or passed over
     malformed = [0]  # rows skipped by the parser so far in this pass
     counted = malformed_before
+    stream = _decoded(path, source.encoding)
     try:
         reader = pa_csv.open_csv(
-            path,
+            stream,
             convert_options=convert,
             **_csv_options(path, source.encoding, names, CSV_BLOCK_BYTES, malformed),
         )
@@ -176,6 +223,8 @@ def read_batches(
         retry = True
     else:
         retry = False
+    finally:
+        stream.close()
     if retry:
         yield from read_batches(
             path,
@@ -245,9 +294,10 @@ def read_table(
         )
         try:
             counter = [0]
-            table = pa_csv.read_csv(
-                p, convert_options=convert, **_csv_options(p, encoding, names, None, counter)
-            )
+            with _decoded(p, encoding) as stream:
+                table = pa_csv.read_csv(
+                    stream, convert_options=convert, **_csv_options(p, encoding, names, None, counter)
+                )
             if malformed is not None:
                 malformed[0] = counter[0]
             return table
@@ -274,7 +324,10 @@ def read_csv_text(source: TableSource) -> dict[str, list[str]]:
         quoted_strings_can_be_null=False,
     )
     try:
-        table = pa_csv.read_csv(p, convert_options=convert, **_csv_options(p, source.encoding, names))
+        with _decoded(p, source.encoding) as stream:
+            table = pa_csv.read_csv(
+                stream, convert_options=convert, **_csv_options(p, source.encoding, names)
+            )
     except pa.ArrowInvalid as exc:
         _csv_error(p, exc)
     return {name: table.column(name).to_pylist() for name in names}
