@@ -128,9 +128,21 @@ def withdraw_release(out: Path) -> None:
 
 
 def run_trial(
-    cfg: TrainConfig, validation: np.ndarray, shape: ShapePlan, score_noise: float, out: Path
+    cfg: TrainConfig,
+    validation: np.ndarray,
+    shape: ShapePlan,
+    score_noise: float,
+    out: Path,
+    score_on_training: bool = False,
 ) -> dict[str, Any]:
-    """Train one candidate (every step charged to ``out/ledger.jsonl``), then release its noisy score."""
+    """Train one candidate (every step charged to ``out/ledger.jsonl``), then release its noisy score.
+
+    ``score_on_training``: no row is held out (``validation`` is all False); the score counts the
+    correct predictions on the rows the trial trained on. Privacy is the same: given the released
+    model, one record moves that count by at most one (sensitivity 1), and the count's Gaussian event
+    composes with the trial's DP-SGD steps on the same rows, as the held-out count does. It is a
+    training score, not a held-out estimate: a DP model generalises (its training accuracy is close to
+    its test accuracy), which is what makes it usable for choosing among candidates."""
     import torch
 
     from veil.training.execute import execute_run
@@ -138,6 +150,9 @@ def run_trial(
 
     t0 = time.monotonic()
     prepared, x_val, y_val, units_val = split_trial(cfg, validation)
+    if score_on_training:
+        data = prepared.data
+        x_val, y_val, units_val = data.x_train, data.y_train, data.units_train
     cfg = prepared.cfg
     plan = _checked_plan(prepared, out)
     steps = plan.steps
