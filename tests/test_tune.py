@@ -97,7 +97,9 @@ def test_bad_input_is_refused_before_anything_is_written(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     out = tmp_path / "none"
-    code = main(["tune", "--epsilon", "0.05", "--out", str(out), *TINY])
+    # A score noise of std 2 alone costs more than ε = 0.05 (the automatic plan, scoring every training
+    # row, would choose a std large enough to fit).
+    code = main(["tune", "--epsilon", "0.05", "--score-noise", "2", "--out", str(out), *TINY])
     assert code == 2 and not out.exists()
     assert "validation scores" in capsys.readouterr().err
     assert main(["tune", "--lr", "fast", "--out", str(out)]) == 2 and not out.exists()

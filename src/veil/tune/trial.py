@@ -1,10 +1,10 @@
-"""One ``veil tune`` trial: a full DP training run through the train job's pipeline, then its DP
-validation score.
+"""One ``veil tune`` trial: a full DP training run through the train job's pipeline, then its DP score.
 
-The trial trains on the private training split minus a held-out validation split (fixed for the whole
-tuning run, each row on its side by a keyed hash of that row alone), with the σ the budget split gave
-its shape and every step charged to its own ledger (``trials/<i>/ledger.jsonl``) by the train job's
-loop. Its score is the number of validation examples the released model classifies correctly plus
+The trial trains on the private training split (by default all of it; with a validation share, minus a
+held-out part fixed for the whole tuning run, each row on its side by a keyed hash of that row alone),
+with the σ the budget split gave its shape and every step charged to its own ledger
+(``trials/<i>/ledger.jsonl``) by the train job's loop. Its score is the number of scored examples (the
+training rows by default, else the held-out ones) the released model classifies correctly plus
 Gaussian noise (sensitivity 1 under add/remove-one: one record changes the count by at most one), drawn
 from the OS CSPRNG on the secure lattice; the score's event is appended to the trial's ledger before the
 noise is drawn."""
