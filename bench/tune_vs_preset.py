@@ -99,7 +99,9 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     row = [name, eps, seed, round(r["epsilon"], 3), plan["trials_mean"],
                            round(plan["score_noise_std"], 1), round(plan["noise_ratio"], 2),
-                           np_["trials_run"], chosen, np_["test_accuracy"], ref["test_accuracy"],
+                           np_["trials_run"], chosen,
+                           None if c is None else round(c["noisy_validation_accuracy"], 3),
+                           np_["test_accuracy"], ref["test_accuracy"],
                            round(ref["sigma"], 2), round(time.perf_counter() - t, 1)]  # fmt: skip
                     rows.append(row)
                     by_cell.setdefault((name, eps), []).append(
@@ -108,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(row, file=sys.stderr, flush=True)
     load_after = os.getloadavg()
     header = ["data", "ε", "seed", "ε spent", "mean K", "score std", "σ ratio", "K", "chosen",
-              "tune test acc", "preset test acc", "preset σ", "wall s"]  # fmt: skip
+              "chosen noisy score", "tune test acc", "preset test acc", "preset σ", "wall s"]  # fmt: skip
     print(markdown_table(header, rows))
     print()
     means = [

@@ -97,7 +97,9 @@ def test_bad_input_is_refused_before_anything_is_written(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     out = tmp_path / "none"
-    code = main(["tune", "--epsilon", "0.05", "--out", str(out), *TINY])
+    # A score noise of std 2 alone costs more than ε = 0.05 (the automatic plan, scoring every training
+    # row, would choose a std large enough to fit).
+    code = main(["tune", "--epsilon", "0.05", "--score-noise", "2", "--out", str(out), *TINY])
     assert code == 2 and not out.exists()
     assert "validation scores" in capsys.readouterr().err
     assert main(["tune", "--lr", "fast", "--out", str(out)]) == 2 and not out.exists()
@@ -140,6 +142,33 @@ def test_the_chosen_model_is_compared_with_the_preset_non_privately(tuned: tuple
     ratio = plan["trial_noise_multiplier"] / plan["reference_noise_multiplier"]
     assert plan["noise_ratio"] == pytest.approx(ratio) and "veil train" in plan["advice"]
     assert "Chosen minus preset" in (out / "report.html").read_text()
+    assert "points against veil train's preset on the" in r["non_private"]["recommendation"]
+    assert "recommendation" not in json.dumps({k: v for k, v in public.items() if k != "non_private"})
+    assert "ordered by chance" in plan["advice"] and plan["selection_resolution_points"] > 0
+
+
+def test_the_recommendation_reads_the_difference_against_the_test_splits_resolution() -> None:
+    """Twice the binomial standard error of the preset's accuracy on the test rows: 0.75 on 200 rows
+    gives ±6.1 points; below it 'did not pay', within it 'did not clearly pay', above it 'paid'."""
+    from veil.tune.report import verdict
+
+    band = 200 * (0.75 * 0.25 / 200) ** 0.5
+    assert band == pytest.approx(6.12, abs=0.01)
+    assert verdict(-0.07, 0.75, 200).startswith("Tuning did not pay") and "±6.1" in verdict(-0.07, 0.75, 200)
+    assert verdict(-0.05, 0.75, 200).startswith("Tuning did not clearly pay")
+    assert verdict(0.05, 0.75, 200).startswith("Tuning did not clearly pay")
+    assert verdict(0.07, 0.75, 200).startswith("Tuning paid")
+    assert "prefer `veil train`" in verdict(-0.07, 0.75, 200)
+
+
+def test_the_selection_resolution_is_the_score_noise_and_the_rows_sampling() -> None:
+    """std of the difference of two equal candidates' noisy scores: √2 · √((s/n)² + 1/(4n)), in points."""
+    from veil.accounting.tuning import TrialCount
+    from veil.tune.plan import TrialPlan
+
+    plan = TrialPlan(TrialCount(2.0, "negative_binomial", 0.0), 24.0, 7.0, 10.0, "auto", 800.0)
+    assert plan.resolution_points == pytest.approx(100 * (2 * (0.03**2 + 1 / 3200)) ** 0.5)
+    assert plan.score_points == pytest.approx(3.0)
 
 
 def test_a_benchmark_tuned_preset_is_refused_before_reading(

@@ -54,11 +54,15 @@ def run_tune(flags: dict[str, Any]) -> dict[str, Any]:
 
 
 def _against_preset(report: dict[str, Any]) -> str:
-    """``; veil train's preset 0.9xxx`` when the comparison ran (a non-private figure too)."""
+    """``; veil train's preset 0.9xxx`` and the recommendation when the comparison ran (non-private
+    figures too)."""
     ref = report["non_private"].get("preset_reference")
     if ref is None or ref.get("test_accuracy") is None:
         return ""
-    return f"; veil train's preset at the same ε {ref['test_accuracy']:.4f}"
+    advice = report["non_private"].get("recommendation")
+    return f"; veil train's preset at the same ε {ref['test_accuracy']:.4f}" + (
+        f"\n{advice}" if advice else ""
+    )
 
 
 def register(app: typer.Typer) -> None:
@@ -89,7 +93,7 @@ def register(app: typer.Typer) -> None:
         score_noise: str = typer.Option(
             "auto",
             "--score-noise",
-            help="Std of the noise on each validation count (auto: a share of it).",
+            help="Std of the noise on each score count (auto: a share of the rows scored).",
         ),
         preset_share: float = typer.Option(
             0.5, "--preset-share", help="Chance that a trial is veil train's preset (0: never)."
@@ -103,7 +107,10 @@ def register(app: typer.Typer) -> None:
             False, "--tune-anyway", help="Tune a benchmark whose preset was tuned on it (refused otherwise)."
         ),
         validation_fraction: float = typer.Option(
-            0.2, "--validation-fraction", help="Share of the training split held out for scoring."
+            0.0,
+            "--validation-fraction",
+            help="Share of the training split held out for scoring (0: none; each trial trains on "
+            "every row and is scored on them, docs/tune.md).",
         ),
         seed: int = typer.Option(0, "--seed", help="Seed of the test split and initialisation."),
         out: str = typer.Option(None, "--out", help="Output folder (default runs/<dataset>-tune-<time>)."),

@@ -51,6 +51,14 @@ class TrialPlan:
         return 100 * self.score_noise / max(self.n_validation, 1.0)
 
     @property
+    def resolution_points(self) -> float:
+        """Public: the std, in accuracy points, of the difference between two candidates' noisy scores
+        when their true accuracies are equal, bounding the binomial sampling of the scored rows by its
+        worst case (accuracy 1/2) and adding the Gaussian noise: below it, the order is chance."""
+        n = max(self.n_validation, 1.0)
+        return 100 * (2 * ((self.score_noise / n) ** 2 + 0.25 / n)) ** 0.5
+
+    @property
     def noise_ratio(self) -> float:
         return self.trial_sigma / self.reference_sigma
 
@@ -66,6 +74,7 @@ class TrialPlan:
             "trials_shape": self.count.shape,
             "score_noise_std": self.score_noise,
             "score_noise_accuracy_points": self.score_points,
+            "selection_resolution_points": self.resolution_points,
             "reference_noise_multiplier": self.reference_sigma,
             "trial_noise_multiplier": self.trial_sigma,  # the preset's shape (else the space's last)
             "noise_ratio": self.noise_ratio,
@@ -81,8 +90,9 @@ def advice(plan: TrialPlan) -> str:
         f"σ = {plan.reference_sigma:.3g} ({plan.noise_ratio:.2f}×) on 100% of the training split"
     )
     score = (
-        f"the noisy validation score has a std of {plan.score_points:.1f} accuracy points, so settings "
-        "closer than that are told apart by chance"
+        f"the noisy score has a std of {plan.score_points:.1f} accuracy points on about "
+        f"{plan.n_validation:.0f} rows, so with the rows' own sampling two candidates closer than about "
+        f"{plan.resolution_points:.1f} points are ordered by chance"
     )
     if plan.expensive:
         return (

@@ -20,10 +20,10 @@ from veil.tune.space import SearchSpace
 __all__ = ["write_report"]
 
 GUARANTEE = (
-    "The chosen model (model.pt), its hyperparameters and its noisy validation score are (ε = {eps:.4g}, "
-    "δ = {delta:g})-differentially private for the training data (training and validation parts "
-    "together), {who}: the whole tuning procedure is accounted (Papernot & "
-    "Steinke 2022, a {law} number of trials with mean {mean:g}), not the best trial alone."
+    "The chosen model (model.pt), its hyperparameters and its noisy score are (ε = {eps:.4g}, "
+    "δ = {delta:g})-differentially private for the training split ({parts}), {who}: the whole tuning "
+    "procedure is accounted (Papernot & Steinke 2022, a {law} number of trials with mean {mean:g}), "
+    "not the best trial alone."
 )
 CAVEATS = [
     "Not covered: the number of trials, the other trials (under trials/), the preset's reference run "
@@ -105,7 +105,8 @@ def write_report(
     """Write ``report.json`` and ``report.html`` to ``out``; return the report.
 
     ``privacy_unit``: the unit column every trial and the score protect (``n_train`` and
-    ``n_validation`` then count units); None: rows. ``reference``: ``veil train``'s preset run on the
+    ``n_validation`` then count units); None: rows. ``n_validation`` 0: no row held out, each trial
+    scored on the rows it trained on. ``reference``: ``veil train``'s preset run on the
     whole training split (:func:`veil.tune.trial.run_reference`), compared in ``non_private`` only."""
     import veil
     from veil.report.publish import publish
@@ -120,6 +121,7 @@ def write_report(
             "dataset": dataset,
             "n_train": n_train,
             "n_validation": n_validation,
+            "score_rows": "held-out validation part" if n_validation else "the training rows (no hold-out)",
             "epsilon": split.epsilon,
             "target_epsilon": target,
             "delta": split.delta,
@@ -144,7 +146,7 @@ def write_report(
             "n_test": n_test,
             "test_accuracy": None if chosen is None else chosen["test_accuracy"],
             "trials": trials,
-            **_comparison(chosen, reference),
+            **_comparison(chosen, reference, n_test),
         },
         _checks(split, target, trials),
     )
@@ -167,16 +169,44 @@ def write_report(
     return report
 
 
-def _comparison(chosen: dict[str, Any] | None, reference: dict[str, Any] | None) -> dict[str, Any]:
-    """The non-private comparison of the chosen model with ``veil train``'s preset (test accuracies)."""
+def _comparison(
+    chosen: dict[str, Any] | None, reference: dict[str, Any] | None, n_test: int
+) -> dict[str, Any]:
+    """The non-private comparison of the chosen model with ``veil train``'s preset (test accuracies),
+    and the recommendation it supports (:func:`verdict`)."""
     if reference is None:
-        return {"preset_reference": None, "chosen_minus_preset": None}
+        return {"preset_reference": None, "chosen_minus_preset": None, "recommendation": None}
     acc = None if chosen is None else chosen["test_accuracy"]
     ref = reference["test_accuracy"]
+    diff = None if acc is None or ref is None else acc - ref
     return {
         "preset_reference": reference,
-        "chosen_minus_preset": None if acc is None or ref is None else acc - ref,
+        "chosen_minus_preset": diff,
+        "recommendation": None if diff is None else verdict(diff, ref, n_test),
     }
+
+
+def verdict(diff: float, preset_accuracy: float, n_test: int) -> str:
+    """One sentence for the operator (non-private: it reads test accuracies): did tuning pay here?
+
+    The test split's resolution is the binomial standard error of the preset's accuracy on ``n_test``
+    rows; a difference within twice it is called a tie. It advises on the next run on this data and
+    chooses nothing: the released model is the tuned one either way (choosing by test accuracy would be
+    selection on the test set, and the preset's reference model is not covered and deleted)."""
+    se = (max(preset_accuracy * (1 - preset_accuracy), 1.0 / max(n_test, 1)) / max(n_test, 1)) ** 0.5
+    points, band = 100 * diff, 200 * se
+    where = f"{points:+.1f} points against veil train's preset on the {n_test} test rows"
+    if diff <= 0 and -points > band:
+        return (
+            f"Tuning did not pay here ({where}, beyond the test split's ±{band:.1f}): prefer "
+            "`veil train` with its defaults on this data."
+        )
+    if abs(points) <= band:
+        return (
+            f"Tuning did not clearly pay ({where}, within the test split's ±{band:.1f}): its price "
+            "bought no measurable gain; `veil train` with its defaults costs less time for the same ε."
+        )
+    return f"Tuning paid here ({where}, beyond the test split's ±{band:.1f})."
 
 
 def _who(settings: dict[str, Any]) -> str:
@@ -220,12 +250,17 @@ def _envelope(
         unit="row" if settings.get("privacy_unit") is None else "privacy unit",
         neighbouring=str(settings["neighbouring"]),
         accountant=str(settings["accountant"]),
-        covers="the chosen model (model.pt), its hyperparameters and its noisy validation score; not the "
+        covers="the chosen model (model.pt), its hyperparameters and its noisy score; not the "
         "number of trials, the other trials or any test accuracy",
         randomness="secure",
         release_ready=passed and chosen is not None,
         statement=GUARANTEE.format(
-            eps=split.epsilon, delta=split.delta, law=law, mean=split.count.mean, who=_who(settings)
+            eps=split.epsilon,
+            delta=split.delta,
+            parts="training and validation parts together" if settings["n_validation"] else "every row",
+            law=law,
+            mean=split.count.mean,
+            who=_who(settings),
         ),
         evidence=evidence,
         extra={"target_epsilon": settings["target_epsilon"]},

@@ -1,13 +1,14 @@
 """``veil tune`` as a function: private hyperparameter tuning by random stopping.
 
-Flow: config → the full training split cut once into (training, validation) by a keyed hash of each
-record (:func:`validation_mask`) → the trial shapes' σ from the budget split (:mod:`veil.tune.budget`) →
-K drawn from the trial-count law (OS CSPRNG) → K trials, each a full DP training run through the train
-job's loop with its own ledger, then its noisy validation count → the candidate with the best noisy
-score is released (``model.pt``) → ``report.json`` and ``report.html``.
+Flow: config → by default no row held out (each trial trains on the whole training split and is
+scored on those rows); with ``validation_fraction`` > 0 the split cut once into (training, validation)
+by a keyed hash of each record (:func:`validation_mask`) → the trial shapes' σ from the budget split
+(:mod:`veil.tune.budget`) → K drawn from the trial-count law (OS CSPRNG) → K trials, each a full DP
+training run through the train job's loop with its own ledger, then its noisy correct count → the
+candidate with the best noisy score is released (``model.pt``) → ``report.json`` and ``report.html``.
 
-Guarantee. The chosen model, its hyperparameters and its noisy validation score are (ε, δ)-DP for
-the training split (training and validation parts together) under add/remove-one neighbouring (of a
+Guarantee. The chosen model, its hyperparameters and its noisy score are (ε, δ)-DP for
+the training split (every row, whichever part it is in) under add/remove-one neighbouring (of a
 unit with all its rows with ``privacy_unit``: :mod:`veil.tune.units`), where
 ε is the random-stopping bound of :mod:`veil.accounting.tuning` over the largest RDP curve of any
 trial the space allows (preprocessing, every DP-SGD step, the score), never the best trial's own ε.
@@ -54,22 +55,26 @@ TUNED_ON = ("digits", "fashion-mnist", "mnist", "breast-cancer")
 
 
 def validation_mask(data: Dataset, fraction: float, seed: int) -> np.ndarray:
-    """Which rows of the training split are held out for scoring: a row is when the keyed hash of its
-    own features and label (:func:`veil.pipeline.private_data.record_mask`, its own key domain, key
-    from the public ``seed``) falls below ``fraction``; with a privacy unit, the keyed hash of the
+    """Which rows of the training split are held out for scoring (``fraction`` 0: none, every trial
+    trains on the whole split and is scored on those rows, :func:`veil.tune.trial.run_trial`): a row
+    is when the keyed hash of its own features and label
+    (:func:`veil.pipeline.private_data.record_mask`, its own key domain, key from the public
+    ``seed``) falls below ``fraction``; with a privacy unit, the keyed hash of the
     row's unit, so every row of a person lands on one side.
 
     Guarantee. A row's side depends on that row alone, never on its position or on how many rows there
     are: adding or removing one record of the training split adds or removes it from exactly one part,
     so add/remove neighbours stay add/remove neighbours on the training part (a random subset of fixed
     size would turn them into replace-one neighbours). The part's size varies like a binomial."""
-    if not (0 < fraction < 1):
+    if not (0 <= fraction < 1):
         raise InvalidParameterError(
             "validation_fraction",
             fraction,
-            "the validation split must leave data to train on and score",
-            "pass a share in (0, 1), e.g. 0.2",
+            "the validation split must leave data to train on",
+            "pass a share in [0, 1): 0 scores on the training rows, e.g. 0.2 holds a fifth out",
         )
+    if fraction == 0:
+        return np.zeros(len(data.y_train), dtype=bool)
     labels = [str(data.classes[int(v)]) for v in np.asarray(data.y_train)]
     return record_mask(data.x_train, labels, fraction, "veil.tune.validation", seed, units=data.units_train)
 
@@ -133,7 +138,7 @@ def tune(
     trials_law: str = "negative_binomial",
     trials_shape: float = 0.5,
     score_noise: float | str = "auto",
-    validation_fraction: float = 0.2,
+    validation_fraction: float = 0.0,
     seed: int = 0,
     extra: dict[str, Any] | None = None,
     preset_share: float = PRESET_SHARE,
@@ -142,12 +147,14 @@ def tune(
 ) -> dict[str, Any]:
     """Run ``veil tune`` and return the report (also written as ``report.json``); see the module
     docstring for the guarantee. ``dataset_id``: the declared identity the run is charged to (default:
-    the data's fingerprint). ``space``: the whole search space, or ``dims``: some of its lists, the
-    others around the preset (:func:`veil.tune.space.around_preset`); either way the preset is drawn
-    with probability ``preset_share``. ``trials_mean`` / ``score_noise`` ``"auto"``: chosen from
-    public settings (:mod:`veil.tune.plan`). ``compare_preset``: also train ``veil train``'s preset on
-    the whole training split for the non-private comparison. ``tune_anyway``: tune a built-in
-    benchmark with the default space (refused otherwise, before reading). ``extra``: further train
+    the data's fingerprint). ``validation_fraction``: the share held out for scoring (0, the default:
+    none, each trial is scored on the rows it trained on). ``space``: the whole search space, or
+    ``dims``: some of its lists, the others around the preset (:func:`veil.tune.space.around_preset`);
+    either way the preset is drawn with probability ``preset_share``. ``trials_mean`` /
+    ``score_noise`` ``"auto"``: chosen from public settings (:mod:`veil.tune.plan`).
+    ``compare_preset``: also train ``veil train``'s preset on the whole training split for the
+    non-private comparison. ``tune_anyway``: tune a built-in benchmark with the default space (refused
+    otherwise, before reading). ``extra``: further train
     settings shared by every trial."""
     from veil.tune.report import write_report
 
@@ -187,7 +194,7 @@ def tune(
             epsilon,
             (count, noise),
             n_train,
-            (preset, ref.sigma, validation_fraction * n_public),
+            (preset, ref.sigma, (validation_fraction or 1.0) * n_public),  # the rows scored
         )
         account.reserve(split.event(), delta)  # the whole procedure, before any trial or file
     except BaseException:
@@ -196,7 +203,7 @@ def tune(
 
     k = split.count.sample()
     account.start(out_dir)
-    trials = _run_trials(k, base, space, split, mask, plan.score_noise, out_dir)
+    trials = _run_trials(k, base, space, split, (mask, validation_fraction == 0), plan.score_noise, out_dir)
     chosen = max(trials, key=lambda t: t["noisy_score"]) if trials else None
     if chosen is not None:
         shutil.copyfile(out_dir / "trials" / str(chosen["trial"]) / "model.pt", out_dir / "model.pt")
@@ -210,7 +217,7 @@ def tune(
         out_dir,
         dataset=full.data.name,
         n_train=n_train,
-        n_validation=records_outside(~mask, full.data.units_train),
+        n_validation=records_outside(~mask, full.data.units_train) if validation_fraction else 0,
         n_test=full.data.n_test,
         split=split,
         plan=plan,
@@ -268,12 +275,14 @@ def _run_trials(
     base: dict[str, Any],
     space: SearchSpace,
     split: BudgetSplit,
-    mask: np.ndarray,
+    scoring: tuple[np.ndarray, bool],
     score_noise: float,
     out_dir: Path,
 ) -> list[dict[str, Any]]:
     """``k`` trials, each a candidate drawn from the space and trained at its shape's σ; each records
-    whether its spent RDP curve stayed under the planned one."""
+    whether its spent RDP curve stayed under the planned one. ``scoring``: the validation mask, and
+    whether the score is on the training rows instead (no row held out)."""
+    mask, on_training = scoring
     trials: list[dict[str, Any]] = []
     planned = split.trial_curve()
     for i in range(k):
@@ -281,7 +290,7 @@ def _run_trials(
         shape = split.shape(cand.epochs, cand.batch_size)
         own = split.trial_epsilon(shape.events(split.prefix, split.score_event))
         cfg = trial_config(base, cand, shape, own * 1.05 + 0.01, out_dir / "trials" / str(i + 1))
-        result = run_trial(cfg, mask, shape, score_noise, out_dir / "trials" / str(i + 1))
+        result = run_trial(cfg, mask, shape, score_noise, out_dir / "trials" / str(i + 1), on_training)
         spent = trial_rdp(result.pop("events"), ORDERS)
         result["within_plan"] = bool(np.all(spent <= planned + 1e-12))
         trials.append({"trial": i + 1, **cand.to_dict(), **result})

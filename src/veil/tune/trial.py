@@ -1,10 +1,10 @@
-"""One ``veil tune`` trial: a full DP training run through the train job's pipeline, then its DP
-validation score.
+"""One ``veil tune`` trial: a full DP training run through the train job's pipeline, then its DP score.
 
-The trial trains on the private training split minus a held-out validation split (fixed for the whole
-tuning run, each row on its side by a keyed hash of that row alone), with the σ the budget split gave
-its shape and every step charged to its own ledger (``trials/<i>/ledger.jsonl``) by the train job's
-loop. Its score is the number of validation examples the released model classifies correctly plus
+The trial trains on the private training split (by default all of it; with a validation share, minus a
+held-out part fixed for the whole tuning run, each row on its side by a keyed hash of that row alone),
+with the σ the budget split gave its shape and every step charged to its own ledger
+(``trials/<i>/ledger.jsonl``) by the train job's loop. Its score is the number of scored examples (the
+training rows by default, else the held-out ones) the released model classifies correctly plus
 Gaussian noise (sensitivity 1 under add/remove-one: one record changes the count by at most one), drawn
 from the OS CSPRNG on the secure lattice; the score's event is appended to the trial's ledger before the
 noise is drawn."""
@@ -128,9 +128,21 @@ def withdraw_release(out: Path) -> None:
 
 
 def run_trial(
-    cfg: TrainConfig, validation: np.ndarray, shape: ShapePlan, score_noise: float, out: Path
+    cfg: TrainConfig,
+    validation: np.ndarray,
+    shape: ShapePlan,
+    score_noise: float,
+    out: Path,
+    score_on_training: bool = False,
 ) -> dict[str, Any]:
-    """Train one candidate (every step charged to ``out/ledger.jsonl``), then release its noisy score."""
+    """Train one candidate (every step charged to ``out/ledger.jsonl``), then release its noisy score.
+
+    ``score_on_training``: no row is held out (``validation`` is all False); the score counts the
+    correct predictions on the rows the trial trained on. Privacy is the same: given the released
+    model, one record moves that count by at most one (sensitivity 1), and the count's Gaussian event
+    composes with the trial's DP-SGD steps on the same rows, as the held-out count does. It is a
+    training score, not a held-out estimate: a DP model generalises (its training accuracy is close to
+    its test accuracy), which is what makes it usable for choosing among candidates."""
     import torch
 
     from veil.training.execute import execute_run
@@ -138,6 +150,9 @@ def run_trial(
 
     t0 = time.monotonic()
     prepared, x_val, y_val, units_val = split_trial(cfg, validation)
+    if score_on_training:
+        data = prepared.data
+        x_val, y_val, units_val = data.x_train, data.y_train, data.units_train
     cfg = prepared.cfg
     plan = _checked_plan(prepared, out)
     steps = plan.steps
