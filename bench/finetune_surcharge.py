@@ -6,46 +6,30 @@ every parameter) can be told from the part that grows with the batch (the clippi
     python bench/finetune_surcharge.py --max-length 40 --batches 25,100 --levers
 
 Uses bench/finetune.py's model and step (``_step_mode``, ``--fine-tune full``: σ = 1, C = 1).
-``--levers`` adds a column ``veil-before``: the same secure DP step with the levers of the 2026-12-01
-evening session switched off around each of its steps (the host noise transform of before, in chunks
-of 2²⁰; every Linear computing its own input Gram matrix), so before and after are timed interleaved.
+``--levers`` adds a column ``veil-before``: the same secure DP step with the levers of the fourth
+issue-27 session (2026-12-01/02 night) switched off around each of its steps (the host noise
+transform of main 0cf85ea, and the clipped sum and grid applied by torch ops after the draw instead
+of chunk by chunk inside it: ``legacy_noise.release_of_before``), so before and after are timed
+interleaved.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 
 import finetune as fb
 
 
-@contextlib.contextmanager
-def _levers_off() -> Iterator[None]:
-    """The secure host transform of before (generic spelling, 2²⁰ chunks) and no shared Gram matrices."""
-    import veil.mechanisms.box_muller as bm
-    from veil.clipping.rules.linear import LinearRule
-
-    chunk, fast = bm.CHUNK, bm.normal_from_words
-
-    def generic(out: object, words: Callable[[int], object], std: float) -> None:
-        ops = bm._NumpyOps if not isinstance(out, torch.Tensor) else bm._TorchOps()
-        bm._normal_from_words(out, words, std, ops)
-
-    bm.CHUNK, bm.normal_from_words, LinearRule.shares_input = 1 << 20, generic, False
-    try:
-        yield
-    finally:
-        bm.CHUNK, bm.normal_from_words, LinearRule.shares_input = chunk, fast, True
-
-
 def _before(step: Callable[[], None]) -> Callable[[], None]:
+    from legacy_noise import release_of_before
+
     def run() -> None:
-        with _levers_off():
+        with release_of_before():
             step()
 
     return run

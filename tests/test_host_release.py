@@ -72,8 +72,16 @@ def test_finisher_equals_the_whole_release(order: str) -> None:
 
 def test_finisher_refuses_sums_it_cannot_read_as_float32() -> None:
     assert finisher([torch.zeros(3, dtype=torch.float64)], 0.5, 0.25) is None
-    assert finisher([torch.zeros(4, 3).T], 0.5, 0.25) is None  # not contiguous
     assert finisher([torch.zeros(3), torch.zeros(2, dtype=torch.bfloat16)], 0.5, 0.25) is None
+
+
+def test_a_non_contiguous_sum_is_read_in_its_flattened_order() -> None:
+    sums = [torch.arange(12, dtype=torch.float32).reshape(4, 3).T]  # not contiguous
+    out = np.zeros(12, dtype=np.float32)
+    finish = finisher(sums, 1.0, 0.5)
+    assert finish is not None
+    finish(out, 0, 12)
+    assert np.array_equal(out, sums[0].reshape(-1).numpy())
 
 
 def test_a_grid_that_is_not_a_power_of_two_is_divided_not_multiplied() -> None:

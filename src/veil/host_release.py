@@ -37,12 +37,15 @@ __all__ = ["finisher"]
 def finisher(sums: Sequence[torch.Tensor], alpha: float, grid: float) -> Finish | None:
     """The callback ``(out, lo, hi)`` that turns ``out[lo:hi]`` of a float32 host draw into the release
     ``round((z + alpha·S) / grid)·grid``, where ``S`` is the concatenation of ``sums`` (the group's
-    clipped sums, flattened, in order); ``None`` if a sum is not a contiguous float32 host tensor (the
-    caller then finishes the draw with torch ops). Safe to call from several threads on disjoint slices.
+    clipped sums, flattened, in order); ``None`` if a sum is not a float32 host tensor (the caller then
+    finishes the draw with torch ops). Safe to call from several threads on disjoint slices.
     """
-    if not all(s.dtype == torch.float32 and s.device.type == "cpu" and s.is_contiguous() for s in sums):
+    try:  # numpy views (a copy only for a non-contiguous sum); a device or bf16 tensor has none
+        arrays = [s.detach().numpy().reshape(-1) for s in sums]
+    except (RuntimeError, TypeError):
         return None
-    arrays = [s.detach().reshape(-1).numpy() for s in sums]
+    if any(a.dtype != np.float32 for a in arrays):
+        return None
     offsets = list(itertools.accumulate((a.size for a in arrays), initial=0))
     scale, g = np.float32(alpha), np.float32(grid)
     # × 1/g equals ÷ g exactly when g and 1/g are normal float32 powers of two (release_grid's are)

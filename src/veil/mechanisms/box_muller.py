@@ -143,12 +143,29 @@ def exponential_from_words32(words: Any, more: Words) -> Any:
     ops = _ops(words)
     e, zero_top = _exponential_parts(ops, words)
     pending = ops.indices(zero_top)
+    if len(pending):
+        e[pending] = _continued(ops, len(pending), more)
+    return e
+
+
+def _continued(ops: Any, count: int, more: Words) -> Any:
+    """``E`` for ``count`` words whose top 9 bits were all zero: fresh words from ``more`` continue
+    each one's exponent (``9·depth·ln 2`` plus the first fresh word's own ``−ln u``)."""
+    e: Any = None
+    pending: Any = None
     depth = 0
-    while len(pending) and depth < _MAX_EXTRA_WORDS:
+    while depth < _MAX_EXTRA_WORDS:
         depth += 1
-        e_extra, again = _exponential_parts(ops, more(len(pending)))
-        e[pending] = e_extra + _EXP_BITS * depth * _LN2
-        pending = pending[again]
+        e_extra, again = _exponential_parts(ops, more(count if pending is None else len(pending)))
+        e_extra += _EXP_BITS * depth * _LN2
+        if pending is None:
+            e = e_extra
+            pending = ops.indices(again)
+        else:
+            e[pending] = e_extra
+            pending = pending[again]
+        if not len(pending):
+            break
     return e
 
 
@@ -226,7 +243,7 @@ def _host_normal_from_words(
     Bit for bit the same because every change is exact: the radius and angle words are read as
     unsigned, so a shift alone gives the top bits (no mask), and are then reused in place (the
     mantissa bits of ``u``, the angle's 24 bits); a word whose top 9 bits are zero is recomputed
-    whole by :func:`exponential_from_words32` (it is unchanged by the masking); ``−2·ln u`` is
+    whole by the continuation of :func:`exponential_from_words32` (fresh words); ``−2·ln u`` is
     ``2·(−ln u)`` (both exact); the angle's cast and scaling are one float32 ufunc; ``cos``, ``sin``
     and the products write into ``out`` or a buffer no longer needed.
 
@@ -252,7 +269,7 @@ def _host_normal_from_words(
         np.log(u, out=u)
         u *= -2.0  # 2E = −2 ln u
         if len(pending):
-            u[pending] = exponential_from_words32(radius_words[pending].view(np.int32), words) * 2.0
+            u[pending] = _continued(_NumpyOps, len(pending), words) * 2.0
         np.sqrt(u, out=u)
         u *= std
         angle_words >>= 8  # j: the top 24 bits
