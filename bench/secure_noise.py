@@ -7,8 +7,9 @@
    so "vs seeded" is the ratio to ``torch.randn``). 10⁷ coordinates with the others; 10⁸ (a
    full fine-tune's worth) with ``--large-rounds`` rounds and without the previous sampler.
 2. One DP-SGD step of ``bench/engine.py``'s MLP and CNN (batch 256, σ = 1, C = 1, fixed batch) in
-   the modes plain, veil (secure: its noise drawn ahead on a worker thread), veil-urandom (the
-   previous secure sampler) and veil-seeded.
+   the modes plain, veil (secure, the default), veil-before (the same engine with the secure release
+   of main 0cf85ea: its host transform, the clipped sum and grid applied by torch ops after the draw;
+   ``legacy_noise.release_of_before``), veil-urandom (the previous secure sampler) and veil-seeded.
 
 Everything runs in one process with rounds interleaved (one draw, or one step, of every source or
 mode per round), so load drift hits every source alike. Reported: the median and the best of the
@@ -25,6 +26,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -35,10 +37,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import describe_machine, markdown_table, timing_rows
-from legacy_noise import UrandomSource
+from legacy_noise import UrandomSource, release_of_before
 from veil.mechanisms import SecureSource, SeededSource
 
-MODES = ("plain", "veil", "veil-urandom", "veil-seeded")
+MODES = ("plain", "veil", "veil-before", "veil-urandom", "veil-seeded")
 BASELINE = "seeded (torch.Generator)"  # torch.randn's sampler, on a generator of its own
 
 
@@ -56,13 +58,26 @@ def step_rows(
     steps = {}
     for mode in modes:
         model, data, loss = build(config)
-        model, optimizer, _, loss = make_mode(mode, model.to(dev), data(BATCH[config]), loss, BATCH[config])
+        engine_mode = "veil" if mode == "veil-before" else mode
+        model, optimizer, _, loss = make_mode(
+            engine_mode, model.to(dev), data(BATCH[config]), loss, BATCH[config]
+        )
         x, y = (t.to(dev) for t in data(BATCH[config]).tensors)
+        # veil-before: the default engine with the secure release of main 0cf85ea (legacy_noise.py)
+        context = release_of_before if mode == "veil-before" else contextlib.nullcontext
 
-        def step(model: Any = model, opt: Any = optimizer, loss: Any = loss, x: Any = x, y: Any = y) -> None:
-            opt.zero_grad()
-            loss(model(x), y).backward()
-            opt.step()
+        def step(
+            model: Any = model,
+            opt: Any = optimizer,
+            loss: Any = loss,
+            x: Any = x,
+            y: Any = y,
+            ctx: Any = context,
+        ) -> None:
+            with ctx():
+                opt.zero_grad()
+                loss(model(x), y).backward()
+                opt.step()
 
         steps[mode] = step
     times: dict[str, list[float]] = {mode: [] for mode in modes}

@@ -31,6 +31,7 @@ LAYER: dict[str, int] = {
             "data_parallel",
             "engine",
             "errors",
+            "host_release",
             "layers",
             "loss_path",
             "mechanisms",

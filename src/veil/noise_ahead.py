@@ -38,14 +38,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 if TYPE_CHECKING:
     from veil.mechanisms.rng import RandomSource
 
-__all__ = ["MIN_COORDINATES_AHEAD", "NoiseAhead", "NoiseKey", "worth_drawing_ahead"]
+__all__ = ["MIN_COORDINATES_AHEAD", "Finish", "NoiseAhead", "NoiseKey", "worth_drawing_ahead"]
 
 NoiseKey = tuple[torch.dtype, torch.device]
+#: ``(out, lo, hi)``: finishes the slice ``out[lo:hi]`` of a host draw in place (a numpy array).
+Finish = Callable[[np.ndarray, int, int], None]
 
 #: Noise draws below this many coordinates (≈ 2.5 ms of secure noise on one idle core) are made at
 #: the step: a worker thread's start and hand-off cost more than they would hide.
@@ -106,10 +109,39 @@ class NoiseAhead:
 
         The buffered draw leaves the buffer here, whether it is used or discarded.
         """
+        ahead = self.buffered(key, numel, std)
+        return ahead if ahead is not None else self._make(key, numel, std)()
+
+    def buffered(self, key: NoiseKey, numel: int, std: float) -> torch.Tensor | None:
+        """The buffered draw for group ``key`` if it fits (``None`` otherwise), taken out of the buffer;
+        a draw that does not fit is discarded here too."""
         ahead = self._ahead.pop(key, None)
         if ahead is not None and ahead.pid == os.getpid() and ahead.std == std and ahead.numel == numel:
             return ahead.result()
-        return self._make(key, numel, std)()
+        return None
+
+    def draw_now(
+        self, key: NoiseKey, numel: int, std: float, then: Finish | None = None
+    ) -> tuple[torch.Tensor, bool]:
+        """A fresh draw for group ``key`` (never buffered) and whether ``then`` finished it.
+
+        ``then(out, lo, hi)`` (see :meth:`~veil.mechanisms.rng.RandomSource.host_normal32`) runs on
+        each finished slice while it is in the cache, where the source draws float32 noise on the host
+        in pieces (the secure source); otherwise the draw is plain :meth:`take`-style noise and the
+        caller finishes it itself (``False``).
+        """
+        if then is not None and self.finishes_in_draw(key):
+            noise = self._source.host_normal32(numel, std, then)
+            if noise is not None:
+                self.draws += 1
+                return noise, True
+        return self._make(key, numel, std)(), False
+
+    def finishes_in_draw(self, key: NoiseKey) -> bool:
+        """Whether :meth:`draw_now` can run a ``then`` on this group's draw (float32 on the host, from
+        a source that draws such noise in pieces)."""
+        dtype, device = key
+        return dtype == torch.float32 and device.type == "cpu" and self._source.host_pieces
 
     def prepare(self, key: NoiseKey, numel: int, std: float, *, background: bool) -> None:
         """Draw the next step's noise for ``key`` now, or (``background``) on a worker thread."""

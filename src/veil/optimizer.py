@@ -28,6 +28,7 @@ import torch
 from torch.optim import Optimizer
 
 from veil.errors import ConfigError
+from veil.host_release import finisher
 from veil.noise_ahead import NoiseAhead, NoiseKey, worth_drawing_ahead
 
 if TYPE_CHECKING:
@@ -174,7 +175,9 @@ class DPOptimizer(Optimizer):
         clipped sum, scaled by ``1/B``, is added to them; each coordinate therefore carries noise
         of std ``σΔ/B``, independent across coordinates and steps. With a secure source the draw
         is made ahead, on a worker thread while this step's forward and backward ran, and used here
-        only if it still fits (:mod:`veil.noise_ahead`); with a seeded source, here, in order.
+        only if it still fits (:mod:`veil.noise_ahead`); with a seeded source, here, in order. A
+        secure float32 draw made here on the host is finished chunk by chunk inside the draw (sum
+        added, grid applied while the chunk is in the cache: :mod:`veil.host_release`).
 
         The noisy gradient is then rounded to a fixed grid (a power of two near ``σΔ/B / 256``, see
         :func:`release_grid`): a post-processing, so no privacy is lost. Without it, float32
@@ -197,13 +200,20 @@ class DPOptimizer(Optimizer):
         grid = release_grid(std * inverse)
         for key, members in self._noise_groups().items():
             numels = [self.clipper.parameters[i].numel() for i in members]
-            flat = self.noise_ahead.take(key, sum(numels), std * inverse)  # drawn ahead, or now
+            flat = self.noise_ahead.buffered(key, sum(numels), std * inverse)  # drawn ahead
+            finished = False
+            if flat is None:  # drawn now: where the source draws in chunks, finished chunk by chunk
+                finish = None
+                if self.noise_ahead.finishes_in_draw(key):
+                    finish = finisher([sums[i] for i in members], inverse, grid)
+                flat, finished = self.noise_ahead.draw_now(key, sum(numels), std * inverse, finish)
             pieces = flat.split(numels)
-            for i, piece in zip(members, pieces, strict=True):
-                piece.view(self.clipper.parameters[i].shape).add_(sums[i], alpha=inverse)
-            # Rounded once for the whole group (three ops, not three a parameter: on a busy machine each
-            # multi-threaded op waits for its threads); exact: grid is a power of two.
-            flat.div_(grid).round_().mul_(grid)
+            if not finished:
+                for i, piece in zip(members, pieces, strict=True):
+                    piece.view(self.clipper.parameters[i].shape).add_(sums[i], alpha=inverse)
+                # Rounded once for the whole group (three ops, not three a parameter: on a busy machine
+                # each multi-threaded op waits for its threads); exact: grid is a power of two.
+                flat.div_(grid).round_().mul_(grid)
             for i, piece in zip(members, pieces, strict=True):
                 p = self.clipper.parameters[i]
                 g = piece.view(p.shape)

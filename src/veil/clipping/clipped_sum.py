@@ -73,13 +73,23 @@ def weighted_sums(
     batch: int,
     norm_dtype: torch.dtype,
 ) -> dict[int, Tensor]:
-    """id(parameter) → ``Σ_i w_i g_i`` at ≥ float32 (weights never cast down; one rounding to the sum)."""
+    """id(parameter) → ``Σ_i w_i g_i`` at ≥ float32 (weights never cast down; one rounding to the sum).
+
+    Consumes ``norms``: each parameter's per-example gradients or ghost operands leave it as soon as
+    its sum is formed, so they are freed one by one while the sums are built (memory: the operands of
+    every layer and the sums of every parameter are never all held at once).
+    """
     added: dict[int, Tensor] = {}
-    for pid, grads in norms.materialised.items():
+    for pid in list(norms.materialised):
+        grads = norms.materialised.pop(pid)
         work = torch.promote_types(grads.dtype, norm_dtype)
         w = weights[group_of[pid]].to(work)
         added[pid] = (w @ grads.reshape(batch, -1).to(work)).view(grads.shape[1:]).to(dtypes[pid])
-    for pid, ghost in norms.ghosts:
+        del grads
+    norms.ghosts.reverse()  # popped from the end, in their original order
+    while norms.ghosts:
+        pid, ghost = norms.ghosts.pop()
         part = ghost.weighted_sum(weights[group_of[pid]]).to(dtypes[pid])
+        del ghost
         added[pid] = part if pid not in added else added[pid] + part
     return added

@@ -207,7 +207,9 @@ class PerSampleClipper:
         try:
             with torch.no_grad():
                 self._check_stray_gradients()
-                return self._accumulate([c for c in calls if c.has_gradient()])
+                live = [c for c in calls if c.has_gradient()]
+                calls.clear()  # the captured inputs and gradients are freed as soon as they are used
+                return self._accumulate(live)
         finally:
             self._capture.suspended = False
 
@@ -261,6 +263,7 @@ class PerSampleClipper:
         if batch == 0 or ref is None:
             return torch.zeros(batch, dtype=norm_dtype, device=device)
         found = norms.collect(calls, batch, self._group_of, len(self.groups), norm_dtype)
+        calls.clear()  # what is left of each call is in `found`, which weighted_sums consumes
         margin = self._rounding_margin()
         flat_norms, weights = clip_weights(
             found.squares, self._bounds, self.clipping, scale, margin, batch, norm_dtype, device

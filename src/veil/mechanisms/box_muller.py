@@ -12,8 +12,9 @@ accelerator (:mod:`veil.mechanisms.chacha_torch`). The float64 transform of
   ``z`` of leading zero bits among the top 9 bits of ``a`` (when all 9 are zero, probability 2⁻⁹,
   9 more come from a fresh word, and so on: the exponential is memoryless, so a fresh word is
   exactly the conditional law); its mantissa is the low 23 bits of ``a``:
-  ``u = 2⁻ᶻ·(1 + m·2⁻²³)/2``. So ``u`` has full float32 relative precision at every scale and
-  ``E = −ln u = z·ln 2 − ln((1 + m·2⁻²³)/2)`` (two non-negative terms: no cancellation) is an
+  ``u = 2⁻ᶻ·(1 + m·2⁻²³)/2``, built exactly from bits (the exponent field of the float32 ``top``
+  value of the 9 bits is ``135 − z``). So ``u`` has full float32 relative precision at every scale
+  and ``E = −ln u`` (one float32 ``log`` of the exact ``u``, accurate to a few ulps of ``E``) is an
   ``Exp(1)`` variate to float32 rounding far into the tail. The radius ``r = √(2E)`` is **not
   truncated** where a fixed-width uniform would stop it (6.66σ for 32 bits): the continuation
   reaches 37σ before a safety cap of 1008 exponent bits, the float64 path's cap, hit with
@@ -65,7 +66,9 @@ CHUNK = 1 << 18
 _LN2 = math.log(2.0)
 _EXP_BITS = 9  # leading bits of a radius word that set the exponent of u
 _MANTISSA_MASK = (1 << 23) - 1
-_HALF_BITS = 0x3F000000  # float32 0.5: OR-ing in 23 mantissa bits gives (1 + m·2⁻²³)/2
+_EXPONENT_FIELD = 0x7F800000  # a float32's exponent bits
+_EXP_SHIFT = _EXP_BITS << 23  # exponent field of float32(top) minus this: the exponent of 2⁻ᶻ/2
+_ONE_BITS = 0x3F800000  # float32 1.0 (ln 1 = 0): stands in for a word continued by fresh words
 _ANGLE_STEP = 2.0 * math.pi * 2.0**-24
 _MAX_EXTRA_WORDS = 111  # 9 + 111·9 = 1008 exponent bits: u ≥ 2⁻¹⁰⁰⁹, r ≤ 37.4
 
@@ -140,25 +143,44 @@ def exponential_from_words32(words: Any, more: Words) -> Any:
     ops = _ops(words)
     e, zero_top = _exponential_parts(ops, words)
     pending = ops.indices(zero_top)
+    if len(pending):
+        e[pending] = _continued(ops, len(pending), more)
+    return e
+
+
+def _continued(ops: Any, count: int, more: Words) -> Any:
+    """``E`` for ``count`` words whose top 9 bits were all zero: fresh words from ``more`` continue
+    each one's exponent (``9·depth·ln 2`` plus the first fresh word's own ``−ln u``)."""
+    e: Any = None
+    pending: Any = None
     depth = 0
-    while len(pending) and depth < _MAX_EXTRA_WORDS:
+    while depth < _MAX_EXTRA_WORDS:
         depth += 1
-        e_extra, again = _exponential_parts(ops, more(len(pending)))
-        e[pending] = e_extra + _EXP_BITS * depth * _LN2
-        pending = pending[again]
+        e_extra, again = _exponential_parts(ops, more(count if pending is None else len(pending)))
+        e_extra += _EXP_BITS * depth * _LN2
+        if pending is None:
+            e = e_extra
+            pending = ops.indices(again)
+        else:
+            e[pending] = e_extra
+            pending = pending[again]
+        if not len(pending):
+            break
     return e
 
 
 def _exponential_parts(ops: Any, words: Any) -> tuple[Any, Any]:
     """``(−ln u, whether the word's top 9 bits were all zero)`` for each int32 word on its own."""
     top = (words >> (32 - _EXP_BITS)) & ((1 << _EXP_BITS) - 1)  # 0 … 511 (masked: >> is arithmetic)
-    # The biased float32 exponent of `top` is 127 + ⌊log₂ top⌋ (0 for top = 0): leading zeros.
-    zeros = ops.at_most((_EXP_BITS - 1 + 127) - (ops.float32_bits(ops.float32(top)) >> 23), _EXP_BITS)
-    half_to_one = ops.bits_as_float32((words & _MANTISSA_MASK) | _HALF_BITS)  # [0.5, 1), exact
-    e = ops.log(half_to_one)
+    zero_top = top == 0
+    # float32(top) = 2^(8−z)·(1.f): its exponent field, less 9, is that of 2⁻ᶻ·½; the word's low 23
+    # bits are u's mantissa. A zero top (continued by fresh words) gets u = 1 here: ln 1 = 0.
+    u = (ops.float32_bits(ops.float32(top)) & _EXPONENT_FIELD) - _EXP_SHIFT
+    u |= words & _MANTISSA_MASK
+    u[zero_top] = _ONE_BITS
+    e = ops.log(ops.bits_as_float32(u))
     e *= -1.0
-    e += ops.float32(zeros) * _LN2
-    return e, top == 0
+    return e, zero_top
 
 
 def angle_from_words32(words: Any) -> Any:
@@ -169,7 +191,9 @@ def angle_from_words32(words: Any) -> Any:
     return theta
 
 
-def normal_from_words(out: Any, words: Words, std: float) -> None:
+def normal_from_words(
+    out: Any, words: Words, std: float, then: Callable[[int, int], None] | None = None
+) -> None:
     """Fill the 1-d float32 array or tensor ``out`` with i.i.d. ``N(0, std²)`` noise from ``words``.
 
     ``words(k)`` returns ``k`` fresh int32 keystream words of ``out``'s kind (numpy for a numpy
@@ -177,12 +201,16 @@ def normal_from_words(out: Any, words: Words, std: float) -> None:
     coordinates on the host (bounded temporaries) and at once on an accelerator; within a chunk of
     ``k`` the first ``⌈k/2⌉`` values are the pairs' cosines and the rest their sines. A numpy ``out``
     takes :func:`_host_normal_from_words`, the same arithmetic with fewer passes over memory (equal
-    bit for bit: a test compares the two).
+    bit for bit: a test compares the two). ``then(lo, hi)``, if given, is called once ``out[lo:hi]``
+    holds its noise: after each chunk on the host (the chunk still in the cache), once at the end
+    on an accelerator.
     """
     if isinstance(out, np.ndarray):
-        _host_normal_from_words(out, words, std)
+        _host_normal_from_words(out, words, std, then)
         return
     _normal_from_words(out, words, std, _TorchOps())
+    if then is not None:
+        then(0, len(out))
 
 
 def _normal_from_words(out: Any, words: Words, std: float, ops: Any) -> None:
@@ -204,45 +232,53 @@ def _normal_from_words(out: Any, words: Words, std: float, ops: Any) -> None:
         seg[m:] = (ops.sin(theta) * r)[: k - m]
 
 
-def _host_normal_from_words(out: np.ndarray, words: Words, std: float) -> None:
-    """:func:`_normal_from_words` in numpy with fewer passes: the same float32 operations on the
-    same values, in place where the generic spelling makes temporaries (the secure noise draw is the
-    DP step's largest fixed cost for a model with many parameters).
+def _host_normal_from_words(
+    out: np.ndarray, words: Words, std: float, then: Callable[[int, int], None] | None = None
+) -> None:
+    """:func:`_normal_from_words` in numpy with fewer passes and temporaries: the same float32
+    operations on the same values, in place where the generic spelling makes temporaries (the secure
+    noise draw is the DP step's largest fixed cost for a model with many parameters, and on a small
+    model its temporaries evict the step's own data from the cache).
 
     Bit for bit the same because every change is exact: the radius and angle words are read as
-    unsigned, so a shift alone gives the top bits (no mask); a word whose top 9 bits are zero is
-    recomputed whole by :func:`exponential_from_words32` (so the count of leading zeros needs no cap
-    here); ``z·ln 2 − ln h`` is one subtraction,
-    the same rounding as negating ``ln h`` (exact) and adding; ``cos``, ``sin`` and the products
-    write into ``out`` (or an input no longer needed) instead of fresh arrays.
+    unsigned, so a shift alone gives the top bits (no mask), and are then reused in place (the
+    mantissa bits of ``u``, the angle's 24 bits); a word whose top 9 bits are zero is recomputed
+    whole by the continuation of :func:`exponential_from_words32` (fresh words); ``−2·ln u`` is
+    ``2·(−ln u)`` (both exact); the angle's cast and scaling are one float32 ufunc; ``cos``, ``sin``
+    and the products write into ``out`` or a buffer no longer needed.
+
+    ``then(lo, hi)``: called after each finished chunk ``out[lo:hi]`` (while it is in the cache).
     """
     n = len(out)
     f32 = np.float32
     for start in range(0, n, CHUNK):
         k = min(CHUNK, n - start)
         m = (k + 1) // 2
-        w = words(2 * m)
-        radius_words, angle_words = w[:m], w[m:].view(np.uint32)
-        top = radius_words.view(np.uint32) >> (32 - _EXP_BITS)  # 0 … 511
-        zeros = top.astype(f32).view(np.int32)
-        zeros >>= 23
-        np.subtract(_EXP_BITS - 1 + 127, zeros, out=zeros)  # leading zero bits among the top 9 (top > 0)
-        half = radius_words & _MANTISSA_MASK
-        half |= _HALF_BITS
-        r = np.log(half.view(f32))
-        scaled = zeros.astype(f32)
-        scaled *= _LN2
-        np.subtract(scaled, r, out=r)  # E = z·ln 2 − ln((1 + m·2⁻²³)/2)
+        w = words(2 * m)  # a fresh array of its own: reused in place below
+        radius_words, angle_words = w[:m].view(np.uint32), w[m:].view(np.uint32)
+        top = radius_words >> (32 - _EXP_BITS)  # 0 … 511
         pending = np.flatnonzero(top == 0)
+        u = top.view(np.int32).astype(f32)  # 2^(8−z)·(1.f)
+        bits = u.view(np.int32)
+        bits &= _EXPONENT_FIELD
+        bits -= _EXP_SHIFT  # the exponent of 2⁻ᶻ·½
+        radius_words &= _MANTISSA_MASK  # a word with a zero top is left as it was
+        bits |= radius_words.view(np.int32)  # u = 2⁻ᶻ·(1 + m·2⁻²³)/2
         if len(pending):  # 2⁻⁹ a word: recomputed whole by the generic continuation (fresh words)
-            r[pending] = exponential_from_words32(radius_words[pending], words)
-        r *= 2.0
-        np.sqrt(r, out=r)
-        r *= std
-        theta = (angle_words >> 8).astype(f32)  # j: the top 24 bits
-        theta *= _ANGLE_STEP
+            bits[pending] = _ONE_BITS
+        np.log(u, out=u)
+        u *= -2.0  # 2E = −2 ln u
+        if len(pending):
+            u[pending] = _continued(_NumpyOps, len(pending), words) * 2.0
+        np.sqrt(u, out=u)
+        u *= std
+        angle_words >>= 8  # j: the top 24 bits
+        theta = top.view(f32)  # top is no longer needed: its memory holds the angle
+        np.multiply(angle_words, _ANGLE_STEP, out=theta, dtype=f32, casting="unsafe")
         seg = out[start : start + k]
         np.cos(theta, out=seg[:m])
-        seg[:m] *= r
+        seg[:m] *= u
         np.sin(theta, out=theta)
-        np.multiply(theta[: k - m], r[: k - m], out=seg[m:])
+        np.multiply(theta[: k - m], u[: k - m], out=seg[m:])
+        if then is not None:
+            then(start, start + k)

@@ -71,6 +71,8 @@ class RandomSource(abc.ABC):
     """
 
     secure: bool
+    #: Whether :meth:`host_normal32` draws (and finishes) float32 host noise piece by piece.
+    host_pieces: bool = False
 
     # -- primitives -----------------------------------------------------------------------------
     @abc.abstractmethod
@@ -95,6 +97,19 @@ class RandomSource(abc.ABC):
         ``dtype`` defaults to ``torch.float32``. Low-precision dtypes (bfloat16, float16) get noise
         drawn at full precision and rounded once, so the scale is right.
         """
+
+    def host_normal32(
+        self, numel: int, std: float, then: Callable[[np.ndarray, int, int], None] | None = None
+    ) -> torch.Tensor | None:
+        """``numel`` float32 ``N(0, std²)`` coordinates on the host drawn piece by piece, or ``None`` where
+        this source has no such draw (then :meth:`normal` is the way, and ``then`` is not called).
+
+        ``then(out, lo, hi)`` is called once the slice ``out[lo:hi]`` of the result (``out``: its numpy
+        view) holds its noise, on the thread that drew it while it is still in the cache; slices are
+        disjoint and may be finished concurrently. It may change the values it is handed (a DP release
+        adds its clipped sum and rounds to its grid there), never values outside ``[lo, hi)``.
+        """
+        return None
 
     @abc.abstractmethod
     def standard_normal(self, size: int | tuple[int, ...]) -> np.ndarray:
@@ -301,6 +316,7 @@ class SecureSource(RandomSource):
     """
 
     secure = True
+    host_pieces = True
     _NORMAL_CHUNK = 1 << 20
 
     def __init__(self) -> None:
@@ -430,11 +446,11 @@ class SecureSource(RandomSource):
         if out_dtype != torch.float64:  # float32, and bfloat16/float16 made at float32 and rounded once
             from veil.mechanisms.box_muller import normal_from_words
 
-            noise = torch.empty(n, dtype=torch.float32, device=dev)
             if uses_device_keystream(dev):
+                noise = torch.empty(n, dtype=torch.float32, device=dev)
                 normal_from_words(noise, self._release_words(dev), std)
             else:
-                self._host_normal32(noise.numpy(), std, host_parts(n, torch.get_num_threads()))
+                noise = self.host_normal32(n, std)
             return (noise if out_dtype == torch.float32 else noise.to(out_dtype)).reshape(dims)
         out = torch.empty(n, dtype=out_dtype, device=dev)
         stream = self._release_stream()  # one key per release: the next release is independent of it
@@ -450,7 +466,25 @@ class SecureSource(RandomSource):
             seg[m:].copy_(angle.sin_().mul_(r)[: k - m])
         return out.reshape(dims)
 
-    def _host_normal32(self, out: np.ndarray, std: float, parts: int) -> None:
+    def host_normal32(
+        self, numel: int, std: float, then: Callable[[np.ndarray, int, int], None] | None = None
+    ) -> torch.Tensor:
+        """The host's float32 draw of :meth:`normal` (same keys, transform and guarantee), with
+        ``then`` run on each finished chunk (see :meth:`RandomSource.host_normal32`)."""
+        import torch
+
+        std = _check_std(std)
+        noise = torch.empty(_check_size(numel), dtype=torch.float32)
+        self._host_normal32(noise.numpy(), std, host_parts(noise.numel(), torch.get_num_threads()), then)
+        return noise
+
+    def _host_normal32(
+        self,
+        out: np.ndarray,
+        std: float,
+        parts: int,
+        then: Callable[[np.ndarray, int, int], None] | None = None,
+    ) -> None:
         """Fill ``out`` with float32 noise on the host, in ``parts`` contiguous pieces drawn in parallel.
 
         Each piece is drawn from a keystream of its own under a fresh OS key (keyed here, on the
@@ -465,15 +499,22 @@ class SecureSource(RandomSource):
         from veil.mechanisms.box_muller import normal_from_words
 
         host = torch.device("cpu")
+
+        def finish(base: int) -> Callable[[int, int], None] | None:
+            return None if then is None else (lambda lo, hi: then(out, base + lo, base + hi))
+
         if parts <= 1:
-            normal_from_words(out, self._release_words(host), std)
+            normal_from_words(out, self._release_words(host), std, finish(0))
             return
         from concurrent.futures import ThreadPoolExecutor
 
         bounds = [len(out) * i // parts for i in range(parts + 1)]
-        pieces = [(out[lo:hi], self._release_words(host)) for lo, hi in itertools.pairwise(bounds)]
+        pieces = [(lo, out[lo:hi], self._release_words(host)) for lo, hi in itertools.pairwise(bounds)]
         with ThreadPoolExecutor(max_workers=parts, thread_name_prefix="veil-noise") as pool:
-            for done in [pool.submit(normal_from_words, piece, words, std) for piece, words in pieces]:
+            futures = [
+                pool.submit(normal_from_words, piece, words, std, finish(lo)) for lo, piece, words in pieces
+            ]
+            for done in futures:
                 done.result()  # a failed piece fails the release
 
     def _release_words(self, device: torch.device) -> Callable[[int], Any]:

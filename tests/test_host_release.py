@@ -1,0 +1,169 @@
+"""The DP release finished inside a secure host draw (veil.host_release): the same release as torch's ops.
+
+Each chunk of the draw gets its slice of the clipped sum times 1/B and is rounded to the release grid on
+the thread that drew it. Checked against an independent reference (the whole release spelled in numpy
+on the same noise: equal bit for bit) and against the optimizer's torch ops (equal up to where torch
+fuses the product into the addition: at most one grid step, on a rare coordinate), through the
+finisher alone (chunks straddling parameter boundaries, in any order) and through a DP step whose
+secure noise comes from known words (one piece, and three pieces on worker threads). Deterministic.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from veil import optimizer as optimizer_module
+from veil.engine import PrivacyEngine
+from veil.host_release import finisher
+from veil.mechanisms import box_muller
+from veil.mechanisms import rng as rng_module
+from veil.optimizer import release_grid
+
+SIZES = [7, 0, 300, 1, 64, 1000]
+
+
+def _reference(noise: np.ndarray, sums: list[torch.Tensor], alpha: float, grid: float) -> np.ndarray:
+    """``round((z + fl32(S·alpha)) / grid)·grid`` spelled out in float32 numpy, whole arrays at once."""
+    s = np.concatenate([t.reshape(-1).numpy() for t in sums]).astype(np.float32)
+    z = noise.astype(np.float32) + s * np.float32(alpha)
+    return (np.rint(z / np.float32(grid)) * np.float32(grid)).astype(np.float32)
+
+
+def _torch_release(noise: np.ndarray, sums: list[torch.Tensor], alpha: float, grid: float) -> np.ndarray:
+    """The optimizer's torch ops (add with alpha, then div/round/mul) on the same noise."""
+    flat = torch.from_numpy(noise.copy())
+    for piece, s in zip(flat.split([t.numel() for t in sums]), sums, strict=True):
+        piece.add_(s.reshape(-1), alpha=alpha)
+    return flat.div_(grid).round_().mul_(grid).numpy()
+
+
+def _close_to_torch(out: np.ndarray, torch_out: np.ndarray, grid: float) -> None:
+    differ = out != torch_out
+    assert np.all(np.abs(out[differ] - torch_out[differ]) <= grid * 1.0000001)
+    assert differ.mean() < 1e-3
+
+
+@pytest.mark.parametrize("order", ["in order", "reversed", "odd chunks"])
+def test_finisher_equals_the_whole_release(order: str) -> None:
+    gen = torch.Generator().manual_seed(3)
+    sums = [torch.randn(n, generator=gen) * 4.0 for n in SIZES]
+    n = sum(SIZES)
+    noise = torch.randn(n, generator=gen).numpy() * 0.3
+    alpha, grid = 1.0 / 7.0, release_grid(0.3)
+    out = noise.copy()
+    finish = finisher(sums, alpha, grid)
+    assert finish is not None
+    step = {"in order": 128, "reversed": 97, "odd chunks": 13}[order]
+    chunks = [(lo, min(n, lo + step)) for lo in range(0, n, step)]
+    for lo, hi in reversed(chunks) if order == "reversed" else chunks:
+        finish(out, lo, hi)
+    assert np.array_equal(out, _reference(noise, sums, alpha, grid))
+    assert np.array_equal(np.rint(out / np.float32(grid)) * np.float32(grid), out)  # on the grid
+    _close_to_torch(out, _torch_release(noise, sums, alpha, grid), grid)
+
+
+def test_finisher_refuses_sums_it_cannot_read_as_float32() -> None:
+    assert finisher([torch.zeros(3, dtype=torch.float64)], 0.5, 0.25) is None
+    assert finisher([torch.zeros(3), torch.zeros(2, dtype=torch.bfloat16)], 0.5, 0.25) is None
+
+
+def test_a_non_contiguous_sum_is_read_in_its_flattened_order() -> None:
+    sums = [torch.arange(12, dtype=torch.float32).reshape(4, 3).T]  # not contiguous
+    out = np.zeros(12, dtype=np.float32)
+    finish = finisher(sums, 1.0, 0.5)
+    assert finish is not None
+    finish(out, 0, 12)
+    assert np.array_equal(out, sums[0].reshape(-1).numpy())
+
+
+def test_a_grid_that_is_not_a_power_of_two_is_divided_not_multiplied() -> None:
+    noise = np.linspace(-3.0, 3.0, 101, dtype=np.float32)
+    out = noise.copy()
+    finish = finisher([torch.zeros(101)], 1.0, 0.3)
+    assert finish is not None
+    finish(out, 0, 101)
+    assert np.array_equal(out, np.rint(noise / np.float32(0.3)) * np.float32(0.3))
+
+
+def _seeded_words(seed: int) -> Callable[[int], np.ndarray]:
+    gen = np.random.Generator(np.random.PCG64(seed))
+    return lambda k: gen.integers(-(2**31), 2**31, size=k, dtype=np.int64).astype(np.int32)
+
+
+@pytest.mark.parametrize("pieces", [1, 3])
+def test_a_secure_step_releases_its_noise_plus_the_clipped_sum_on_the_grid(
+    monkeypatch: pytest.MonkeyPatch, pieces: int
+) -> None:
+    """A default (secure) float32 step drawn at the step: its gradients are the release computed from
+    the same keystream words by the reference, whether the draw is one piece or three on threads."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(30, 20), nn.ReLU(), nn.Linear(20, 3))
+    data = TensorDataset(torch.randn(16, 30), torch.randint(0, 3, (16,)))
+    engine = PrivacyEngine()
+    model, optimizer, loader = engine.make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.0),
+        data_loader=DataLoader(data, batch_size=8),
+        noise_multiplier=1.3,
+        max_grad_norm=0.7,
+    )
+    optimizer.draw_ahead = False
+    if pieces > 1:
+        monkeypatch.setattr(rng_module, "PARALLEL_PIECE", 100)
+        monkeypatch.setattr(torch, "get_num_threads", lambda: pieces)
+    seeds = iter(range(100, 200))
+    source = engine.noise_source
+    monkeypatch.setattr(source, "_release_words", lambda device: _seeded_words(next(seeds)))
+    clipper = optimizer.clipper
+    captured: list[list[torch.Tensor]] = []
+    original = clipper.clipped_sum
+
+    def recording() -> list[torch.Tensor]:
+        sums = original()
+        captured.append([s.clone() for s in sums])
+        return sums
+
+    monkeypatch.setattr(clipper, "clipped_sum", recording)
+    finished: list[tuple[int, int]] = []
+
+    def counting(sums: list[torch.Tensor], alpha: float, grid: float) -> object:
+        finish = finisher(sums, alpha, grid)
+        assert finish is not None
+
+        def run(out: np.ndarray, lo: int, hi: int) -> None:
+            finished.append((lo, hi))
+            finish(out, lo, hi)
+
+        return run
+
+    monkeypatch.setattr(optimizer_module, "finisher", counting)
+    x, y = next(iter(loader))
+    optimizer.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    optimizer.step()
+    released = torch.cat([p.grad.reshape(-1) for p in clipper.parameters]).numpy()
+    sums = captured[0]
+    assert any(float(s.abs().max()) > 0 for s in sums)  # a real clipped sum, not zeros
+    n = sum(s.numel() for s in sums)
+    batch = optimizer.expected_batch_size
+    std = optimizer.noise_std / batch
+    noise = np.empty(n, dtype=np.float32)
+    bounds = [n * i // pieces for i in range(pieces + 1)]
+    for j, (lo, hi) in enumerate(itertools.pairwise(bounds)):
+        box_muller.normal_from_words(noise[lo:hi], _seeded_words(100 + j), std)
+    grid = release_grid(std)
+    assert grid == math.ldexp(1.0, math.floor(math.log2(std)) - 8)
+    assert np.array_equal(released, _reference(noise, sums, 1.0 / batch, grid))
+    _close_to_torch(released, _torch_release(noise, sums, 1.0 / batch, grid), grid)
+    assert sorted(finished)[0][0] == 0 and len(finished) == pieces  # finished inside the draw, once
+    assert all(a[1] == b[0] for a, b in zip(sorted(finished), sorted(finished)[1:], strict=False))
+    assert sorted(finished)[-1][1] == n
+    assert source.release_keys == 0  # every piece came from the patched words, none from a fresh key
