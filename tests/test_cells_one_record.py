@@ -372,3 +372,31 @@ def test_a_byte_not_valid_in_the_declared_encoding_is_replaced_in_its_cell_only(
     np.testing.assert_array_equal(np.delete(got.x, 10, axis=0), want.x)
     bound, batches = iter_source(parse_source(f"csv:{odd}"), schema)
     np.testing.assert_array_equal(encoder.encode_batches(bound, batches, drop=False).x, got.x)
+
+
+def test_sqlite_text_that_is_not_utf8_reads_as_replacement_characters(tmp_path: Path) -> None:
+    """Second review: one SQLite TEXT cell holding bytes that are not UTF-8 made the driver raise and
+    the charged run stop (one bit about one record). It reads as U+FFFD in its cell, as in a CSV."""
+    from veil.tables.sources.common import TableSource
+
+    engine = sqlalchemy.create_engine(f"sqlite:///{tmp_path / 'u.db'}")
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE t (c TEXT, y INTEGER)")
+        conn.exec_driver_sql("INSERT INTO t VALUES ('ok', 0), (CAST(x'c3ff41' AS TEXT), 1), ('fine', 0)")
+    engine.dispose()
+    url = f"sqlite:///{tmp_path / 'u.db'}"
+    for how in ({"table": "t"}, {"query": "SELECT c, y FROM t"}):
+        rows = sql_reader.read_table(TableSource("sql", url, **how)).to_pylist()
+        assert [r["c"] for r in rows] == ["ok", "\ufffd\ufffdA", "fine"]
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "UTF-32-LE", "utf-7", "iso-2022-jp"])
+def test_codecs_that_do_not_resynchronise_are_refused_before_reading(tmp_path: Path, encoding: str) -> None:
+    """Second review: after one odd byte a UTF-16 or ISO-2022 decoder read every later row into one
+    cell — one record deciding the others. Such an encoding is refused from the declaration alone."""
+    from veil.errors import DataError
+    from veil.tables.sources import parse_source
+
+    (tmp_path / "t.csv").write_bytes(b"a,y\n1,0\n")
+    with pytest.raises(DataError, match="UTF-8"):
+        parse_source(f"csv:{tmp_path / 't.csv'}", encoding=encoding)

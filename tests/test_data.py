@@ -106,8 +106,17 @@ def test_an_idx_image_with_a_pixel_that_is_not_finite_is_dropped(tmp_path: Path)
     (tmp_path / "train-images-idx3-ubyte").write_bytes(data)
     d = load_dataset("fashion-mnist", data_dir=str(tmp_path))
     assert len(d.x_train) == 28 and np.isfinite(d.x_train).all()
-    assert d.rules["rows_dropped_feature_not_a_finite_number"] == 2
+    assert d.rules["rows_dropped_pixel_not_in_0_255"] == 2
     np.testing.assert_array_equal(d.y_train, np.delete(np.arange(30) % 10, [3, 8]))
+    # Second review: 1e300 in float64 is finite but inf in float32; 3e38 is finite in float32 but
+    # overflows the forward. Both outside the documented 0..255: dropped.
+    wide = (np.random.default_rng(1).random((30, 28, 28)) * 255).astype(">f8")
+    wide[2, 0, 0], wide[6, 1, 1], wide[7, 2, 2] = 1e300, 3e38, -1.0
+    data = struct.pack(">BBBB", 0, 0, 0x0E, 3) + struct.pack(">3I", *wide.shape) + wide.tobytes()
+    (tmp_path / "train-images-idx3-ubyte").write_bytes(data)
+    d = load_dataset("fashion-mnist", data_dir=str(tmp_path))
+    assert len(d.x_train) == 27 and np.isfinite(d.x_train).all() and d.x_train.max() <= 255
+    assert d.rules["rows_dropped_pixel_not_in_0_255"] == 3
 
 
 def test_idx_refusals(tmp_path: Path) -> None:

@@ -65,6 +65,10 @@ def test_report_has_the_total_and_the_chosen_model(tuned: tuple[Path, dict]) -> 
     assert 0.0 <= r["non_private"]["test_accuracy"] <= 1.0
     assert r["epsilon"] <= 3.0 and r["guarantee"]["epsilon"] == r["epsilon"]
     assert "trials" not in r and "test_accuracy" not in r  # K and test accuracy: only in non_private
+    # The run's duration grows with K (review): only in non_private, never in the released report.
+    assert "duration_s" not in r and "duration_s" not in r["tune"] and r["non_private"]["duration_s"] > 0
+    released = json.loads((out / "release" / "report.json").read_text())
+    assert "duration_s" not in json.dumps({k: v for k, v in released.items() if k != "non_private"})
     chosen = r["chosen"]
     best = max(r["non_private"]["trials"], key=lambda t: t["noisy_score"])
     assert chosen["noisy_validation_accuracy"] == best["noisy_score"]

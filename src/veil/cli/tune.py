@@ -60,8 +60,8 @@ def _against_preset(report: dict[str, Any]) -> str:
     if ref is None or ref.get("test_accuracy") is None:
         return ""
     advice = report["non_private"].get("recommendation")
-    return f"; veil train's preset at the same ε {ref['test_accuracy']:.4f}" + (
-        f"\n{advice}" if advice else ""
+    return f"; veil train's preset at the same ε {ref['test_accuracy']:.4f} (non-private figure)" + (
+        f"\n{advice} (non-private: read from test accuracies)" if advice else ""
     )
 
 

@@ -169,11 +169,25 @@ def _check_encoding(encoding: str) -> str:
     import codecs
 
     try:
-        return codecs.lookup(encoding).name
+        name = codecs.lookup(encoding).name
     except (LookupError, TypeError):
         raise DataError(
             "encoding", encoding, "the CSV's text encoding must be a known codec", "pass utf-8 or latin-1"
         ) from None
+    if name.startswith(_UNSYNCHRONISED):
+        raise DataError(
+            "encoding",
+            encoding,
+            "after one bad byte this codec can read every later row into one cell (it does not find the "
+            "next line on its own), so one record would decide the others",
+            "convert the file to UTF-8 (or a one-byte encoding such as latin-1) and declare that",
+        )
+    return name
+
+
+_UNSYNCHRONISED = ("utf-16", "utf-32", "utf-7", "iso2022")
+"""Codecs (by ``codecs.lookup`` name prefix) whose decoding of a line depends on the bytes before it:
+refused before the file is read."""
 
 
 def check_columns(schema: TableSchema, present: Sequence[str], where: str, *, need_target: bool) -> None:

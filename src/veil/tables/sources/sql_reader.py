@@ -57,7 +57,15 @@ def _engine(source: TableSource) -> Any:
         ) from None
     if engine.dialect.driver == "psycopg":
         sqlalchemy.event.listen(engine, "connect", _text_loaders)
+    if engine.dialect.driver == "pysqlite":
+        sqlalchemy.event.listen(engine, "connect", _sqlite_text_factory)
     return engine
+
+
+def _sqlite_text_factory(dbapi_connection: Any, _record: Any) -> None:
+    """SQLite TEXT as UTF-8, a byte that is not valid there read as U+FFFD in its own cell (the CSV
+    reader's rule): the default factory raised on one record's bytes after the run was charged."""
+    dbapi_connection.text_factory = lambda raw: raw.decode("utf-8", "replace")
 
 
 _AS_TEXT = ("date", "time", "timetz", "timestamp", "timestamptz", "interval", "json", "jsonb")
