@@ -212,7 +212,12 @@ def _load_npz(
         raise DataError(
             f"npz array '{feature_key}'", str(x.dtype), "features must be real numbers", "convert them"
         )
-    finite = np.isfinite(x.reshape(len(x), -1)).all(axis=1) if np.issubdtype(x.dtype, np.floating) else None
+    # Finite as float32, the type training reads (1e300 is a finite float64 and inf once cast).
+    finite = (
+        np.isfinite(x.reshape(len(x), -1).astype(np.float32)).all(axis=1)
+        if np.issubdtype(x.dtype, np.floating)
+        else None
+    )
     y, classes = encode_labels(labels, f"npz array '{label_key}'", declared)
     keep, rules = drop_unlabelled(y, None if finite is None else ~finite)
     x, y = x[keep], y[keep]
