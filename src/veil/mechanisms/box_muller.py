@@ -70,7 +70,7 @@ _EXPONENT_FIELD = 0x7F800000  # a float32's exponent bits
 _EXP_SHIFT = _EXP_BITS << 23  # exponent field of float32(top) minus this: the exponent of 2⁻ᶻ/2
 _ONE_BITS = 0x3F800000  # float32 1.0 (ln 1 = 0): stands in for a word continued by fresh words
 _ANGLE_STEP = 2.0 * math.pi * 2.0**-24
-_MAX_EXTRA_WORDS = 111  # 9 + 111·9 = 1008 exponent bits: u ≥ 2⁻¹⁰⁰⁹, r ≤ 37.4
+_MAX_EXTRA_WORDS = 111  # 9 + 111·9 = 1008 exponent bits: then u = 1 (E = 999·ln 2), r ≤ 37.21
 
 #: ``k ↦ k`` fresh int32 keystream words: a numpy array (host) or a tensor (any torch device).
 Words = Callable[[int], Any]
