@@ -13,7 +13,12 @@ Levers: ``--groups G`` (GroupNorm groups over the 81 channels, per example and d
 fixed per-value map), ``--head cnn|cnn-small``, ``--opt adam``, ``--dpbn-sigma S`` (per-channel
 mean and variance released with the Gaussian mechanism, noise multiplier S, per-example clip
 ``--dpbn-clip``, frozen as the normalisation; the release is one ``Gaussian(S)`` event composed
-before the DP-SGD steps by veil's accountant, and σ is calibrated so the *total* is ``--eps``).
+before the DP-SGD steps by veil's accountant, and σ is calibrated so the *total* is ``--eps``),
+``--flip views|mean`` (the scattering features of each image's left-right mirror, cached beside
+the others: ``views`` trains on both views with augmentation multiplicity 2 through the engine's
+``clipper.group_size``, each example's two row gradients averaged and clipped once, so the
+sensitivity stays C, and averages the two views' logits at evaluation; ``mean`` trains and
+evaluates the head on the mean of the two views' features, a fixed flip-invariant map).
 
 Usage::
 
@@ -67,6 +72,16 @@ def feats():
     return [
         np.load(f"{C}/{n}.npy", mmap_mode="r") for n in ("feats_train", "y_train", "feats_test", "y_test")
     ]
+
+
+def flip_feats():
+    """The scattering features of the left-right mirrored images (cached like :func:`feats`)."""
+    if not os.path.exists(f"{C}/flip_train.npy"):
+        d = load_idx_dataset("fashion-mnist", "/usr/share/datasets/fashion-mnist")
+        for s, x in (("train", d.x_train), ("test", d.x_test)):
+            f = scattering_features(np.ascontiguousarray((x / 255.0)[..., ::-1]), 2, 8)
+            np.save(f"{C}/flip_{s}.npy", f)
+    return [np.load(f"{C}/flip_{s}.npy", mmap_mode="r") for s in ("train", "test")]
 
 
 class FrozenChannelNorm(nn.Module):
@@ -136,10 +151,18 @@ def dp_channel_stats(x, clip, sigma, generator):
     return mean.float(), (sq - mean * mean).float()
 
 
+def _logits(model, x):
+    """Logits of ``x``; for ``[N, 2, ...]`` rows (an image and its mirror) the mean over both views."""
+    if x.dim() == 5:
+        return model(x.flatten(0, 1)).reshape(len(x), 2, -1).mean(1)
+    return model(x)
+
+
 def accuracy(model, x, y):
     with torch.no_grad():
         hits = sum(
-            (model(x[i : i + 4096]).argmax(1) == y[i : i + 4096]).sum() for i in range(0, len(y), 4096)
+            (_logits(model, x[i : i + 4096]).argmax(1) == y[i : i + 4096]).sum()
+            for i in range(0, len(y), 4096)
         )
     return round(float(hits) / max(len(y), 1), 4)
 
@@ -168,8 +191,19 @@ def main():
     p.add_argument("--dpbn-sigma", dest="bn_sigma", type=float, default=0.0)
     p.add_argument("--dpbn-clip", dest="bn_clip", type=float, default=1.0)
     p.add_argument("--log-scale", dest="log_scale", type=float, default=1e-3)
+    p.add_argument(
+        "--flip",
+        default="none",
+        choices=["none", "views", "mean"],
+        help="views: each example's image and mirror, gradients averaged before one clip (multiplicity 2),"
+        " logits averaged at evaluation; mean: the head on the mean of both views' features",
+    )
     a = p.parse_args()
     xtr, ytr, xte, yte = feats()
+    if a.flip != "none":
+        ftr, fte = flip_feats()
+        pair = (lambda u, v: np.stack([u, v], 1)) if a.flip == "views" else (lambda u, v: (u + v) / 2)
+        xtr, xte = pair(np.asarray(xtr), np.asarray(ftr)), pair(np.asarray(xte), np.asarray(fte))
     if a.memtrace:
         print("start rss", _rss_mib(), "MiB", flush=True)
     xtr_t = torch.from_numpy(np.ascontiguousarray(xtr))
@@ -219,6 +253,8 @@ def main():
         criterion=crit,
         physical_batch_size=a.pbs,
     )
+    if a.flip == "views":  # each example's 2 rows: one averaged gradient, clipped once
+        dopt.clipper.group_size = 2
     if a.memtrace:
         print(
             "after make_private rss",
@@ -241,6 +277,8 @@ def main():
     done = 0
     while done < steps:
         for xb, yb in dl:
+            if a.flip == "views":
+                xb, yb = xb.flatten(0, 1), yb.repeat_interleave(2)
             loss = crit(model(xb), yb)
             loss.backward()
             dopt.step()

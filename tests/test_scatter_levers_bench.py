@@ -62,3 +62,52 @@ def test_noise_on_the_released_mean_has_standard_deviation_sigma_clip_over_n():
         [levers.dp_channel_stats(x, clip=clip, sigma=sigma, generator=g)[0] - exact for _ in range(400)]
     )
     assert abs(float(noise.double().std()) / (sigma * clip / n) - 1) < 0.05
+
+
+def test_flip_views_clip_each_examples_averaged_gradient_once_as_a_naive_loop_does():
+    # --flip views: the preset's head (GroupNorm 27 + linear on 81×7×7 maps), each example's two
+    # views as consecutive rows and clipper.group_size = 2. The clipped sum must equal
+    # Σ_i clip_C(∇ mean(ℓ(view_i1), ℓ(view_i2))) computed one example at a time, and each
+    # contribution must have norm ≤ C (sensitivity C, as without the mirror).
+    from veil.clipping import PerSampleClipper
+
+    torch.manual_seed(0)
+    head = _levers().head("linear", 27).double()
+    b, c = 5, 0.05
+    views = _maps(2 * b, 1.0, seed=3).double().reshape(b, 2, 81, 7, 7)
+    y = torch.randint(0, 10, (b,), generator=torch.Generator().manual_seed(4))
+    params = list(head.parameters())
+    naive = [torch.zeros_like(p) for p in params]
+    norms = []
+    for i in range(b):
+        grads = torch.autograd.grad(torch.nn.functional.cross_entropy(head(views[i]), y[i].repeat(2)), params)
+        norm = float(torch.sqrt(sum(g.pow(2).sum() for g in grads)))
+        norms.append(norm)
+        for t, g in zip(naive, grads, strict=True):
+            t += min(1.0, c / norm) * g
+    assert min(norms) > c  # every example is clipped: the bound is exercised
+    clipper = PerSampleClipper(head, c)
+    try:
+        clipper.group_size = 2
+        loss = torch.nn.functional.cross_entropy(head(views.flatten(0, 1)), y.repeat_interleave(2))
+        loss.backward()
+        got_norms = clipper.accumulate()
+        got = [s.clone() for s in clipper.clipped_sum()]
+    finally:
+        clipper.remove()
+    want_norms = torch.tensor(norms, dtype=torch.float64)
+    torch.testing.assert_close(got_norms.double(), want_norms, rtol=1e-6, atol=0)
+    for g, want in zip(got, naive, strict=True):
+        torch.testing.assert_close(g.double(), want, rtol=1e-6, atol=1e-10)
+
+
+def test_accuracy_of_paired_views_averages_their_logits():
+    levers = _levers()
+    lin = torch.nn.Linear(3, 2, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]))
+    # view 1 says class 0 by 1, view 2 says class 1 by 3: the mean of the logits says class 1
+    x = torch.tensor([[[2.0, 1.0, 0.0], [0.0, 3.0, 0.0]]]).reshape(1, 2, 3, 1, 1)
+    model = torch.nn.Sequential(torch.nn.Flatten(), lin)
+    assert levers.accuracy(model, x, torch.tensor([1])) == 1.0
+    assert levers.accuracy(model, x[:, 0], torch.tensor([1])) == 0.0
