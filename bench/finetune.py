@@ -28,7 +28,7 @@ Usage::
     python bench/finetune.py --part compare --threads 1 --precision bf16 --max-length 64 \
         --lora-train 6000 --lora-test 1500 --head-train 6000 --head-test 1500 \
         --epochs 1 --batch 64 --physical 32 --lr 5e-3
-    # issue 29 on all the tweets, veil train's own split: LoRA without privacy, the text-lora recipe
+    # issue 29 on all the tweets, veil train's split: the DP run's LoRA recipe without privacy
     python bench/tweets_csv.py runs/tweets.csv
     python bench/finetune.py --part lora --csv runs/tweets.csv --lora-train 0 --lora-test 0 \
         --lora-runs non-private --threads 1 --precision bf16 --max-length 64 \
@@ -197,7 +197,7 @@ def veil_split(args: argparse.Namespace) -> dict[str, np.ndarray]:
         max_length=args.max_length,
         test_fraction=0.2,
         seed=args.seed,
-        preset="text-lora",
+        preset="text-finetune",
         classes=["negative", "neutral", "positive"],
         fine_tune="lora",
     )

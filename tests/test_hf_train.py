@@ -14,7 +14,6 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from veil.cli.main import main  # noqa: E402
-from veil.presets import PRESETS, text_preset  # noqa: E402
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS += ["the", "a", "good", "bad", "movie", "cars", "this", "is", "great", "awful", "love", "hate"]
@@ -88,24 +87,10 @@ def test_train_text_classifier(
     assert all(c["passed"] for c in report["checks"]), report["checks"]
     assert report["epsilon_spent"] <= 3.0 + 1e-9
     assert report["preprocessing"]["method"] == "tokens"
-    # each way of training takes its own preset: the optimizer and lr it was tuned with
-    preset = PRESETS[{"head": "text", "lora": "text-lora"}[mode[1]]]
-    assert report["optimizer"] == preset["optimizer"]
-    assert report["lr"] == preset["lr"][preset["optimizer"]]
     if mode[1] == "head":
         assert report["parameters"] == 16 * 2 + 2  # only the linear head is trained
     else:
         assert report["parameters"] > 16 * 2 + 2
-
-
-def test_text_presets_by_what_is_trained() -> None:
-    assert text_preset("head") == "text"
-    assert text_preset("lora") == "text-lora"
-    assert text_preset("full") == "text-finetune"
-    assert text_preset("last-k") == "text-finetune"
-    # LoRA's preset is not full fine-tuning's: Adam 5e-3 on every weight of a pretrained model was
-    # never measured
-    assert PRESETS["text-lora"]["lr"]["adam"] != PRESETS["text-finetune"]["lr"]["adam"]
 
 
 @pytest.mark.parametrize(

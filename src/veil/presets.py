@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from veil.config import TrainConfig
     from veil.data import Dataset
 
-__all__ = ["PRESETS", "apply_presets", "preset_for", "text_preset"]
+__all__ = ["PRESETS", "apply_presets", "preset_for"]
 
 # Tuned on veil's benchmarks (bench/utility.py; docs/train.md), per data kind; batch_size None
 # below means "a share of N" (see apply_presets).
@@ -76,22 +76,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "momentum": 0.9,
         "ema_decay": 0.0,
     },
-    # Text, LoRA fine-tuning of a pretrained model (--fine-tune lora): MiniLM on the 30,527 training
-    # tweets at ε = 3 (docs/benchmarks.md, issue 29). One epoch of batches of 256 (≈120 steps, σ 0.64):
-    # with 5× the data of the 6,000-tweet run (batch 64, σ 0.66) the noise on the mean gradient, σC/B,
-    # is 4× smaller for as many steps; Adam 5e-3 (that run's lr) trains the adapters and the pooled
-    # head together. physical_batch_size is memory only (chunks of a logical batch; never ε).
-    "text-lora": {
-        "epochs": 1,
-        "batch_size": 256,
-        "physical_batch_size": 64,
-        "max_grad_norm": 1.0,
-        "optimizer": "adam",
-        "lr": {"sgd": 0.05, "adam": 5e-3},
-        "momentum": 0.9,
-        "ema_decay": 0.0,
-    },
-    # Text, full fine-tuning of a pretrained model (--fine-tune full; bench/finetune.py's recipe).
+    # Text, LoRA or full fine-tuning of a pretrained model (bench/finetune.py's recipe).
     "text-finetune": {
         "epochs": 2,
         "batch_size": 64,
@@ -112,12 +97,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         "ema_decay": 0.0,
     },
 }
-
-
-def text_preset(fine_tune: str) -> str:
-    """The preset of text through a pretrained model, by what is trained: a head on frozen features
-    (``head``), LoRA adapters (``lora``) or more of the model (``full``, ``last-k``)."""
-    return {"head": "text", "lora": "text-lora"}.get(fine_tune, "text-finetune")
 
 
 def preset_for(model: str, data: Dataset) -> str:

@@ -15,7 +15,7 @@ from veil.config import TrainConfig
 from veil.errors import ConfigError, InvalidParameterError, SamplingError
 from veil.pipeline.randomness import private_source
 from veil.pipeline.seeds import Purpose
-from veil.presets import apply_presets, preset_for, text_preset
+from veil.presets import apply_presets, preset_for
 
 if TYPE_CHECKING:
     from veil.accounting.events import PrivacyEvent
@@ -103,7 +103,7 @@ def load_data(cfg: TrainConfig, *, streaming: bool = False, units: bool = False)
             max_length=cfg.max_length,
             test_fraction=cfg.test_fraction,
             seed=cfg.seed,
-            preset=text_preset(cfg.fine_tune),
+            preset="text" if cfg.fine_tune == "head" else "text-finetune",
             classes=cfg.classes,
             table=cfg.table,
             query=cfg.query,
