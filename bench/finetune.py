@@ -28,6 +28,11 @@ Usage::
     python bench/finetune.py --part compare --threads 1 --precision bf16 --max-length 64 \
         --lora-train 6000 --lora-test 1500 --head-train 6000 --head-test 1500 \
         --epochs 1 --batch 64 --physical 32 --lr 5e-3
+    # issue 29 on all the tweets, veil train's split: the DP run's LoRA recipe without privacy
+    python bench/tweets_csv.py runs/tweets.csv
+    python bench/finetune.py --part lora --csv runs/tweets.csv --lora-train 0 --lora-test 0 \
+        --lora-runs non-private --threads 1 --precision bf16 --max-length 64 \
+        --epochs 1 --batch 256 --physical 64 --lr 5e-3
     python bench/finetune.py --part throughput --repeats 5 [--threads 1]   # the DP/plain step ratio
     python bench/finetune.py --part throughput --fine-tune full   # every parameter, secure σ = 1
 """
@@ -176,6 +181,32 @@ def train_lora(
         "cpu_seconds": cpu_seconds,
         "examples_per_cpu_second": args.epochs * len(data["x"]) / max(cpu_seconds, 1e-9),
         "steps": steps,
+    }
+
+
+def veil_split(args: argparse.Namespace) -> dict[str, np.ndarray]:
+    """The tweets of ``--csv`` tokenized and split by ``veil train``'s own loader (the keyed-hash split
+    of seed ``--seed``, 20 % test): the rows a ``veil train --dataset csv:...`` run trains and tests on."""
+    from veil.text.data import load_text_dataset
+
+    data = load_text_dataset(
+        f"csv:{args.csv}",
+        model=f"hf:{minilm_folder()}",
+        text_column="text",
+        target="sentiment",
+        max_length=args.max_length,
+        test_fraction=0.2,
+        seed=args.seed,
+        preset="text-finetune",
+        classes=["negative", "neutral", "positive"],
+        fine_tune="lora",
+    )
+    n_train, n_test = args.lora_train or None, args.lora_test or None
+    return {
+        "x": data.x_train[:n_train],
+        "y": data.y_train[:n_train],
+        "x_test": data.x_test[:n_test],
+        "y_test": data.y_test[:n_test],
     }
 
 
@@ -398,6 +429,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="LoRA forward (autocast)")
     p.add_argument("--lora-targets", default="query,value", help="modules LoRA adapts (comma-separated)")
     p.add_argument("--quick", action="store_true", help="smoke run: tiny subsets and step counts")
+    p.add_argument(
+        "--csv",
+        help="LoRA parts: read the tweets from this CSV (bench/tweets_csv.py) through veil train's own "
+        "loader and split (seed --seed, 20%% test), so the runs see veil train's rows; "
+        "--lora-train/--lora-test then cap the two sides (0: all)",
+    )
+    p.add_argument(
+        "--lora-runs",
+        choices=["both", "non-private", "dp"],
+        default="both",
+        help="which LoRA runs: without privacy, at --epsilon, or both",
+    )
     p.add_argument("--lora-train", type=int, default=500)
     p.add_argument("--lora-test", type=int, default=300)
     p.add_argument("--epochs", type=int, default=2)
@@ -451,17 +494,24 @@ def main(argv: list[str] | None = None) -> int:
     print(describe_machine(), "\n")
 
     if args.part in ("all", "compare", "lora", "throughput"):
-        tok = load_tokenizer(folder)
-        sub_train, sub_test = train_idx[: args.lora_train], test_idx[: args.lora_test]
-        data = {
-            "x": tokenize(tok, [texts[i] for i in sub_train], args.max_length),
-            "y": labels[sub_train],
-            "x_test": tokenize(tok, [texts[i] for i in sub_test], args.max_length),
-            "y_test": labels[sub_test],
-        }
+        if args.csv:
+            data = veil_split(args)
+        else:
+            tok = load_tokenizer(folder)
+            sub_train, sub_test = train_idx[: args.lora_train], test_idx[: args.lora_test]
+            data = {
+                "x": tokenize(tok, [texts[i] for i in sub_train], args.max_length),
+                "y": labels[sub_train],
+                "x_test": tokenize(tok, [texts[i] for i in sub_test], args.max_length),
+                "y_test": labels[sub_test],
+            }
         majority = float(np.mean(data["y_test"] == np.bincount(data["y"]).argmax()))
         if args.part in ("all", "compare", "lora"):
-            runs = [train_lora(folder, data, args, None), train_lora(folder, data, args, args.epsilon)]
+            runs = [
+                train_lora(folder, data, args, epsilon)
+                for epsilon, which in ((None, "non-private"), (args.epsilon, "dp"))
+                if args.lora_runs in ("both", which)
+            ]
             out["lora"] = runs
             print(
                 f"## LoRA fine-tuning, {len(data['x'])} train / {len(data['x_test'])} test tweets, "
@@ -563,7 +613,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
         print(markdown_table(["run", "σ", "test accuracy (non-private metric)", "seconds"], rows))
         print(f"\nmajority class on the test split: {float(np.mean(yt == np.bincount(y).argmax())):.3f}\n")
-    if args.part == "compare" and "lora" in out and "head" in out:
+    if args.part == "compare" and len(out.get("lora", [])) == 2 and "head" in out:
         dp_head = next(r for r in out["head"] if r["epsilon"] == args.epsilon)
         lora_np, lora_dp = out["lora"]
         print(f"## Summary: same split, ε = {args.epsilon:g}, δ = {DELTA:g}\n")
