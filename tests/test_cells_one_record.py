@@ -111,6 +111,20 @@ def test_a_float_cell_reads_the_same_whatever_the_other_cells_hold() -> None:
     np.testing.assert_array_equal(together[1], codes([2.5])[0])
 
 
+def _numeric_and_label(column: str, low: float, high: float):  # type: ignore[no-untyped-def]
+    """A reviewed schema: one numeric feature within ``[low, high]`` and a 0/1 label ``y``."""
+    return parse_schema(
+        {
+            "reviewed": True,
+            "columns": {
+                column: {"type": "numeric", "bounds": [low, high]},
+                "y": {"role": "target", "classes": ["0", "1"]},
+            },
+        },
+        "test",
+    )
+
+
 finite = st.floats(allow_nan=False, allow_infinity=False)
 
 
@@ -216,16 +230,7 @@ def test_a_csv_number_reads_the_same_beside_a_cell_that_is_not_one(tmp_path: Pat
     """A non-number elsewhere in the column makes the reader parse that column as text; the value of
     every other cell is unchanged (it was read to float32 directly, or through float64 from text:
     two roundings that differ for this value, found by the review)."""
-    schema = parse_schema(
-        {
-            "reviewed": True,
-            "columns": {
-                "v": {"type": "numeric", "bounds": [0, 2]},
-                "y": {"role": "target", "classes": ["0", "1"]},
-            },
-        },
-        "test",
-    )
+    schema = _numeric_and_label("v", 0, 2)
     value = "1.00000005960464477539062500000000001"
     alone, beside = tmp_path / "alone.csv", tmp_path / "beside.csv"
     alone.write_text(f"v,y\n{value},1\n0.5,0\n")
@@ -283,17 +288,8 @@ def test_a_streamed_csv_with_blank_lines_reads_each_row_once_whatever_a_later_ce
     were yielded twice: one record decided how often others were trained on. Each row now once."""
     from veil.tables.sources import csv_reader, iter_source, parse_source
 
-    schema = parse_schema(
-        {
-            "reviewed": True,
-            "columns": {
-                "a": {"type": "numeric", "bounds": [0, 1000]},
-                "y": {"role": "target", "classes": ["0", "1"]},
-            },
-        },
-        "test",
-    )
-    monkeypatch.setattr(csv_reader, "CSV_BLOCK_BYTES", 256, raising=False)  # many blocks from a small file
+    schema = _numeric_and_label("a", 0, 1000)
+    monkeypatch.setattr(csv_reader, "CSV_BLOCK_BYTES", 256)  # many blocks from a small file
 
     def rows(last: str) -> list[tuple[object, object]]:
         path = tmp_path / f"t{last}.csv"
@@ -319,16 +315,7 @@ def test_a_row_with_the_wrong_field_count_is_dropped_and_counted_not_refused(tmp
     from veil.tables.encoder import TableEncoder
     from veil.tables.sources import iter_source, parse_source, read_source
 
-    schema = parse_schema(
-        {
-            "reviewed": True,
-            "columns": {
-                "a": {"type": "numeric", "bounds": [0, 100]},
-                "y": {"role": "target", "classes": ["0", "1"]},
-            },
-        },
-        "test",
-    )
+    schema = _numeric_and_label("a", 0, 100)
     rows = [f"{i},{i % 2}\n" for i in range(40)]
     clean, odd = tmp_path / "clean.csv", tmp_path / "odd.csv"
     clean.write_text("a,y\n" + "".join(rows))
