@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import csv
 import io
-import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -32,9 +31,9 @@ CSV_BLOCK_BYTES = 1 << 22
 
 
 def _open_text(p: Path, encoding: str) -> Any:
-    """The file as text for its header line: a byte not valid in ``encoding`` reads as U+FFFD (the
-    decoder works on blocks, so a later row's stray byte must not fail the header's read); the
-    header itself is then checked for U+FFFD."""
+    """The file as text, a byte not valid in ``encoding`` read as U+FFFD (for the header too: the
+    decoder works on blocks, so a later row's stray byte must not fail the header's read; the header
+    is then checked for U+FFFD by :func:`header`)."""
     import gzip
 
     opener: Any = gzip.open if p.name.lower().endswith(".gz") else open
@@ -72,14 +71,8 @@ class _Utf8Stream(io.RawIOBase):
 def _decoded(p: Path, encoding: str) -> io.BufferedReader:
     """The file decoded with its declared encoding, a byte that is not valid there read as U+FFFD (a
     rule on that byte alone: one record's stray byte neither stops the run after reading nor changes
-    another record), re-encoded as UTF-8 for pyarrow. The header line was decoded strictly before."""
-    import gzip
-
-    opener: Any = gzip.open if p.name.lower().endswith(".gz") else open
-    codec = "utf-8-sig" if encoding in ("utf-8", "utf_8") else encoding
-    return io.BufferedReader(
-        _Utf8Stream(opener(p, "rt", encoding=codec, errors="replace", newline="")), 1 << 20
-    )
+    another record), re-encoded as UTF-8 for pyarrow. The header was checked before (:func:`header`)."""
+    return io.BufferedReader(_Utf8Stream(_open_text(p, encoding)), 1 << 20)
 
 
 def header(p: Path, encoding: str = "utf-8") -> list[str]:
@@ -334,18 +327,10 @@ def read_csv_text(source: TableSource) -> dict[str, list[str]]:
 
 
 def _csv_error(p: Path, exc: Exception) -> NoReturn:
-    """pyarrow's parse error as one line that names the row, never its content (pyarrow's own message
-    quotes the row, which holds private values)."""
+    """pyarrow's parse error as one line, never its content (pyarrow's own message quotes the row,
+    which holds private values). A row with the wrong field count never gets here: the parser skips it
+    (`_csv_options`)."""
     message = first_line(exc)
-    ragged = re.search(r"Expected (\d+) columns, got (\d+)", message)
-    if ragged:
-        line = _ragged_line(p, int(ragged.group(1)))
-        raise DataError(
-            f"line {line}" if line is not None else "a row",
-            f"{ragged.group(2)} fields (row not shown)",
-            f"the CSV header has {ragged.group(1)} columns and every row must have as many",
-            "fix that row of the file (a field with a comma or a newline must be quoted)",
-        ) from None
     raise DataError(
         "dataset file",
         str(p),
@@ -353,18 +338,3 @@ def _csv_error(p: Path, exc: Exception) -> NoReturn:
         "quote a private row)",
         "check the file's quoting and encoding",
     ) from None
-
-
-def _ragged_line(p: Path, columns: int) -> int | None:
-    """The line on which the first row with another number of fields than ``columns`` ends (on the
-    error path only)."""
-    try:
-        with _open_text(p, "utf-8") as fh:
-            reader = csv.reader(fh, delimiter=_delimiter(p, "utf-8"))
-            next(reader, None)
-            for record in reader:
-                if record and len(record) != columns:
-                    return reader.line_num
-    except (OSError, UnicodeDecodeError, csv.Error, DataError):
-        return None
-    return None
