@@ -4,8 +4,9 @@ Quoted newlines are allowed in values; only ``\n``/``\r`` end a row, so U+0085 (
 a cell stays in its row. The delimiter (``,``, ``;`` or tab) is read from the header line alone; the
 text encoding is declared (UTF-8 by default, e.g. ``latin-1``), never guessed from the rows. A cell of a
 numeric column that is not a number makes the reader read those columns as text (the encoder then
-makes such a cell missing: a per-record rule, never a refusal). A parse error is told by its line,
-never its content (pyarrow's own message quotes the row, which holds private values).
+makes such a cell missing: a per-record rule, never a refusal); a row with the wrong field count is
+skipped and counted, a byte not valid in the encoding is U+FFFD in its cell. Any other parse error
+shows no part of a row (pyarrow's own message quotes the row, which holds private values).
 """
 
 from __future__ import annotations
