@@ -38,20 +38,13 @@ def _data_args(name: str) -> list[str]:
 
     if name == "digits":
         return ["--dataset", "digits", "--tune-anyway"]
-    if name == "german":
-        return [
-            "--dataset",
-            f"csv:{tables_support.german_credit()}",
-            "--schema",
-            str(HERE / "schemas" / "german_credit.toml"),
-        ]
-    if name == "gbsg2":
-        return [
-            "--dataset",
-            f"csv:{tables_support.gbsg2()}",
-            "--schema",
-            str(HERE / "schemas" / "gbsg2.toml"),
-        ]
+    tables = {
+        "german": (tables_support.german_credit, "german_credit.toml"),
+        "gbsg2": (tables_support.gbsg2, "gbsg2.toml"),
+    }
+    if name in tables:
+        csv_path, schema = tables[name]
+        return ["--dataset", f"csv:{csv_path()}", "--schema", str(HERE / "schemas" / schema)]
     raise SystemExit(f"unknown dataset {name}")
 
 
