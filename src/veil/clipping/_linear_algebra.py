@@ -15,12 +15,13 @@ hold more memory than the activations ``B·T·(d+p)`` already kept for the layer
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from veil.clipping.registry import Contribution, Ghost, Materialised
+from veil.clipping.registry import Contribution, Ghost, Materialised, zero_rows
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -76,22 +77,25 @@ def grouped_linear(
         gg = torch.einsum("bgtp,bgsp->bgts", gp, gp)
         norm_sq = (aa * gg).sum(dim=(1, 2, 3))
 
-    def weighted_sum(c: Tensor) -> Tensor:
-        # at ≥ float32 (the precision of the norms above), so the sum matches what was measured
-        c = c.to(torch.promote_types(c.dtype, gp.dtype))
-        gq, aq = gp.to(c.dtype), ap.to(c.dtype)
-        if groups == 1:
-            flat_g = gq.reshape(batch, positions * p) if positions == 1 else gq
-            flat_a = aq.reshape(batch, positions * d) if positions == 1 else aq
-            # scale the narrower operand by the per-example weights
-            if d < p:
-                flat_a = flat_a * c.view(batch, *([1] * (flat_a.dim() - 1)))
-            else:
-                flat_g = flat_g * c.view(batch, *([1] * (flat_g.dim() - 1)))
-            return (flat_g.reshape(-1, p).T @ flat_a.reshape(-1, d)).reshape(shape)
-        return torch.einsum("bgtp,bgtd->gpd", gq * c.view(batch, 1, 1, 1), aq).reshape(shape)
+    def summer(ap: Tensor, gp: Tensor) -> Callable[[Tensor], Tensor]:
+        def weighted_sum(c: Tensor) -> Tensor:
+            # at ≥ float32 (the precision of the norms above), so the sum matches what was measured
+            c = c.to(torch.promote_types(c.dtype, gp.dtype))
+            gq, aq = gp.to(c.dtype), ap.to(c.dtype)
+            if groups == 1:
+                flat_g = gq.reshape(batch, positions * p) if positions == 1 else gq
+                flat_a = aq.reshape(batch, positions * d) if positions == 1 else aq
+                # scale the narrower operand by the per-example weights
+                if d < p:
+                    flat_a = flat_a * c.view(batch, *([1] * (flat_a.dim() - 1)))
+                else:
+                    flat_g = flat_g * c.view(batch, *([1] * (flat_g.dim() - 1)))
+                return (flat_g.reshape(-1, p).T @ flat_a.reshape(-1, d)).reshape(shape)
+            return torch.einsum("bgtp,bgtd->gpd", gq * c.view(batch, 1, 1, 1), aq).reshape(shape)
 
-    return Ghost(norm_sq, weighted_sum)
+        return weighted_sum
+
+    return Ghost(norm_sq, summer(ap, gp), lambda keep: summer(zero_rows(ap, keep), zero_rows(gp, keep)))
 
 
 def _input_gram(a: Tensor, grams: dict[Any, Tensor] | None) -> Tensor:

@@ -15,8 +15,10 @@ import torch
 from torch import Tensor, nn
 
 from veil.clipping.norms import Norms
+from veil.clipping.registry import Ghost, zero_rows
+from veil.errors import ModelNotSupportedError, Problem
 
-__all__ = ["STABILITY", "clip_weights", "rounding_margin", "sum_dtypes", "weighted_sums"]
+__all__ = ["STABILITY", "clip_weights", "finite_examples", "rounding_margin", "sum_dtypes", "weighted_sums"]
 
 STABILITY = 1e-12
 
@@ -65,6 +67,21 @@ def clip_weights(
     return flat_norms, list((factors * (scale * margin)).unbind(0))
 
 
+def finite_examples(flat_norms: Tensor) -> Tensor | None:
+    """``None`` when every example's norm is finite, else the ``[B]`` mask of those whose is.
+
+    The per-record rule for a gradient that is not finite (a NaN or an infinity from the example's
+    own input or loss, or a norm whose square overflows): the example adds exactly zero to the
+    step's sum, as if its gradient were zero. The rule reads the example's own norm only, so
+    whether one record is dropped never depends on another, and the guarantee (each example's
+    contribution has norm ≤ C) holds for it trivially. Without it, ``0 · inf`` in the weighted sums
+    would make every parameter the record touches NaN: a released model that reveals the record.
+    One host synchronisation per physical batch (a ``[B]`` reduction).
+    """
+    finite = torch.isfinite(flat_norms)
+    return None if bool(finite.all()) else finite
+
+
 def weighted_sums(
     norms: Norms,
     weights: list[Tensor],
@@ -72,8 +89,13 @@ def weighted_sums(
     dtypes: dict[int, torch.dtype],
     batch: int,
     norm_dtype: torch.dtype,
+    keep: Tensor | None = None,
 ) -> dict[int, Tensor]:
     """id(parameter) → ``Σ_i w_i g_i`` at ≥ float32 (weights never cast down; one rounding to the sum).
+
+    ``keep`` (from :func:`finite_examples`): only those examples are summed; the others' gradients
+    or ghost operands are replaced by zeros (their weights must be 0 too), so a NaN or an infinity
+    in a dropped example never reaches the sum.
 
     Consumes ``norms``: each parameter's per-example gradients or ghost operands leave it as soon as
     its sum is formed, so they are freed one by one while the sums are built (memory: the operands of
@@ -82,6 +104,8 @@ def weighted_sums(
     added: dict[int, Tensor] = {}
     for pid in list(norms.materialised):
         grads = norms.materialised.pop(pid)
+        if keep is not None:
+            grads = zero_rows(grads, keep)
         work = torch.promote_types(grads.dtype, norm_dtype)
         w = weights[group_of[pid]].to(work)
         added[pid] = (w @ grads.reshape(batch, -1).to(work)).view(grads.shape[1:]).to(dtypes[pid])
@@ -89,7 +113,27 @@ def weighted_sums(
     norms.ghosts.reverse()  # popped from the end, in their original order
     while norms.ghosts:
         pid, ghost = norms.ghosts.pop()
-        part = ghost.weighted_sum(weights[group_of[pid]]).to(dtypes[pid])
+        part = _ghost_sum(ghost, weights[group_of[pid]], keep).to(dtypes[pid])
         del ghost
         added[pid] = part if pid not in added else added[pid] + part
     return added
+
+
+def _ghost_sum(ghost: Ghost, weights: Tensor, keep: Tensor | None) -> Tensor:
+    if keep is None:
+        return ghost.weighted_sum(weights)
+    if ghost.without is None:
+        # A rule registered by the user without ``without``: it cannot drop the example. Refused
+        # (the one case where a value read after the charge stops the run; see docs/privacy-model.md).
+        raise ModelNotSupportedError(
+            [
+                Problem(
+                    "a custom layer rule",
+                    "an example's gradient was not finite and the rule's Ghost has no `without`, so the "
+                    "example cannot be dropped without turning every other example's sum into NaN",
+                    "give the rule's Ghost a `without` (see veil.clipping.registry.Ghost), or make the "
+                    "model's per-example loss finite",
+                )
+            ]
+        )
+    return ghost.without(keep)(weights)

@@ -57,7 +57,13 @@ from torch import Tensor, nn
 
 from veil.clipping import norms
 from veil.clipping.capture import Capture
-from veil.clipping.clipped_sum import clip_weights, rounding_margin, sum_dtypes, weighted_sums
+from veil.clipping.clipped_sum import (
+    clip_weights,
+    finite_examples,
+    rounding_margin,
+    sum_dtypes,
+    weighted_sums,
+)
 from veil.clipping.sites import Call, check_bounds, discover
 from veil.clipping.units import check_unit_index
 from veil.errors import InvalidParameterError, ModelNotSupportedError, Problem
@@ -268,9 +274,12 @@ class PerSampleClipper:
         flat_norms, weights = clip_weights(
             found.squares, self._bounds, self.clipping, scale, margin, batch, norm_dtype, device
         )
+        keep = finite_examples(flat_norms)  # an example whose gradient is not finite adds zero
+        if keep is not None:
+            weights = [torch.where(keep, w, w.new_zeros(())) for w in weights]
         # Weighted sums at ≥ float32 (weights are never cast down; one rounding to the accumulator).
         dtypes = sum_dtypes(self.parameters)
-        added = weighted_sums(found, weights, self._group_of, dtypes, batch, norm_dtype)
+        added = weighted_sums(found, weights, self._group_of, dtypes, batch, norm_dtype, keep)
         if self._sum is None:
             self._sum = [
                 added[id(p)] if id(p) in added else torch.zeros_like(p, dtype=dtypes[id(p)])

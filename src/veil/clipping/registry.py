@@ -36,6 +36,7 @@ __all__ = [
     "RuleError",
     "find_rule",
     "register_rule",
+    "zero_rows",
 ]
 
 
@@ -54,10 +55,24 @@ class Ghost:
     clipper may keep and modify) for per-example weights ``c`` of shape ``[B]``, without forming
     any ``g_i``. It computes at ≥ float32 (low-precision inputs upcast, ``c`` never cast down), so
     the sum carries the clip factors at the precision its norms were measured at.
+
+    ``without(keep)`` (``keep``: a ``[B]`` boolean mask) returns the same kind of function over
+    the kept examples only: the others' operands are replaced by zeros, so an example whose
+    gradient is not finite (a NaN or an infinity in its inputs or output gradients) adds exactly
+    zero instead of turning ``0 · inf`` into a NaN in everyone's sum. The clipper calls it only
+    when some example's norm is not finite (see :mod:`veil.clipping.clipped_sum`). ``None``: the
+    rule cannot drop examples, and a non-finite example is refused for it.
     """
 
     norm_sq: Tensor
     weighted_sum: Callable[[Tensor], Tensor]
+    without: Callable[[Tensor], Callable[[Tensor], Tensor]] | None = None
+
+
+def zero_rows(x: Tensor, keep: Tensor) -> Tensor:
+    """``x`` (examples first) with the rows where ``keep`` is false set to exactly 0 (NaN and
+    infinities included: a selection, not a product)."""
+    return torch.where(keep.to(x.device).view(-1, *([1] * (x.dim() - 1))), x, x.new_zeros(()))
 
 
 Contribution = Union[Materialised, Ghost]  # noqa: UP007  (a runtime alias on Python 3.10)

@@ -39,6 +39,7 @@ from veil.clipping.registry import (
     Materialised,
     RuleError,
     register_rule,
+    zero_rows,
 )
 
 _ACTIVE: list[_Capture] = []
@@ -190,14 +191,14 @@ def _batch_size(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
 def _as_ghost(c: Contribution) -> Ghost:
     if isinstance(c, Ghost):
         return c
+    work = torch.promote_types(c.grads.dtype, torch.float32)
+
+    def summer(grads: Tensor) -> Callable[[Tensor], Tensor]:
+        return lambda w: torch.tensordot(w.to(work), grads.to(work), dims=1)
+
     grads = c.grads
     return Ghost(
-        grads.flatten(1).square().sum(dim=1),
-        lambda w: torch.tensordot(
-            w.to(torch.promote_types(grads.dtype, torch.float32)),
-            grads.to(torch.promote_types(grads.dtype, torch.float32)),
-            dims=1,
-        ),
+        grads.flatten(1).square().sum(dim=1), summer(grads), lambda keep: summer(zero_rows(grads, keep))
     )
 
 
@@ -218,14 +219,27 @@ def _combine(
     ghosts = [(row, rows, _as_ghost(c)) for row, rows, c in parts]
     norm_sq = sum((g.norm_sq for _, _, g in ghosts[1:]), ghosts[0][2].norm_sq)
 
-    def weighted_sum(w: Tensor) -> Tensor:
-        pieces = [(row, rows, g.weighted_sum(w)) for row, rows, g in ghosts]
-        out = pieces[0][2].new_zeros(shape)
-        for row, rows, piece in pieces:
-            out[row : row + rows] += piece
-        return out
+    def summer(sums: list[tuple[int, int, Callable[[Tensor], Tensor]]]) -> Callable[[Tensor], Tensor]:
+        def weighted_sum(w: Tensor) -> Tensor:
+            pieces = [(row, rows, f(w)) for row, rows, f in sums]
+            out = pieces[0][2].new_zeros(shape)
+            for row, rows, piece in pieces:
+                out[row : row + rows] += piece
+            return out
 
-    return Ghost(norm_sq, weighted_sum)
+        return weighted_sum
+
+    def without(keep: Tensor) -> Callable[[Tensor], Tensor]:
+        kept: list[tuple[int, int, Callable[[Tensor], Tensor]]] = []
+        for row, rows, g in ghosts:
+            if g.without is None:
+                raise RuntimeError("veil: a part of a combined ghost cannot drop examples")
+            kept.append((row, rows, g.without(keep)))
+        return summer(kept)
+
+    droppable = all(g.without is not None for _, _, g in ghosts)
+    whole = summer([(row, rows, g.weighted_sum) for row, rows, g in ghosts])
+    return Ghost(norm_sq, whole, without if droppable else None)
 
 
 @register_rule(nn.MultiheadAttention)

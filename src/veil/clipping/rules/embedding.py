@@ -9,13 +9,21 @@ the clipped sum is one ``index_add`` of the weighted output gradients (book-keep
 
 from __future__ import annotations
 
-from collections.abc import Sequence, Set
+from collections.abc import Callable, Sequence, Set
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from veil.clipping.registry import CallRecord, Contribution, Ghost, LayerRule, Materialised, register_rule
+from veil.clipping.registry import (
+    CallRecord,
+    Contribution,
+    Ghost,
+    LayerRule,
+    Materialised,
+    register_rule,
+    zero_rows,
+)
 from veil.clipping.rules._common import batched_input, output_grad
 
 
@@ -69,8 +77,12 @@ class EmbeddingRule(LayerRule):
         summed = grad.new_zeros(unique.shape[0], dim).index_add_(0, inverse, grad)
         norm_sq = grad.new_zeros(batch).index_add_(0, unique // vocab, summed.square().sum(dim=1))
 
-        def weighted_sum(c: Tensor) -> Tensor:
-            weights = c.to(grad.dtype)[example].unsqueeze(1)
-            return grad.new_zeros(vocab, dim).index_add_(0, index, grad * weights)
+        def summer(grad: Tensor) -> Callable[[Tensor], Tensor]:
+            def weighted_sum(c: Tensor) -> Tensor:
+                weights = c.to(grad.dtype)[example].unsqueeze(1)
+                return grad.new_zeros(vocab, dim).index_add_(0, index, grad * weights)
 
-        return {"weight": Ghost(norm_sq, weighted_sum)}
+            return weighted_sum
+
+        # a dropped example's looked-up rows are its own (``example`` names the row's example)
+        return {"weight": Ghost(norm_sq, summer(grad), lambda keep: summer(zero_rows(grad, keep[example])))}

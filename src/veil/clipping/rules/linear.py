@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence, Set
+from collections.abc import Callable, Sequence, Set
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from veil.clipping._linear_algebra import common_dtype, grouped_linear, summed_positions
-from veil.clipping.registry import CallRecord, Contribution, Ghost, LayerRule, register_rule
+from veil.clipping.registry import CallRecord, Contribution, Ghost, LayerRule, register_rule, zero_rows
 from veil.clipping.rules._common import batched_input, output_grad
 
 
@@ -64,15 +64,25 @@ def _flat_ghost(
         narrow_input = module.in_features < module.out_features
         work = torch.promote_types(work, _norm_dtype(a))
 
-        def weight_sum(c: Tensor) -> Tensor:
-            aw, gw = a.to(work), g.to(work)
-            c = c.to(work).unsqueeze(1)
-            return (gw.T @ (aw * c)) if narrow_input else ((gw * c).T @ aw)
+        def weight_summer(a: Tensor, g: Tensor) -> Callable[[Tensor], Tensor]:
+            def weight_sum(c: Tensor) -> Tensor:
+                aw, gw = a.to(work), g.to(work)
+                c = c.to(work).unsqueeze(1)
+                return (gw.T @ (aw * c)) if narrow_input else ((gw * c).T @ aw)
 
-        out["weight"] = Ghost(a_sq * g_sq, weight_sum)
+            return weight_sum
+
+        def weight_without(keep: Tensor) -> Callable[[Tensor], Tensor]:
+            return weight_summer(zero_rows(a, keep), zero_rows(g, keep))
+
+        out["weight"] = Ghost(a_sq * g_sq, weight_summer(a, g), weight_without)
     if "bias" in names:
         bias_g = g
-        out["bias"] = Ghost(g_sq, lambda c: c.to(work) @ bias_g.to(work))
+
+        def bias_summer(g: Tensor) -> Callable[[Tensor], Tensor]:
+            return lambda c: c.to(work) @ g.to(work)
+
+        out["bias"] = Ghost(g_sq, bias_summer(bias_g), lambda keep: bias_summer(zero_rows(bias_g, keep)))
     return out
 
 
