@@ -276,3 +276,24 @@ def test_dp_centring_noise_has_the_accounted_scale() -> None:
 
     assert accepted(1.0)
     assert not accepted(0.95) and not accepted(1.05)
+
+
+def test_dp_centring_a_non_finite_row_adds_zero() -> None:
+    """Per-record rule: a row whose transformed vector is not finite adds zero to the clipped sum
+    (without it the released centre is NaN: a release that reveals the row). Same seed, same noise:
+    the centre with the row equals the centre with the row's vector replaced by zeros."""
+    import dataclasses
+
+    d = load_dataset("breast-cancer")
+    cfg = make_config({"epsilon": 1.0, "reproducible": True})
+    poisoned_x = d.x_train.copy()
+    poisoned_x[3, 0] = np.inf
+    poisoned = dataclasses.replace(d, x_train=poisoned_x)
+    got = run_preprocessing(plan_preprocessing(cfg, d), poisoned, make_source(False, 5))
+    plan = plan_preprocessing(cfg, d)
+    zeroed_x = d.x_train.copy()
+    # the row whose transform is the zero vector: t(x) = asinh(x/r) − asinh(1/r) is 0 at x = 1
+    zeroed_x[3] = 1.0
+    want = run_preprocessing(plan, dataclasses.replace(d, x_train=zeroed_x), make_source(False, 5))
+    assert np.all(np.isfinite(got.offset))
+    np.testing.assert_allclose(got.offset, want.offset, rtol=0, atol=1e-12)

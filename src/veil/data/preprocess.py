@@ -222,7 +222,9 @@ def run_preprocessing(plan: PreprocessingPlan, dataset: Dataset, rng: RandomSour
     z = transform_numpy(plan, dataset.x_train.reshape(dataset.n_train, -1))
     norms = np.linalg.norm(z, axis=1)
     factor = np.minimum(1.0, plan.clip_norm / np.maximum(norms, 1e-300))
-    total = (z * factor[:, None]).sum(axis=0)
+    # per-record rule: a row whose transformed vector is not finite adds zero (not NaN to everyone)
+    finite = np.isfinite(norms)
+    total = np.where(finite[:, None], z * np.where(finite, factor, 0.0)[:, None], 0.0).sum(axis=0)
     result = gaussian_mechanism(total, sensitivity=plan.clip_norm, std=plan.sigma * plan.clip_norm, rng=rng)
     if result.event != plan.event:  # pragma: no cover - the dry run fixes it
         raise RuntimeError(f"released event {result.event} differs from the accounted {plan.event}")
