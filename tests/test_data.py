@@ -169,6 +169,7 @@ def test_csv_bad_input(tmp_path: Path, text: str, target: str | None, match: str
     [
         ("nan,y", "rows_dropped_feature_not_a_finite_number"),
         ("inf,y", "rows_dropped_feature_not_a_finite_number"),
+        ("1e39,y", "rows_dropped_feature_not_a_finite_number"),  # finite float64, inf as float32
         ("hello-SECRET,y", "rows_dropped_feature_not_a_finite_number"),
         (",y", "rows_dropped_feature_not_a_finite_number"),
         ("2,z-SECRET", "rows_dropped_label_not_declared"),

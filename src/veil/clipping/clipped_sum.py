@@ -16,7 +16,6 @@ from torch import Tensor, nn
 
 from veil.clipping.norms import Norms
 from veil.clipping.registry import Ghost, zero_rows
-from veil.errors import ModelNotSupportedError, Problem
 
 __all__ = ["STABILITY", "clip_weights", "finite_examples", "rounding_margin", "sum_dtypes", "weighted_sums"]
 
@@ -122,18 +121,5 @@ def weighted_sums(
 def _ghost_sum(ghost: Ghost, weights: Tensor, keep: Tensor | None) -> Tensor:
     if keep is None:
         return ghost.weighted_sum(weights)
-    if ghost.without is None:
-        # A rule registered by the user without ``without``: it cannot drop the example. Refused
-        # (the one case where a value read after the charge stops the run; see docs/privacy-model.md).
-        raise ModelNotSupportedError(
-            [
-                Problem(
-                    "a custom layer rule",
-                    "an example's gradient was not finite and the rule's Ghost has no `without`, so the "
-                    "example cannot be dropped without turning every other example's sum into NaN",
-                    "give the rule's Ghost a `without` (see veil.clipping.registry.Ghost), or make the "
-                    "model's per-example loss finite",
-                )
-            ]
-        )
+    assert ghost.without is not None  # a Ghost without it is refused when collected (norms.collect)
     return ghost.without(keep)(weights)

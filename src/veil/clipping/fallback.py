@@ -43,14 +43,18 @@ _FIX = (
 def _close(recomputed: Tensor, captured: Tensor, low_precision: torch.dtype | None) -> bool:
     """Equal up to the rounding of the dtypes involved (``low_precision``: the autocast dtype).
 
-    Compared where both are finite: a NaN or an infinity comes from an example whose gradient the
-    clipper drops anyway (:func:`veil.clipping.clipped_sum.finite_examples`), and a check that
-    failed on it would stop the run because of one record's values."""
+    Where the batched forward gave a NaN or an infinity the values are not compared: it comes from
+    an example whose gradient the clipper drops anyway (:func:`veil.clipping.clipped_sum.finite_examples`),
+    and a check that failed on it would stop the run because of one record's values. Everywhere else
+    the recomputed value must be finite and close: a module that mixes examples in a way that is NaN
+    for an example alone (``x.std(0)`` on a batch of one) is still refused."""
     if recomputed.shape != captured.shape:
         return False
     recomputed = recomputed.to(captured.dtype)
-    both = torch.isfinite(recomputed) & torch.isfinite(captured)
-    recomputed, captured = recomputed[both], captured[both]
+    finite = torch.isfinite(captured)
+    recomputed, captured = recomputed[finite], captured[finite]
+    if not bool(torch.isfinite(recomputed).all()):
+        return False
     if captured.numel() == 0:
         return True
     tol = _TOLERANCE.get(captured.dtype, 1e-2)

@@ -192,6 +192,18 @@ def collect(
                 materialised[pid] = c.grads if prev is None else prev + c.grads
             elif name in forced or pid in shared:
                 raise RuntimeError(f"veil: rule for {location(site.name)} ignored materialise={name}")
+            elif c.without is None:
+                # Refused whatever the data: the clipper must be able to drop any example whose
+                # gradient is not finite (veil.clipping.clipped_sum.finite_examples), so whether a
+                # run stops never depends on one record's values.
+                raise refuse(
+                    f"{location(site.name)} ({type(site.module).__name__})",
+                    f"its rule {type(site.rule).__name__} returned a Ghost for {name!r} without `without`, "
+                    "so an example whose gradient is not finite could not be dropped from the sum",
+                    "give the Ghost a `without` (a function of a [B] keep mask returning the weighted sum "
+                    "over the kept examples, the others' operands set to zero; see veil.clipping.Ghost), "
+                    "or return Materialised gradients",
+                )
             else:
                 squares[group_of[pid]].append(c.norm_sq.to(norm_dtype))
                 ghosts.append((pid, c))

@@ -60,17 +60,21 @@ def require_target(target: str | None, scheme: str, columns: list[str]) -> str:
     return target
 
 
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 def _feature_matrix(columns: dict[str, list[Any]], names: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """The features as float64, and which rows hold a cell that is not a finite number (missing, text,
-    NaN or infinity): without a schema there is no missing encoding, so such a row is dropped (a
-    per-record rule, counted; never a refusal on a value once rows are read)."""
+    NaN or infinity, or beyond float32's range, the type training reads: 1e39 is inf once cast):
+    without a schema there is no missing encoding, so such a row is dropped (a per-record rule,
+    counted; never a refusal on a value once rows are read)."""
     n = len(next(iter(columns.values()))) if columns else 0
     x = np.zeros((n, len(names)), dtype=np.float64)
     bad = np.zeros(n, dtype=bool)
     for j, name in enumerate(names):
         for i, cell in enumerate(columns[name]):
             value = _number(cell)
-            if value is None or not math.isfinite(value):
+            if value is None or not math.isfinite(value) or abs(value) > _FLOAT32_MAX:
                 bad[i] = True
             else:
                 x[i, j] = value
