@@ -196,3 +196,19 @@ def test_clipper_api_is_unchanged_for_finite_batches() -> None:
         assert bool(torch.isfinite(norms).all())
     finally:
         clipper.remove()
+
+
+def test_the_clipper_counts_the_examples_it_dropped() -> None:
+    model, x = MODELS["mlp"]()
+    with torch.no_grad():
+        target = torch.randn_like(_output(model(x)))
+    bad_x, bad_target = _poison("input_nan", x, target, 2)
+    bad_x[4, 0] = math.inf
+    clipper = PerSampleClipper(model, 1.0)
+    try:
+        for inputs in (x, bad_x):
+            (model(inputs) - bad_target).square().sum().backward()
+            clipper.accumulate()
+        assert clipper.dropped_not_finite == 2
+    finally:
+        clipper.remove()

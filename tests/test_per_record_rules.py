@@ -134,6 +134,7 @@ def test_train_reports_the_rule_counts_as_non_private(
         "rows_dropped_outside": 0,
         "rows_dropped_unknown": 0,
         "rows_dropped_missing": 0,
+        "examples_dropped_gradient_not_finite": 0,
     }
 
 

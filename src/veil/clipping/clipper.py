@@ -123,6 +123,9 @@ class PerSampleClipper:
         self._names = found.names
         self._bounds = check_bounds(max_grad_norm, clipping, self.groups)
         self._capture = Capture(self._sites)
+        self.dropped_not_finite = 0
+        """Examples (or units) dropped from a sum because their gradient was not finite, over every
+        accumulate (an example sampled twice counts twice). A count over private data: non-private."""
         self._capture.attach()
 
     @property
@@ -276,6 +279,7 @@ class PerSampleClipper:
         )
         keep = finite_examples(flat_norms)  # an example whose gradient is not finite adds zero
         if keep is not None:
+            self.dropped_not_finite += int((~keep).sum())
             weights = [torch.where(keep, w, w.new_zeros(())) for w in weights]
         # Weighted sums at ≥ float32 (weights are never cast down; one rounding to the accumulator).
         dtypes = sum_dtypes(self.parameters)

@@ -105,6 +105,7 @@ def execute_run(
         duration=time.monotonic() - t0,
         audit=audit,
         clipping=clipping_section(cfg, s.optimizer),
+        dropped_not_finite=s.optimizer.clipper.dropped_not_finite,
     )
     write_outputs(report, run_dir, s.full, curve, plan.data.encoder, ledger)
     return report

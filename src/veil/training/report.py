@@ -134,7 +134,15 @@ def _non_private(plan: RunPlan, units: bool, result: dict[str, Any]) -> NonPriva
         utility_drop=None if baseline_acc is None else baseline_acc - test_acc,
         history=result["history"],
         audit=result["audit"],
-        per_record_rules=dict(plan.data.rules),
+        per_record_rules={
+            **plan.data.rules,
+            # sampled examples (repeats counted) dropped for a non-finite gradient, on this process
+            **(
+                {"examples_dropped_gradient_not_finite": result["dropped_not_finite"]}
+                if "dropped_not_finite" in result
+                else {}
+            ),
+        },
         labelled_elsewhere=_labelled_elsewhere(units, plan.cfg.stream),
     )
 
