@@ -16,8 +16,9 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from test_clipping import (
+from test_clipping import (  # _float64: the same autouse float64 fixture
     MODELS,
+    _float64,  # noqa: F401
     _output,
     assert_close,
     clip_and_sum,
@@ -28,15 +29,6 @@ from veil.clipping import Ghost, LayerRule, PerSampleClipper, register_rule
 from veil.clipping.registry import _REGISTRY
 from veil.engine import PrivacyEngine
 from veil.errors import ModelNotSupportedError
-
-
-@pytest.fixture(autouse=True)
-def _float64() -> object:
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    torch.manual_seed(4321)
-    yield
-    torch.set_default_dtype(previous)
 
 
 def _poison(kind: str, x: Tensor, target: Tensor, row: int) -> tuple[Tensor, Tensor]:
