@@ -73,6 +73,27 @@ def test_train_augment_refusals_are_one_line_and_write_nothing(
     assert not out.exists()
 
 
+def fixed_front_factory(input_shape: tuple[int, ...], num_classes: int) -> Any:
+    """A user's model that trains as a head on fixed features (the zoo's rff, from a factory)."""
+    from veil.models import build_model
+
+    return build_model("rff", input_shape, num_classes, "image")
+
+
+def test_train_augment_on_a_factory_with_a_fixed_front_is_refused_before_the_charge(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Known from the factory's code and the built-in dataset's documented shape: refused before a row
+    is read, so the budget registry holds no run for it."""
+    from _budget_cli import show
+
+    out = tmp_path / "run"
+    args = [*DIGITS, "--augment", "2", "--model", "test_train_augment:fixed_front_factory", "--out", str(out)]
+    assert main(args) == 2
+    assert "fixed feature front" in capsys.readouterr().err and not out.exists()
+    assert show(capsys, "digits")["runs"] == []
+
+
 def test_train_augment_is_refused_for_tables(tmp_path: Path) -> None:
     out = tmp_path / "run"
     args = ["train", "--dataset", "breast-cancer", "--augment", "2", "--no-baseline", "--out", str(out)]

@@ -233,8 +233,27 @@ def _refuse_augment_without_images(cfg: TrainConfig) -> None:
         )
     if cfg.dataset in BUILTIN_SHAPES and cfg.init_from is None:  # kind and shape are documented
         from veil.augment.multiplicity import refuse_unsupported
-        from veil.models import FIXED_FRONT_ZOO, resolve_name
+        from veil.models import resolve_name
 
         kind, shape = BUILTIN_SHAPES[cfg.dataset]
         name = resolve_name(cfg.model, kind, shape)
-        refuse_unsupported(cfg.augment, kind, shape, name, name in FIXED_FRONT_ZOO)
+        fixed = kind == "image" and _has_fixed_front(name, kind, shape)
+        refuse_unsupported(cfg.augment, kind, shape, name, fixed)
+
+
+def _has_fixed_front(name: str, kind: str, shape: tuple[int, ...]) -> bool:
+    """Whether the model trains as a head on fixed features: a zoo name says it; a user's factory is
+    called once here on the built-in dataset's documented shape (its code is public; no row is read),
+    so that ``--augment`` on it is refused before the charge like the zoo's."""
+    import torch
+
+    from veil.models import FIXED_FRONT_ZOO, FixedFeaturesThenHead, build_model
+
+    if ":" not in name:
+        return name in FIXED_FRONT_ZOO
+    with torch.random.fork_rng(devices=[]):
+        probe = build_model(name, shape, _BUILTIN_IMAGE_CLASSES, kind)
+    return isinstance(probe, FixedFeaturesThenHead)
+
+
+_BUILTIN_IMAGE_CLASSES = 10  # digits, MNIST and Fashion-MNIST (documented; only images reach the probe)
