@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fashion_scatter_levers import accuracy, feats, flip_feats, head
+from fashion_scatter_levers import EXTRA_SHAPES, accuracy, concat_extra, extra_feats, feats, flip_feats, head
 
 
 def main() -> None:
@@ -35,8 +35,12 @@ def main() -> None:
     p.add_argument("--flip", default="none", choices=["none", "views", "mean"])
     p.add_argument("--val", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--extra", default=None, choices=sorted(EXTRA_SHAPES), help="concatenate these features")
     a = p.parse_args()
     xtr, ytr, xte, yte = feats()
+    if a.extra:
+        etr, ete = extra_feats(a.extra)
+        xtr, xte = concat_extra(xtr, etr), concat_extra(xte, ete)
     if a.flip == "none":
         xtr, xte = np.asarray(xtr), np.asarray(xte)
     else:
@@ -50,7 +54,7 @@ def main() -> None:
     xva, yva = xtr_t[order[:k]], ytr_t[order[:k]]
     xtr_t, ytr_t = xtr_t[order[k:]], ytr_t[order[k:]]
     torch.manual_seed(a.seed)
-    model = head(a.head, a.groups)
+    model = head(a.head, a.groups, None, a.extra)
     opt = torch.optim.Adam(model.parameters(), lr=a.lr)
     per_epoch = (len(ytr_t) + a.batch - 1) // a.batch
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, a.epochs * per_epoch)
@@ -69,7 +73,8 @@ def main() -> None:
             opt.step()
             sched.step()
         model.eval()
-        row = {"head": a.head, "flip": a.flip, "epoch": epoch + 1, "val": accuracy(model, xva, yva)}
+        row = {"head": a.head, "extra": a.extra, "flip": a.flip, "epoch": epoch + 1}
+        row["val"] = accuracy(model, xva, yva)
         row["test"] = accuracy(model, xte_t, yte_t)
         if a.flip == "views":
             row["val_plain"] = accuracy(model, xva[:, 0], yva)

@@ -74,6 +74,44 @@ def feats():
     ]
 
 
+EXTRA_SHAPES = {"pixels": (1, 28, 28), "j1": (9, 14, 14)}
+
+
+def extra_feats(kind):
+    """Features to concatenate with the J = 2 ones (cached like :func:`feats`): ``pixels`` (x/255)
+    or ``j1`` (veil's Scattering2d with J = 1, L = 8: 9 channels of 14 × 14)."""
+    if not os.path.exists(f"{C}/{kind}_test.npy"):
+        d = load_idx_dataset("fashion-mnist", "/usr/share/datasets/fashion-mnist")
+        for s, x in (("train", d.x_train), ("test", d.x_test)):
+            x = (x / 255.0).astype(np.float32)
+            f = x if kind == "pixels" else scattering_features(x, 1, 8)
+            np.save(f"{C}/{kind}_{s}.npy", np.asarray(f, dtype=np.float32).reshape(len(x), -1))
+    return [np.load(f"{C}/{kind}_{s}.npy", mmap_mode="r") for s in ("train", "test")]
+
+
+def concat_extra(x, e):
+    """One row an example: the J = 2 features flattened, then the extra ones."""
+    return np.concatenate([np.asarray(x).reshape(len(x), -1), np.asarray(e).reshape(len(e), -1)], axis=1)
+
+
+class ConcatHead(nn.Module):
+    """GroupNorm on the J = 2 maps and on the extra maps (each per example, data-independent), then one
+    linear layer on both, flattened: the preset's head with more inputs."""
+
+    def __init__(self, groups, extra):
+        super().__init__()
+        self.shape = EXTRA_SHAPES[extra]
+        c = self.shape[0]
+        self.norm = norm_layer(groups, None)
+        self.extra_norm = nn.GroupNorm(c // 3 if c % 3 == 0 else 1, c)
+        self.fc = nn.Linear(81 * 49 + int(np.prod(self.shape)), 10)
+
+    def forward(self, x):
+        s = self.norm(x[:, : 81 * 49].reshape(-1, 81, 7, 7)).flatten(1)
+        e = self.extra_norm(x[:, 81 * 49 :].reshape(-1, *self.shape)).flatten(1)
+        return self.fc(torch.cat([s, e], dim=1))
+
+
 def flip_feats():
     """The scattering features of the left-right mirrored images (cached like :func:`feats`)."""
     if not os.path.exists(f"{C}/flip_train.npy"):
@@ -104,7 +142,9 @@ def norm_layer(groups, stats):
     return nn.GroupNorm(groups, 81)
 
 
-def head(kind, groups, stats=None):
+def head(kind, groups, stats=None, extra=None):
+    if extra:
+        return ConcatHead(groups, extra)
     if kind == "linear":
         return nn.Sequential(norm_layer(groups, stats), nn.Flatten(), nn.Linear(81 * 49, 10))
     if kind == "cnn":  # small CNN on the 81x7x7 maps
@@ -198,8 +238,12 @@ def main():
         help="views: each example's image and mirror, gradients averaged before one clip (multiplicity 2),"
         " logits averaged at evaluation; mean: the head on the mean of both views' features",
     )
+    p.add_argument("--extra", default=None, choices=sorted(EXTRA_SHAPES), help="concatenate these features")
     a = p.parse_args()
     xtr, ytr, xte, yte = feats()
+    if a.extra:
+        etr, ete = extra_feats(a.extra)
+        xtr, xte = concat_extra(xtr, etr), concat_extra(xte, ete)
     if a.flip != "none":
         ftr, fte = flip_feats()
         pair = (lambda u, v: np.stack([u, v], 1)) if a.flip == "views" else (lambda u, v: (u + v) / 2)
@@ -231,7 +275,7 @@ def main():
     if a.bn_sigma > 0:
         g = torch.Generator().manual_seed(a.seed + 2000)
         stats = dp_channel_stats(xtr_t, a.bn_clip, a.bn_sigma, g)
-    model = head(a.head, a.groups, stats)
+    model = head(a.head, a.groups, stats, a.extra)
     opt = (
         torch.optim.Adam(model.parameters(), lr=a.lr)
         if a.opt == "adam"
@@ -318,7 +362,7 @@ def main():
             if done >= steps:
                 break
     tt = time.time() - t0
-    ev = head(a.head, a.groups, stats)
+    ev = head(a.head, a.groups, stats, a.extra)
     res, val = {}, {}
     weights = {str(e): avg[e] for e in emas}
     if tail is not None:

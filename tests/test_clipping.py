@@ -20,6 +20,7 @@ import veil.clipping.fallback as fallback_module
 from veil.clipping import LayerRule, PerSampleClipper, register_rule, supports
 from veil.clipping._linear_algebra import ghost_is_cheaper
 from veil.errors import InvalidParameterError, ModelNotSupportedError
+from veil.models.scattering import ScatteringHead
 
 RTOL = 1e-9
 
@@ -221,6 +222,11 @@ MODELS: dict[str, Callable[[], tuple[nn.Module, Tensor]]] = {
     "rmsnorm": lambda: (nn.RMSNorm(4), torch.randn(5, 3, 4)),
     "rmsnorm_eps": lambda: (nn.RMSNorm([2, 4], eps=1e-3), torch.randn(5, 2, 4)),
     "cnn_groupnorm": lambda: (SmallCNN(), torch.randn(5, 1, 8, 8)),
+    # The scatternet preset's head: two scales cut out of one row, each group-normalised, one linear.
+    "scattering_head": lambda: (
+        ScatteringHead([(6, 3, 3), (3, 4, 4)], 3),
+        torch.randn(5, 6 * 9 + 3 * 16) * 3,
+    ),
     "mlp": lambda: (mlp(), torch.randn(7, 6)),
     "embedding_conv1d_layernorm_linear": lambda: (SequenceModel(), torch.randint(0, 11, (5, 8))),
     "transformer_encoder_layer": lambda: (

@@ -145,6 +145,40 @@ def test_scatternet_model_is_a_fixed_front_and_a_head() -> None:
         FixedFeaturesThenHead(torch.nn.Linear(2, 2), torch.nn.Identity())
 
 
+def test_scatternet_on_28x28_is_both_scales_each_group_normalised_then_linear() -> None:
+    """The front is J = 2 and J = 1 side by side (81 × 7 × 7 then 9 × 14 × 14 per image); the head cuts
+    each scale back out of the row in that order, group-normalises it (27 and 3 groups) and applies one
+    linear layer: equal to the same computation written out by hand on the two transforms."""
+    from torch.nn import functional as F
+
+    from veil.models.scattering import MultiScaleScattering, ScatteringHead
+
+    torch.manual_seed(0)
+    net = build_model("scatternet", (1, 28, 28), 10, "image")
+    assert isinstance(net.features, MultiScaleScattering) and isinstance(net.head, ScatteringHead)
+    assert net.features.parts == [(81, 7, 7), (9, 14, 14)]
+    with torch.no_grad():
+        for norm in net.head.norms:  # non-trivial affine parameters, so a swapped part would show
+            norm.weight.uniform_(0.5, 2.0)
+            norm.bias.uniform_(-1.0, 1.0)
+        x = torch.rand(3, 1, 28, 28, generator=torch.Generator().manual_seed(1))
+        j2, j1 = Scattering2d((1, 28, 28), J=2)(x), Scattering2d((1, 28, 28), J=1)(x)
+        n2, n1 = net.head.norms
+        by_hand = torch.cat(
+            [
+                F.group_norm(j2, 27, n2.weight, n2.bias, n2.eps).flatten(1),
+                F.group_norm(j1, 3, n1.weight, n1.bias, n1.eps).flatten(1),
+            ],
+            dim=1,
+        )
+        want = net.head.linear(by_hand)
+        assert net.features(x).shape == (3, 81 * 49 + 9 * 196)
+        assert torch.allclose(net(x), want, atol=1e-5)
+        alone = torch.cat([net(x[i : i + 1]) for i in range(3)])
+        assert torch.allclose(alone, want, atol=1e-5)  # each example on its own
+    assert not list(build_model("scatternet", (1, 8, 8), 10, "image").features.parameters())
+
+
 @pytest.mark.parametrize("name", ["scatternet", "rff"])
 def test_train_fixed_front_releases_a_full_model_reproducing_the_accuracy(name: str, tmp_path: Path) -> None:
     """Training runs on precomputed features; the released weights map raw images to the same result."""

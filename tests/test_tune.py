@@ -175,6 +175,26 @@ def test_the_selection_resolution_is_the_score_noise_and_the_rows_sampling() -> 
     assert plan.score_points == pytest.approx(3.0)
 
 
+def test_on_large_data_the_automatic_score_is_quiet_where_it_costs_no_noise() -> None:
+    """Fashion-MNIST's shape (60,000 rows scored, the scattering preset's 240 steps at q = 16384/60000):
+    the plan takes a score std of 0.2% of the rows (0.2 accuracy points, within the rows' own sampling)
+    at the same trial σ as the old 3% score (1,800: a 3-point std that made the selection chance) and
+    with the same mean number of trials (3) as the old menu chose."""
+    from veil.accounting.calibrate import calibrate_noise
+    from veil.tune.budget import split_budget
+    from veil.tune.plan import MAX_NOISE_RATIO, choose_plan
+    from veil.tune.trial import score_event
+
+    n = 60000
+    shape = (60, 16384, 16384 / n, 240)
+    ref = calibrate_noise(3.0, 1e-5, shape[2], shape[3])
+    plan = choose_plan(3.0, 1e-5, shape, [], n, ref)
+    assert plan.count.mean == 3.0 and plan.noise_ratio <= MAX_NOISE_RATIO
+    assert plan.score_noise == pytest.approx(0.002 * n) and plan.score_points == pytest.approx(0.2)
+    loud = split_budget(3.0, 1e-5, plan.count, [shape], [], score_event(0.03 * n)).shapes[0].sigma
+    assert plan.trial_sigma == pytest.approx(loud, rel=1e-3)
+
+
 def test_a_benchmark_tuned_preset_is_refused_before_reading(
     tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
