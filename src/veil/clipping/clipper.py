@@ -270,7 +270,8 @@ class PerSampleClipper:
         )
         # Weighted sums at ≥ float32 (weights are never cast down; one rounding to the accumulator).
         dtypes = sum_dtypes(self.parameters)
-        added = weighted_sums(found, weights, self._group_of, dtypes, batch, norm_dtype)
+        numels = {id(p): p.numel() for p in self.parameters}  # the largest sums formed last (memory)
+        added = weighted_sums(found, weights, self._group_of, dtypes, batch, norm_dtype, numels)
         if self._sum is None:
             self._sum = [
                 added[id(p)] if id(p) in added else torch.zeros_like(p, dtype=dtypes[id(p)])
