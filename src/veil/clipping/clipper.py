@@ -293,7 +293,9 @@ class PerSampleClipper:
         In each parameter's dtype promoted to at least float32 (a bfloat16/float16 parameter's sum
         is accumulated in float32; rounding to the parameter's dtype happens once, after noise).
         Zeros when nothing was accumulated. The tensors are the accumulator itself (no copy);
-        they stay valid after :meth:`reset`, which starts a new accumulator.
+        they stay valid after :meth:`reset`, which starts a new accumulator. The DP optimizer writes
+        its release over them (they become the gradients) unless told that something reads them
+        afterwards (:attr:`veil.optimizer.DPOptimizer.keep_clipped_sum`).
         """
         if self._sum is None:
             dtypes = sum_dtypes(self.parameters)
