@@ -97,6 +97,13 @@ def test_finisher_into_refuses_a_non_contiguous_sum() -> None:
     assert finisher([torch.zeros(4, 3).T], 1.0, 0.5, into=True) is None
 
 
+def test_finisher_into_refuses_sums_that_share_memory() -> None:
+    shared = torch.zeros(10)
+    assert finisher([shared[:5], shared[5:]], 1.0, 0.5, into=True) is None
+    assert finisher([shared[:5], shared[5:]], 1.0, 0.5) is not None  # read only: fine
+    assert finisher([torch.zeros(5), torch.zeros(0), torch.zeros(0)], 1.0, 0.5, into=True) is not None
+
+
 def test_finisher_refuses_sums_it_cannot_read_as_float32() -> None:
     assert finisher([torch.zeros(3, dtype=torch.float64)], 0.5, 0.25) is None
     assert finisher([torch.zeros(3), torch.zeros(2, dtype=torch.bfloat16)], 0.5, 0.25) is None

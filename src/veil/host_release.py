@@ -49,9 +49,12 @@ def finisher(sums: Sequence[torch.Tensor], alpha: float, grid: float, *, into: b
     ``out`` is a chunk holding coordinates ``lo … hi − 1``: the release is computed there the same way
     and then written over ``S`` itself (so the sums become the released gradients, and no second
     model-sized buffer is held); ``None`` also where a sum is not contiguous (its numpy view would be a
-    copy).
+    copy) or two sums share memory (a rule's views of one tensor: one write would change the other).
     """
     if into and not all(s.is_contiguous() for s in sums):
+        return None
+    storages = [s.untyped_storage().data_ptr() for s in sums if s.numel()]
+    if into and len(set(storages)) < len(storages):  # two sums in one memory: a write would clobber
         return None
     try:  # numpy views (a copy only for a non-contiguous sum); a device or bf16 tensor has none
         arrays = [s.detach().numpy().reshape(-1) for s in sums]
