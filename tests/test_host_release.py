@@ -70,6 +70,40 @@ def test_finisher_equals_the_whole_release(order: str) -> None:
     _close_to_torch(out, _torch_release(noise, sums, alpha, grid), grid)
 
 
+@pytest.mark.parametrize("order", ["in order", "reversed", "odd chunks"])
+def test_finisher_into_the_sums_writes_the_same_release_over_them(order: str) -> None:
+    """``into``: each chunk of noise comes in a buffer of its own (reused), and the release lands in
+    the sums' memory: equal to the release the draw's own buffer gets."""
+    gen = torch.Generator().manual_seed(5)
+    sums = [torch.randn(n, generator=gen) * 4.0 for n in SIZES]
+    before = [s.clone() for s in sums]
+    n = sum(SIZES)
+    noise = torch.randn(n, generator=gen).numpy() * 0.3
+    alpha, grid = 1.0 / 7.0, release_grid(0.3)
+    finish = finisher(sums, alpha, grid, into=True)
+    assert finish is not None
+    step = {"in order": 128, "reversed": 97, "odd chunks": 13}[order]
+    chunks = [(lo, min(n, lo + step)) for lo in range(0, n, step)]
+    scratch = np.empty(step, dtype=np.float32)
+    for lo, hi in reversed(chunks) if order == "reversed" else chunks:
+        scratch[: hi - lo] = noise[lo:hi]
+        finish(scratch[: hi - lo], lo, hi)
+        scratch[:] = np.nan  # the chunk buffer is reused: nothing may be read from it later
+    released = np.concatenate([s.reshape(-1).numpy() for s in sums])
+    assert np.array_equal(released, _reference(noise, before, alpha, grid))
+
+
+def test_finisher_into_refuses_a_non_contiguous_sum() -> None:
+    assert finisher([torch.zeros(4, 3).T], 1.0, 0.5, into=True) is None
+
+
+def test_finisher_into_refuses_sums_that_share_memory() -> None:
+    shared = torch.zeros(10)
+    assert finisher([shared[:5], shared[5:]], 1.0, 0.5, into=True) is None
+    assert finisher([shared[:5], shared[5:]], 1.0, 0.5) is not None  # read only: fine
+    assert finisher([torch.zeros(5), torch.zeros(0), torch.zeros(0)], 1.0, 0.5, into=True) is not None
+
+
 def test_finisher_refuses_sums_it_cannot_read_as_float32() -> None:
     assert finisher([torch.zeros(3, dtype=torch.float64)], 0.5, 0.25) is None
     assert finisher([torch.zeros(3), torch.zeros(2, dtype=torch.bfloat16)], 0.5, 0.25) is None
@@ -98,12 +132,15 @@ def _seeded_words(seed: int) -> Callable[[int], np.ndarray]:
     return lambda k: gen.integers(-(2**31), 2**31, size=k, dtype=np.int64).astype(np.int32)
 
 
+@pytest.mark.parametrize("keep", [False, True], ids=["over the sums", "sums kept"])
 @pytest.mark.parametrize("pieces", [1, 3])
 def test_a_secure_step_releases_its_noise_plus_the_clipped_sum_on_the_grid(
-    monkeypatch: pytest.MonkeyPatch, pieces: int
+    monkeypatch: pytest.MonkeyPatch, pieces: int, keep: bool
 ) -> None:
     """A default (secure) float32 step drawn at the step: its gradients are the release computed from
-    the same keystream words by the reference, whether the draw is one piece or three on threads."""
+    the same keystream words by the reference, whether the draw is one piece or three on threads,
+    and whether the release is written over the clipped sums (the default) or beside them (an
+    auditor reads them: ``keep_clipped_sum``), which then still hold Σ clip(g_i)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(30, 20), nn.ReLU(), nn.Linear(20, 3))
     data = TensorDataset(torch.randn(16, 30), torch.randint(0, 3, (16,)))
@@ -116,6 +153,7 @@ def test_a_secure_step_releases_its_noise_plus_the_clipped_sum_on_the_grid(
         max_grad_norm=0.7,
     )
     optimizer.draw_ahead = False
+    optimizer.keep_clipped_sum = keep
     if pieces > 1:
         monkeypatch.setattr(rng_module, "PARALLEL_PIECE", 100)
         monkeypatch.setattr(torch, "get_num_threads", lambda: pieces)
@@ -134,8 +172,12 @@ def test_a_secure_step_releases_its_noise_plus_the_clipped_sum_on_the_grid(
     monkeypatch.setattr(clipper, "clipped_sum", recording)
     finished: list[tuple[int, int]] = []
 
-    def counting(sums: list[torch.Tensor], alpha: float, grid: float) -> object:
-        finish = finisher(sums, alpha, grid)
+    kept: list[list[torch.Tensor]] = []
+
+    def counting(sums: list[torch.Tensor], alpha: float, grid: float, *, into: bool = False) -> object:
+        assert into is not keep
+        kept.append(sums)
+        finish = finisher(sums, alpha, grid, into=into)
         assert finish is not None
 
         def run(out: np.ndarray, lo: int, hi: int) -> None:
@@ -167,3 +209,7 @@ def test_a_secure_step_releases_its_noise_plus_the_clipped_sum_on_the_grid(
     assert all(a[1] == b[0] for a, b in zip(sorted(finished), sorted(finished)[1:], strict=False))
     assert sorted(finished)[-1][1] == n
     assert source.release_keys == 0  # every piece came from the patched words, none from a fresh key
+    got = np.concatenate([t.reshape(-1).numpy() for t in kept[0]])
+    assert np.array_equal(
+        got, released if not keep else np.concatenate([t.reshape(-1).numpy() for t in sums])
+    )

@@ -444,7 +444,8 @@ def test_float32_transform_matches_its_closed_form(monkeypatch: pytest.MonkeyPat
 
 
 @pytest.mark.parametrize(
-    ("n", "chunk"), [(1, 1 << 18), (7, 1 << 18), (1001, 1001), (100_003, 4097), (300_001, 1 << 18)]
+    ("n", "chunk"),
+    [(1, 1 << 18), (7, 1 << 18), (1001, 1001), (100_003, 4097), (100_000, 4096), (300_001, 1 << 18)],
 )
 def test_host_transform_equals_the_generic_one_bit_for_bit(
     monkeypatch: pytest.MonkeyPatch, n: int, chunk: int
@@ -468,11 +469,27 @@ def test_host_transform_equals_the_generic_one_bit_for_bit(
 
         return take
 
+    class Into:
+        """Words that can also be written into a buffer (the secure source's kind): the host
+        transform then takes each even chunk's words in the chunk's own output memory."""
+
+        def __init__(self) -> None:
+            self.take = words()
+
+        def __call__(self, k: int) -> np.ndarray:
+            return self.take(k)
+
+        def into(self, buf: np.ndarray) -> None:
+            buf[...] = self.take(len(buf))
+
     fast = np.empty(n + 3, dtype=np.float32)[3:]  # an output not aligned to its allocation
+    in_place = np.empty(n + 3, dtype=np.float32)[3:]
     generic = np.empty(n, dtype=np.float32)
     box_muller.normal_from_words(fast, words(), 0.37)
+    box_muller.normal_from_words(in_place, Into(), 0.37)
     box_muller._normal_from_words(generic, words(), 0.37, box_muller._NumpyOps)
     assert np.isfinite(fast).all() and np.array_equal(fast, generic)
+    assert np.array_equal(in_place, generic)
 
 
 def test_secure_noise_bench_runs() -> None:

@@ -137,6 +137,15 @@ class NoiseAhead:
                 return noise, True
         return self._make(key, numel, std)(), False
 
+    def release_into(self, key: NoiseKey, numel: int, std: float, then: Finish) -> bool:
+        """A fresh draw for group ``key`` (never buffered) handed chunk by chunk to ``then(chunk, lo,
+        hi)`` (:meth:`~veil.mechanisms.rng.RandomSource.host_release32`), which writes the release
+        where it belongs; ``False`` (nothing drawn) where :meth:`finishes_in_draw` does not hold."""
+        if not (self.finishes_in_draw(key) and self._source.host_release32(numel, std, then)):
+            return False
+        self.draws += 1
+        return True
+
     def finishes_in_draw(self, key: NoiseKey) -> bool:
         """Whether :meth:`draw_now` can run a ``then`` on this group's draw (float32 on the host, from
         a source that draws such noise in pieces)."""

@@ -89,6 +89,10 @@ class DPOptimizer(Optimizer):
         devices = [p.device for p in clipper.parameters]
         coordinates = sum(p.numel() for p in clipper.parameters)
         self.draw_ahead = bool(noise_source.secure) and worth_drawing_ahead(devices, coordinates)
+        # Whether something reads the clipper's Σ clip(g_i) after the release (the gradient-canary
+        # auditor's step pre-hook sets it): then the release is written beside the sums, else a
+        # secure host draw made at the step writes it over them (one model-sized buffer less).
+        self.keep_clipped_sum = False
 
     @property
     def noise_draws(self) -> int:
@@ -177,7 +181,9 @@ class DPOptimizer(Optimizer):
         is made ahead, on a worker thread while this step's forward and backward ran, and used here
         only if it still fits (:mod:`veil.noise_ahead`); with a seeded source, here, in order. A
         secure float32 draw made here on the host is finished chunk by chunk inside the draw (sum
-        added, grid applied while the chunk is in the cache: :mod:`veil.host_release`).
+        added, grid applied while the chunk is in the cache: :mod:`veil.host_release`), and, unless
+        something reads the clipped sums after the release (:attr:`keep_clipped_sum`), written over
+        the sums themselves, which then are the gradients.
 
         The noisy gradient is then rounded to a fixed grid (a power of two near ``σΔ/B / 256``, see
         :func:`release_grid`): a post-processing, so no privacy is lost. Without it, float32
@@ -201,6 +207,12 @@ class DPOptimizer(Optimizer):
         for key, members in self._noise_groups().items():
             numels = [self.clipper.parameters[i].numel() for i in members]
             flat = self.noise_ahead.buffered(key, sum(numels), std * inverse)  # drawn ahead
+            if flat is None and self._release_into_sums(key, [sums[i] for i in members], std, grid):
+                for i in members:
+                    p = self.clipper.parameters[i]
+                    g = sums[i].view(p.shape)
+                    p.grad = g if g.dtype == p.dtype else g.to(p.dtype)
+                continue
             finished = False
             if flat is None:  # drawn now: where the source draws in chunks, finished chunk by chunk
                 finish = None
@@ -218,6 +230,19 @@ class DPOptimizer(Optimizer):
                 p = self.clipper.parameters[i]
                 g = piece.view(p.shape)
                 p.grad = g if g.dtype == p.dtype else g.to(p.dtype)
+
+    def _release_into_sums(self, key: NoiseKey, sums: list[torch.Tensor], std: float, grid: float) -> bool:
+        """Draw group ``key``'s noise now and write the release over its clipped sums ``sums``, chunk
+        by chunk (:func:`~veil.host_release.finisher` with ``into``): the same values the draw into a
+        buffer of its own gives, without that buffer. Only where nothing reads the sums afterwards
+        (:attr:`keep_clipped_sum`) and the source draws float32 on the host in chunks; ``False``
+        (nothing drawn) otherwise."""
+        if self.keep_clipped_sum or not self.noise_ahead.finishes_in_draw(key):
+            return False
+        inverse = 1.0 / self._denominator
+        finish = finisher(sums, inverse, grid, into=True)
+        numel = sum(s.numel() for s in sums)
+        return finish is not None and self.noise_ahead.release_into(key, numel, std * inverse, finish)
 
     def _noise_groups(self) -> dict[NoiseKey, list[int]]:
         """Indices of the clipped parameters per (noise dtype, device): ≥ float32, the parameter's own."""

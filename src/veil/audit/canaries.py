@@ -258,6 +258,7 @@ class GradientCanaries:
                 "canaries", "attached", "canaries are injected into one run only", "design new canaries"
             )
         self._clipper = clipper
+        optimizer.keep_clipped_sum = True  # the hook below reads Σ clip(g_i) after the release
         position = {id(p): i for i, p in enumerate(clipper.parameters)}
         self._sum_index = [position[id(p)] for p in self.params]
         self.max_grad_norm = float(optimizer.max_grad_norm)

@@ -89,6 +89,7 @@ def weighted_sums(
     batch: int,
     norm_dtype: torch.dtype,
     keep: Tensor | None = None,
+    numels: dict[int, int] | None = None,
 ) -> dict[int, Tensor]:
     """id(parameter) → ``Σ_i w_i g_i`` at ≥ float32 (weights never cast down; one rounding to the sum).
 
@@ -98,7 +99,11 @@ def weighted_sums(
 
     Consumes ``norms``: each parameter's per-example gradients or ghost operands leave it as soon as
     its sum is formed, so they are freed one by one while the sums are built (memory: the operands of
-    every layer and the sums of every parameter are never all held at once).
+    every layer and the sums of every parameter are never all held at once). ``numels``: id(parameter)
+    → its size; given, the ghost sums are formed smallest parameter first, so the largest sums (a
+    vocabulary's embedding: 47 MB for MiniLM, whose own operands are small) are allocated once the
+    other layers' operands are freed. A parameter's own parts keep their order (a stable sort), so
+    every sum is the same, bit for bit, in either order.
     """
     added: dict[int, Tensor] = {}
     for pid in list(norms.materialised):
@@ -109,7 +114,9 @@ def weighted_sums(
         w = weights[group_of[pid]].to(work)
         added[pid] = (w @ grads.reshape(batch, -1).to(work)).view(grads.shape[1:]).to(dtypes[pid])
         del grads
-    norms.ghosts.reverse()  # popped from the end, in their original order
+    if numels is not None:  # stable: equal sizes (a parameter's own parts) keep their order
+        norms.ghosts.sort(key=lambda item: numels.get(item[0], 0))
+    norms.ghosts.reverse()  # popped from the end, in the order above
     while norms.ghosts:
         pid, ghost = norms.ghosts.pop()
         part = _ghost_sum(ghost, weights[group_of[pid]], keep).to(dtypes[pid])

@@ -283,7 +283,8 @@ class PerSampleClipper:
             weights = [torch.where(keep, w, w.new_zeros(())) for w in weights]
         # Weighted sums at ≥ float32 (weights are never cast down; one rounding to the accumulator).
         dtypes = sum_dtypes(self.parameters)
-        added = weighted_sums(found, weights, self._group_of, dtypes, batch, norm_dtype, keep)
+        numels = {id(p): p.numel() for p in self.parameters}  # the largest sums formed last (memory)
+        added = weighted_sums(found, weights, self._group_of, dtypes, batch, norm_dtype, keep, numels)
         if self._sum is None:
             self._sum = [
                 added[id(p)] if id(p) in added else torch.zeros_like(p, dtype=dtypes[id(p)])
@@ -305,7 +306,9 @@ class PerSampleClipper:
         In each parameter's dtype promoted to at least float32 (a bfloat16/float16 parameter's sum
         is accumulated in float32; rounding to the parameter's dtype happens once, after noise).
         Zeros when nothing was accumulated. The tensors are the accumulator itself (no copy);
-        they stay valid after :meth:`reset`, which starts a new accumulator.
+        they stay valid after :meth:`reset`, which starts a new accumulator. The DP optimizer writes
+        its release over them (they become the gradients) unless told that something reads them
+        afterwards (:attr:`veil.optimizer.DPOptimizer.keep_clipped_sum`).
         """
         if self._sum is None:
             dtypes = sum_dtypes(self.parameters)

@@ -111,6 +111,16 @@ class RandomSource(abc.ABC):
         """
         return None
 
+    def host_release32(self, numel: int, std: float, then: Callable[[np.ndarray, int, int], None]) -> bool:
+        """The draw of :meth:`host_normal32` without a result tensor: each chunk of its ``numel``
+        coordinates is drawn into a scratch buffer of its own and handed to ``then(chunk, lo, hi)``
+        (``chunk`` holds coordinates ``lo … hi − 1``; same noise, keys and thread rules as
+        :meth:`host_normal32`), which must keep what it needs before returning (the buffer is reused).
+        ``False`` where this source has no such draw (``then`` not called). A DP release written into
+        the clipped sum's own memory uses it: no second model-sized buffer at the step's peak.
+        """
+        return False
+
     @abc.abstractmethod
     def standard_normal(self, size: int | tuple[int, ...]) -> np.ndarray:
         """float64 i.i.d. ``N(0, 1)`` samples as a numpy array."""
@@ -475,17 +485,30 @@ class SecureSource(RandomSource):
 
         std = _check_std(std)
         noise = torch.empty(_check_size(numel), dtype=torch.float32)
-        self._host_normal32(noise.numpy(), std, host_parts(noise.numel(), torch.get_num_threads()), then)
+        n = noise.numel()
+        self._host_normal32(noise.numpy(), n, std, host_parts(n, torch.get_num_threads()), then)
         return noise
+
+    def host_release32(self, numel: int, std: float, then: Callable[[np.ndarray, int, int], None]) -> bool:
+        """See :meth:`RandomSource.host_release32`: :meth:`host_normal32`'s pieces, keys and transform."""
+        import torch
+
+        std = _check_std(std)
+        (n,) = _check_size(numel)
+        self._host_normal32(None, n, std, host_parts(n, torch.get_num_threads()), then)
+        return True
 
     def _host_normal32(
         self,
-        out: np.ndarray,
+        out: np.ndarray | None,
+        n: int,
         std: float,
         parts: int,
         then: Callable[[np.ndarray, int, int], None] | None = None,
     ) -> None:
-        """Fill ``out`` with float32 noise on the host, in ``parts`` contiguous pieces drawn in parallel.
+        """Fill ``out`` (``n`` coordinates) with float32 noise on the host, in ``parts`` contiguous
+        pieces drawn in parallel; with ``out`` ``None``, each chunk goes to ``then(chunk, lo, hi)`` from
+        a scratch buffer of its piece instead (:func:`_draw_piece`).
 
         Each piece is drawn from a keystream of its own under a fresh OS key (keyed here, on the
         calling thread, before any worker starts): one release may use several keys, never a key of
@@ -496,31 +519,25 @@ class SecureSource(RandomSource):
         """
         import torch
 
-        from veil.mechanisms.box_muller import normal_from_words
-
         host = torch.device("cpu")
-
-        def finish(base: int) -> Callable[[int, int], None] | None:
-            return None if then is None else (lambda lo, hi: then(out, base + lo, base + hi))
-
         if parts <= 1:
-            normal_from_words(out, self._release_words(host), std, finish(0))
+            _draw_piece(self._release_words(host), std, 0, n, out, then)
             return
         from concurrent.futures import ThreadPoolExecutor
 
-        bounds = [len(out) * i // parts for i in range(parts + 1)]
-        pieces = [(lo, out[lo:hi], self._release_words(host)) for lo, hi in itertools.pairwise(bounds)]
+        bounds = [n * i // parts for i in range(parts + 1)]
+        pieces = [(lo, hi, self._release_words(host)) for lo, hi in itertools.pairwise(bounds)]
         with ThreadPoolExecutor(max_workers=parts, thread_name_prefix="veil-noise") as pool:
-            futures = [
-                pool.submit(normal_from_words, piece, words, std, finish(lo)) for lo, piece, words in pieces
-            ]
+            futures = [pool.submit(_draw_piece, words, std, lo, hi, out, then) for lo, hi, words in pieces]
             for done in futures:
                 done.result()  # a failed piece fails the release
 
     def _release_words(self, device: torch.device) -> Callable[[int], Any]:
         """int32 keystream words for one release, made where the noise is needed, under a fresh key.
 
-        On the host: numpy words from the ``cryptography`` ChaCha20 of :meth:`_release_stream`. On
+        On the host: numpy words from the ``cryptography`` ChaCha20 of :meth:`_release_stream`
+        (:class:`_HostWords`: also written into a given buffer, so the host transform can take the
+        words in its output's own memory). On
         an accelerator (:func:`uses_device_keystream`): tensors from the same cipher in torch ops on
         the device (:mod:`veil.mechanisms.chacha_torch`), keyed from ``os.urandom`` on the host, so
         the noise is never drawn on the host and copied.
@@ -530,15 +547,7 @@ class SecureSource(RandomSource):
 
             self.release_keys += 1
             return DeviceKeystream(device).words
-        stream = self._release_stream()
-
-        def words(k: int) -> np.ndarray:
-            buf = np.empty(k, dtype=np.int32)
-            if k:
-                stream.fill(buf)
-            return buf
-
-        return words
+        return _HostWords(self._release_stream())
 
     def state_dict(self) -> dict[str, Any]:
         return {"secure": True}
@@ -614,6 +623,49 @@ def host_parts(n: int, threads: int) -> int:
 def uses_device_keystream(device: torch.device) -> bool:
     """Whether secure noise for ``device`` is made there (torch ChaCha20) rather than on the host."""
     return device.type != "cpu"
+
+
+def _draw_piece(
+    words: Callable[[int], Any],
+    std: float,
+    lo: int,
+    hi: int,
+    out: np.ndarray | None,
+    then: Callable[[np.ndarray, int, int], None] | None,
+) -> None:
+    """Coordinates ``lo … hi − 1`` of a host float32 draw from ``words`` (one key): into ``out[lo:hi]``,
+    ``then(out, a, b)`` after each chunk; or, ``out`` ``None``, chunk by chunk into one scratch buffer
+    handed to ``then(chunk, a, b)``. The chunks are :data:`~veil.mechanisms.box_muller.CHUNK` long
+    either way and the transform reads ``words`` chunk after chunk, so both give the same values."""
+    from veil.mechanisms.box_muller import CHUNK, normal_from_words
+
+    if out is not None:
+        done = None if then is None else (lambda a, b: then(out, lo + a, lo + b))
+        normal_from_words(out[lo:hi], words, std, done)
+        return
+    assert then is not None
+    scratch = np.empty(min(CHUNK, hi - lo), dtype=np.float32)
+    for start in range(lo, hi, CHUNK):
+        chunk = scratch[: min(CHUNK, hi - start)]
+        normal_from_words(chunk, words, std)
+        then(chunk, start, start + len(chunk))
+
+
+class _HostWords:
+    """One release's host keystream as int32 words: ``words(k)`` returns the next ``k`` in a fresh
+    array, ``words.into(buf)`` writes the next ``len(buf)`` into ``buf`` (the same stream, in order)."""
+
+    def __init__(self, stream: ChaChaKeystream) -> None:
+        self._stream = stream
+
+    def __call__(self, k: int) -> np.ndarray:
+        buf = np.empty(k, dtype=np.int32)
+        self.into(buf)
+        return buf
+
+    def into(self, buf: np.ndarray) -> None:
+        if buf.size:
+            self._stream.fill(buf)
 
 
 def _words64(stream: ChaChaKeystream) -> Callable[[int], np.ndarray]:
