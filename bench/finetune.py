@@ -201,12 +201,16 @@ def veil_split(args: argparse.Namespace) -> dict[str, np.ndarray]:
         classes=["negative", "neutral", "positive"],
         fine_tune="lora",
     )
-    n_train, n_test = args.lora_train or None, args.lora_test or None
+    # a cap takes a seeded subset, not the first rows: the split keeps the file's order, and the
+    # tweets' CSV is sorted by class (its first 8,000 training rows are all negative)
+    rng = np.random.default_rng(1)
+    train = rng.permutation(len(data.y_train))[: args.lora_train or None]
+    test = rng.permutation(len(data.y_test))[: args.lora_test or None]
     return {
-        "x": data.x_train[:n_train],
-        "y": data.y_train[:n_train],
-        "x_test": data.x_test[:n_test],
-        "y_test": data.y_test[:n_test],
+        "x": data.x_train[train],
+        "y": data.y_train[train],
+        "x_test": data.x_test[test],
+        "y_test": data.y_test[test],
     }
 
 
@@ -433,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         "--csv",
         help="LoRA parts: read the tweets from this CSV (bench/tweets_csv.py) through veil train's own "
         "loader and split (seed --seed, 20%% test), so the runs see veil train's rows; "
-        "--lora-train/--lora-test then cap the two sides (0: all)",
+        "--lora-train/--lora-test then take seeded subsets of the two sides (0: all)",
     )
     p.add_argument(
         "--lora-runs",

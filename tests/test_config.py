@@ -126,6 +126,16 @@ def test_presets_fill_only_unset_values() -> None:
     assert small.batch_size == 100  # a preset never exceeds N (q ≤ 1)
 
 
+def test_lora_lr_only_with_lora() -> None:
+    with pytest.raises(ConfigError, match="lora_lr"):
+        make_config({"model": "hf:m", "fine_tune": "head", "lora_lr": 1e-3})
+    with pytest.raises(ConfigError, match="lora_lr"):
+        make_config({"model": "mlp", "fine_tune": "lora", "lora_lr": 1e-3})
+    with pytest.raises(InvalidParameterError, match="lora_lr"):
+        make_config({"model": "hf:m", "fine_tune": "lora", "lora_lr": -1.0})
+    assert make_config({"model": "hf:m", "fine_tune": "lora", "lora_lr": 1e-3}).lora_lr == 1e-3
+
+
 def test_the_preset_follows_the_resolved_model() -> None:
     from types import SimpleNamespace
 

@@ -99,6 +99,7 @@ def test_train_text_classifier(
         (["--text-column", "nope"], "no such column"),
         (["--fine-tune", "sideways"], "fine"),
         (["--table", "reviews"], "only a sql: source has tables"),
+        (["--fine-tune", "head", "--lora-lr", "1e-3"], "lora_lr"),
     ],
 )
 def test_bad_text_inputs_exit_2_and_write_nothing(
@@ -271,3 +272,28 @@ def test_model_folder_checks_come_before_the_charge(
     (status,) = json.loads(capsys.readouterr().out)["datasets"]
     assert status["runs"] == []
     assert not (tmp_path / "run").exists()
+
+
+def test_lora_lr_puts_the_adapters_in_their_own_group(files: Path) -> None:
+    """``lora_lr``: peft's adapter weights at that rate, every other trained weight (the head) at ``lr``;
+    together exactly the trained parameters. Without it, one group at ``lr``."""
+    from veil.config import TrainConfig
+    from veil.hf import LoraSettings, build_text_classifier, inspect_folder
+    from veil.pipeline.model import make_optimizer
+
+    model = build_text_classifier(
+        inspect_folder(str(files / "model")), 2, "lora", LoraSettings(rank=2, targets=("query", "value"))
+    )
+    names = {id(p): n for n, p in model.named_parameters()}
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    base = {"dataset": "csv:x.csv", "model": f"hf:{files / 'model'}", "fine_tune": "lora"}
+    for optimizer in ("adam", "sgd"):
+        split = make_optimizer(TrainConfig(**base, optimizer=optimizer, lr=0.1, lora_lr=0.01), model)
+        by_lr = {g["lr"]: {names[id(p)] for p in g["params"]} for g in split.param_groups}
+        assert set(by_lr) == {0.01, 0.1}
+        assert by_lr[0.01] and all("lora_" in n for n in by_lr[0.01])
+        assert by_lr[0.1] and not any("lora_" in n for n in by_lr[0.1])  # the head
+        assert by_lr[0.01] | by_lr[0.1] == trained
+        one = make_optimizer(TrainConfig(**base, optimizer=optimizer, lr=0.1), model)
+        assert [g["lr"] for g in one.param_groups] == [0.1]
+        assert {names[id(p)] for p in one.param_groups[0]["params"]} == trained

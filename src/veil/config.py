@@ -121,6 +121,9 @@ class TrainConfig(BaseModel):
     lora_targets: list[str] | None = None
     """Module names that get LoRA adapters (default: peft's choice for the architecture)."""
     lora_dropout: float = 0.0
+    lora_lr: float | None = None
+    """``--fine-tune lora``: the adapters' learning rate; the head (and any other trained non-adapter
+    weight) keeps ``lr``. Default: ``lr`` for all (preset when unset)."""
 
     # -- privacy -----------------------------------------------------------------------------
     epsilon: float = 3.0
@@ -249,7 +252,13 @@ class TrainConfig(BaseModel):
         return float(v)
 
     @field_validator(
-        "noise_multiplier", "max_grad_norm", "lr", "feature_resolution", "center_clip_norm", "lora_alpha"
+        "noise_multiplier",
+        "max_grad_norm",
+        "lr",
+        "lora_lr",
+        "feature_resolution",
+        "center_clip_norm",
+        "lora_alpha",
     )
     @classmethod
     def _positive(cls, v: float | None, info: Any) -> float | None:
@@ -276,6 +285,20 @@ class TrainConfig(BaseModel):
         if v is not None and v < 1:
             raise InvalidParameterError(
                 info.field_name, v, "it counts something and must be ≥ 1", "pass an integer ≥ 1"
+            )
+        return v
+
+    @field_validator("lora_lr")
+    @classmethod
+    def _lora_lr(cls, v: float | None, info: Any) -> float | None:
+        if v is not None and (
+            info.data.get("fine_tune") != "lora" or not str(info.data.get("model")).startswith("hf:")
+        ):
+            raise ConfigError(
+                "lora_lr",
+                v,
+                "it is the learning rate of LoRA adapters, which only --model hf:DIR --fine-tune lora trains",
+                "drop --lora-lr, or pass --fine-tune lora with an hf: model",
             )
         return v
 

@@ -117,7 +117,7 @@ def fit(
     loader = DataLoader(dataset, batch_size=min(cfg.batch_size, len(dataset)))
     trained, dp_optimizer, dp_loader = engine.make_private(
         module=view.model,
-        optimizer=make_optimizer(cfg, view.model.parameters()),
+        optimizer=make_optimizer(cfg, view.model),
         data_loader=loader,
         noise_multiplier=sigma,
         max_grad_norm=cfg.max_grad_norm,

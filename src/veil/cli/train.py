@@ -119,6 +119,11 @@ def register(app: typer.Typer) -> None:
         lora_targets: str = typer.Option(
             None, "--lora-targets", help="Comma-separated module names for LoRA (default: peft's choice)."
         ),
+        lora_lr: float = typer.Option(
+            None,
+            "--lora-lr",
+            help="--fine-tune lora: the adapters' learning rate; the head keeps --lr (default: --lr).",
+        ),
         max_length: int = typer.Option(None, "--max-length", help="Tokens per text (default 128)."),
         epsilon: float = typer.Option(None, "--epsilon", help="Target ε for the whole run (default 3)."),
         delta: float = typer.Option(None, "--delta", help=DELTA_HELP),
@@ -188,6 +193,7 @@ def register(app: typer.Typer) -> None:
             "lora_rank": lora_rank,
             "lora_alpha": lora_alpha,
             "lora_targets": None if lora_targets is None else [t.strip() for t in lora_targets.split(",")],
+            "lora_lr": lora_lr,
             "max_length": max_length,
             "init_from": init_from,
             "last_k": last_k,

@@ -264,7 +264,7 @@ def _make_private(
     assert cfg.max_grad_norm is not None and cfg.batch_size is not None
     model, dp_optimizer, dp_loader = engine.make_private(
         module=view.model,
-        optimizer=make_optimizer(cfg, view.model.parameters()),
+        optimizer=make_optimizer(cfg, view.model),
         data_loader=_row_loader(plan, x_train),
         noise_multiplier=plan.steps.sigma,
         max_grad_norm=cfg.max_grad_norm,

@@ -33,6 +33,7 @@ __all__ = [
     "evaluate",
     "make_engine",
     "make_optimizer",
+    "parameter_groups",
     "trainable",
 ]
 
@@ -108,14 +109,31 @@ def trainable(full: nn.Module) -> Trainable:
     return Trainable(full, head if front is not None else full, front)
 
 
-def make_optimizer(cfg: TrainConfig, params: Any) -> torch.optim.Optimizer:
-    """The user's optimizer choice: Adam, or SGD with the configured momentum."""
+def parameter_groups(cfg: TrainConfig, model: nn.Module) -> list[dict[str, Any]]:
+    """``model``'s trained parameters as optimizer groups: with ``cfg.lora_lr`` set, LoRA's adapters
+    (peft's ``lora_*`` weights) at that rate and every other trained weight (the head) at ``cfg.lr``;
+    otherwise one group at ``cfg.lr``. Optimisation only: no privacy impact (the clipping and noise
+    see the same parameters either way)."""
+    assert cfg.lr is not None
+    params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    if cfg.lora_lr is None:
+        return [{"params": [p for _, p in params], "lr": cfg.lr}]
+    adapters = [p for name, p in params if "lora_" in name]
+    others = [p for name, p in params if "lora_" not in name]
+    groups = [{"params": adapters, "lr": cfg.lora_lr}, {"params": others, "lr": cfg.lr}]
+    return [g for g in groups if g["params"]]
+
+
+def make_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
+    """The user's optimizer choice on ``model``'s trained parameters (:func:`parameter_groups`): Adam,
+    or SGD with the configured momentum."""
     import torch
 
     assert cfg.lr is not None
+    groups = parameter_groups(cfg, model)
     if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=cfg.lr)
-    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum or 0.0)
+        return torch.optim.Adam(groups, lr=cfg.lr)
+    return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum or 0.0)
 
 
 def make_engine(cfg: TrainConfig, seed: int) -> PrivacyEngine:
