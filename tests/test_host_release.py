@@ -213,3 +213,44 @@ def test_a_secure_step_releases_its_noise_plus_the_clipped_sum_on_the_grid(
     assert np.array_equal(
         got, released if not keep else np.concatenate([t.reshape(-1).numpy() for t in sums])
     )
+
+
+def test_a_release_into_the_sums_that_fails_midway_leaves_no_sum_to_release_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A failure after some chunks were written over the clipped sums drops the accumulator: a
+    retried step releases noise on a zero sum, never a second release over the first (rev2's L1)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(600, 500), nn.ReLU(), nn.Linear(500, 3))
+    data = TensorDataset(torch.randn(32, 600), torch.randint(0, 3, (32,)))
+    model, opt, loader = PrivacyEngine().make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.0),
+        data_loader=DataLoader(data, batch_size=16),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+    )
+    opt.draw_ahead = False
+    real = optimizer_module.finisher
+    calls = [0]
+
+    def failing(sums: list[torch.Tensor], alpha: float, grid: float, *, into: bool = False) -> Callable:
+        finish = real(sums, alpha, grid, into=into)
+        assert finish is not None
+
+        def run(out: np.ndarray, lo: int, hi: int) -> None:
+            calls[0] += 1
+            if calls[0] == 2:
+                raise RuntimeError("boom")
+            finish(out, lo, hi)
+
+        return run
+
+    monkeypatch.setattr(optimizer_module, "finisher", failing)
+    x, y = next(iter(loader))
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    with pytest.raises(RuntimeError, match="boom"):
+        opt.step()
+    assert calls[0] == 2  # the release was written over part of the sums before it failed
+    assert all(bool((s == 0).all()) for s in opt.clipper.clipped_sum())

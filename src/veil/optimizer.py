@@ -242,7 +242,13 @@ class DPOptimizer(Optimizer):
         inverse = 1.0 / self._denominator
         finish = finisher(sums, inverse, grid, into=True)
         numel = sum(s.numel() for s in sums)
-        return finish is not None and self.noise_ahead.release_into(key, numel, std * inverse, finish)
+        try:
+            return finish is not None and self.noise_ahead.release_into(key, numel, std * inverse, finish)
+        except BaseException:
+            # Part of the sums may already hold the release: a retried step must not add its own
+            # release to them (a wrong scale), so the accumulator is dropped (a retry sees zero).
+            self.clipper.reset()
+            raise
 
     def _noise_groups(self) -> dict[NoiseKey, list[int]]:
         """Indices of the clipped parameters per (noise dtype, device): ≥ float32, the parameter's own."""
