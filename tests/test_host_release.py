@@ -127,6 +127,25 @@ def test_a_grid_that_is_not_a_power_of_two_is_divided_not_multiplied() -> None:
     assert np.array_equal(out, np.rint(noise / np.float32(0.3)) * np.float32(0.3))
 
 
+def _watch_finisher(
+    monkeypatch: pytest.MonkeyPatch, before_chunk: Callable[[list[torch.Tensor], bool, int, int], None]
+) -> None:
+    """The optimizer's finisher, calling ``before_chunk(sums, into, lo, hi)`` before each chunk."""
+    real = optimizer_module.finisher
+
+    def watched(sums: list[torch.Tensor], alpha: float, grid: float, *, into: bool = False) -> Callable:
+        finish = real(sums, alpha, grid, into=into)
+        assert finish is not None
+
+        def run(out: np.ndarray, lo: int, hi: int) -> None:
+            before_chunk(sums, into, lo, hi)
+            finish(out, lo, hi)
+
+        return run
+
+    monkeypatch.setattr(optimizer_module, "finisher", watched)
+
+
 def _seeded_words(seed: int) -> Callable[[int], np.ndarray]:
     gen = np.random.Generator(np.random.PCG64(seed))
     return lambda k: gen.integers(-(2**31), 2**31, size=k, dtype=np.int64).astype(np.int32)
@@ -174,19 +193,13 @@ def test_a_secure_step_releases_its_noise_plus_the_clipped_sum_on_the_grid(
 
     kept: list[list[torch.Tensor]] = []
 
-    def counting(sums: list[torch.Tensor], alpha: float, grid: float, *, into: bool = False) -> object:
+    def before_chunk(sums: list[torch.Tensor], into: bool, lo: int, hi: int) -> None:
         assert into is not keep
-        kept.append(sums)
-        finish = finisher(sums, alpha, grid, into=into)
-        assert finish is not None
+        if not finished:
+            kept.append(sums)
+        finished.append((lo, hi))
 
-        def run(out: np.ndarray, lo: int, hi: int) -> None:
-            finished.append((lo, hi))
-            finish(out, lo, hi)
-
-        return run
-
-    monkeypatch.setattr(optimizer_module, "finisher", counting)
+    _watch_finisher(monkeypatch, before_chunk)
     x, y = next(iter(loader))
     optimizer.zero_grad()
     nn.functional.cross_entropy(model(x), y).backward()
@@ -231,22 +244,14 @@ def test_a_release_into_the_sums_that_fails_midway_leaves_no_sum_to_release_agai
         max_grad_norm=1.0,
     )
     opt.draw_ahead = False
-    real = optimizer_module.finisher
     calls = [0]
 
-    def failing(sums: list[torch.Tensor], alpha: float, grid: float, *, into: bool = False) -> Callable:
-        finish = real(sums, alpha, grid, into=into)
-        assert finish is not None
+    def before_chunk(sums: list[torch.Tensor], into: bool, lo: int, hi: int) -> None:
+        calls[0] += 1
+        if calls[0] == 2:
+            raise RuntimeError("boom")
 
-        def run(out: np.ndarray, lo: int, hi: int) -> None:
-            calls[0] += 1
-            if calls[0] == 2:
-                raise RuntimeError("boom")
-            finish(out, lo, hi)
-
-        return run
-
-    monkeypatch.setattr(optimizer_module, "finisher", failing)
+    _watch_finisher(monkeypatch, before_chunk)
     x, y = next(iter(loader))
     opt.zero_grad()
     nn.functional.cross_entropy(model(x), y).backward()
