@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fashion_scatter_levers import EXTRA_SHAPES, accuracy, concat_extra, extra_feats, feats, flip_feats, head
+from fashion_scatter_levers import EXTRA_SHAPES, accuracy, head, lever_feats
 
 
 def main() -> None:
@@ -37,16 +37,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--extra", default=None, choices=sorted(EXTRA_SHAPES), help="concatenate these features")
     a = p.parse_args()
-    xtr, ytr, xte, yte = feats()
-    if a.extra:
-        etr, ete = extra_feats(a.extra)
-        xtr, xte = concat_extra(xtr, etr), concat_extra(xte, ete)
-    if a.flip == "none":
-        xtr, xte = np.asarray(xtr), np.asarray(xte)
-    else:
-        ftr, fte = flip_feats()
-        pair = (lambda u, v: np.stack([u, v], 1)) if a.flip == "views" else (lambda u, v: (u + v) / 2)
-        xtr, xte = pair(np.asarray(xtr), np.asarray(ftr)), pair(np.asarray(xte), np.asarray(fte))
+    xtr, ytr, xte, yte = lever_feats(a.extra, a.flip)
     xtr_t, xte_t = torch.from_numpy(np.ascontiguousarray(xtr)), torch.from_numpy(np.ascontiguousarray(xte))
     ytr_t, yte_t = torch.from_numpy(np.array(ytr)), torch.from_numpy(np.array(yte))
     order = torch.from_numpy(np.random.default_rng(20261201).permutation(len(ytr_t)))  # the levers' split

@@ -122,6 +122,20 @@ def flip_feats():
     return [np.load(f"{C}/flip_{s}.npy", mmap_mode="r") for s in ("train", "test")]
 
 
+def lever_feats(extra, flip):
+    """``(x_train, y_train, x_test, y_test)``: the J = 2 features, with ``extra`` features concatenated
+    and, for ``flip`` ``views``/``mean``, the mirrored images' features paired or averaged in."""
+    xtr, ytr, xte, yte = feats()
+    if extra:
+        etr, ete = extra_feats(extra)
+        xtr, xte = concat_extra(xtr, etr), concat_extra(xte, ete)
+    if flip != "none":
+        ftr, fte = flip_feats()
+        pair = (lambda u, v: np.stack([u, v], 1)) if flip == "views" else (lambda u, v: (u + v) / 2)
+        xtr, xte = pair(np.asarray(xtr), np.asarray(ftr)), pair(np.asarray(xte), np.asarray(fte))
+    return xtr, ytr, xte, yte
+
+
 class FrozenChannelNorm(nn.Module):
     """(x − mean_c) / sqrt(var_c + eps) with fixed per-channel statistics (not trained: buffers)."""
 
@@ -240,14 +254,7 @@ def main():
     )
     p.add_argument("--extra", default=None, choices=sorted(EXTRA_SHAPES), help="concatenate these features")
     a = p.parse_args()
-    xtr, ytr, xte, yte = feats()
-    if a.extra:
-        etr, ete = extra_feats(a.extra)
-        xtr, xte = concat_extra(xtr, etr), concat_extra(xte, ete)
-    if a.flip != "none":
-        ftr, fte = flip_feats()
-        pair = (lambda u, v: np.stack([u, v], 1)) if a.flip == "views" else (lambda u, v: (u + v) / 2)
-        xtr, xte = pair(np.asarray(xtr), np.asarray(ftr)), pair(np.asarray(xte), np.asarray(fte))
+    xtr, ytr, xte, yte = lever_feats(a.extra, a.flip)
     if a.memtrace:
         print("start rss", _rss_mib(), "MiB", flush=True)
     xtr_t = torch.from_numpy(np.ascontiguousarray(xtr))

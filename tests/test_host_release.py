@@ -127,6 +127,25 @@ def test_a_grid_that_is_not_a_power_of_two_is_divided_not_multiplied() -> None:
     assert np.array_equal(out, np.rint(noise / np.float32(0.3)) * np.float32(0.3))
 
 
+def _secure_mlp(
+    features: int, hidden: int, rows: int, batch: int, *, sigma: float, clip: float
+) -> tuple[PrivacyEngine, nn.Module, optimizer_module.DPOptimizer, DataLoader]:
+    """A secure (default) private MLP on random rows, lr 0, noise drawn at the step (not ahead)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, 3))
+    data = TensorDataset(torch.randn(rows, features), torch.randint(0, 3, (rows,)))
+    engine = PrivacyEngine()
+    model, optimizer, loader = engine.make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.0),
+        data_loader=DataLoader(data, batch_size=batch),
+        noise_multiplier=sigma,
+        max_grad_norm=clip,
+    )
+    optimizer.draw_ahead = False
+    return engine, model, optimizer, loader
+
+
 def _watch_finisher(
     monkeypatch: pytest.MonkeyPatch, before_chunk: Callable[[list[torch.Tensor], bool, int, int], None]
 ) -> None:
@@ -160,18 +179,7 @@ def test_a_secure_step_releases_its_noise_plus_the_clipped_sum_on_the_grid(
     the same keystream words by the reference, whether the draw is one piece or three on threads,
     and whether the release is written over the clipped sums (the default) or beside them (an
     auditor reads them: ``keep_clipped_sum``), which then still hold Σ clip(g_i)."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(30, 20), nn.ReLU(), nn.Linear(20, 3))
-    data = TensorDataset(torch.randn(16, 30), torch.randint(0, 3, (16,)))
-    engine = PrivacyEngine()
-    model, optimizer, loader = engine.make_private(
-        module=model,
-        optimizer=torch.optim.SGD(model.parameters(), lr=0.0),
-        data_loader=DataLoader(data, batch_size=8),
-        noise_multiplier=1.3,
-        max_grad_norm=0.7,
-    )
-    optimizer.draw_ahead = False
+    engine, model, optimizer, loader = _secure_mlp(30, 20, 16, 8, sigma=1.3, clip=0.7)
     optimizer.keep_clipped_sum = keep
     if pieces > 1:
         monkeypatch.setattr(rng_module, "PARALLEL_PIECE", 100)
@@ -233,17 +241,7 @@ def test_a_release_into_the_sums_that_fails_midway_leaves_no_sum_to_release_agai
 ) -> None:
     """A failure after some chunks were written over the clipped sums drops the accumulator: a
     retried step releases noise on a zero sum, never a second release over the first (rev2's L1)."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(600, 500), nn.ReLU(), nn.Linear(500, 3))
-    data = TensorDataset(torch.randn(32, 600), torch.randint(0, 3, (32,)))
-    model, opt, loader = PrivacyEngine().make_private(
-        module=model,
-        optimizer=torch.optim.SGD(model.parameters(), lr=0.0),
-        data_loader=DataLoader(data, batch_size=16),
-        noise_multiplier=1.0,
-        max_grad_norm=1.0,
-    )
-    opt.draw_ahead = False
+    _, model, opt, loader = _secure_mlp(600, 500, 32, 16, sigma=1.0, clip=1.0)
     calls = [0]
 
     def before_chunk(sums: list[torch.Tensor], into: bool, lo: int, hi: int) -> None:
