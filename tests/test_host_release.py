@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from veil import noise_ahead as noise_ahead_module
 from veil import optimizer as optimizer_module
 from veil.engine import PrivacyEngine
 from veil.host_release import finisher
@@ -179,6 +180,7 @@ def test_a_secure_step_releases_its_noise_plus_the_clipped_sum_on_the_grid(
     the same keystream words by the reference, whether the draw is one piece or three on threads,
     and whether the release is written over the clipped sums (the default) or beside them (an
     auditor reads them: ``keep_clipped_sum``), which then still hold Σ clip(g_i)."""
+    monkeypatch.setattr(noise_ahead_module, "RESERVE_COORDINATES", 0)  # drawn at the step (no reserve)
     engine, model, optimizer, loader = _secure_mlp(30, 20, 16, 8, sigma=1.3, clip=0.7)
     optimizer.keep_clipped_sum = keep
     if pieces > 1:
@@ -241,6 +243,7 @@ def test_a_release_into_the_sums_that_fails_midway_leaves_no_sum_to_release_agai
 ) -> None:
     """A failure after some chunks were written over the clipped sums drops the accumulator: a
     retried step releases noise on a zero sum, never a second release over the first (rev2's L1)."""
+    monkeypatch.setattr(noise_ahead_module, "RESERVE_COORDINATES", 0)  # drawn at the step (no reserve)
     _, model, opt, loader = _secure_mlp(600, 500, 32, 16, sigma=1.0, clip=1.0)
     calls = [0]
 
