@@ -9,7 +9,9 @@
 2. One DP-SGD step of ``bench/engine.py``'s MLP and CNN (batch 256, σ = 1, C = 1, fixed batch) in
    the modes plain, veil (secure, the default), veil-before (the same engine with the secure release
    of main 0cf85ea: its host transform, the clipped sum and grid applied by torch ops after the draw;
-   ``legacy_noise.release_of_before``), veil-urandom (the previous secure sampler) and veil-seeded.
+   ``legacy_noise.release_of_before``), veil-at-step (the default engine with the small-group reserve
+   of ``veil.noise_ahead`` switched off: every step draws its noise at the step, as before the
+   reserve), veil-urandom (the previous secure sampler) and veil-seeded.
 
 Everything runs in one process with rounds interleaved (one draw, or one step, of every source or
 mode per round), so load drift hits every source alike. Reported: the median and the best of the
@@ -40,7 +42,7 @@ from common import describe_machine, markdown_table, timing_rows
 from legacy_noise import UrandomSource, release_of_before
 from veil.mechanisms import SecureSource, SeededSource
 
-MODES = ("plain", "veil", "veil-before", "veil-urandom", "veil-seeded")
+MODES = ("plain", "veil", "veil-before", "veil-at-step", "veil-urandom", "veil-seeded")
 BASELINE = "seeded (torch.Generator)"  # torch.randn's sampler, on a generator of its own
 
 
@@ -58,13 +60,15 @@ def step_rows(
     steps = {}
     for mode in modes:
         model, data, loss = build(config)
-        engine_mode = "veil" if mode == "veil-before" else mode
+        engine_mode = "veil" if mode in ("veil-before", "veil-at-step") else mode
         model, optimizer, _, loss = make_mode(
             engine_mode, model.to(dev), data(BATCH[config]), loss, BATCH[config]
         )
         x, y = (t.to(dev) for t in data(BATCH[config]).tensors)
         # veil-before: the default engine with the secure release of main 0cf85ea (legacy_noise.py)
-        context = release_of_before if mode == "veil-before" else contextlib.nullcontext
+        context = {"veil-before": release_of_before, "veil-at-step": _no_reserve}.get(
+            mode, contextlib.nullcontext
+        )
 
         def step(
             model: Any = model,
@@ -96,6 +100,19 @@ def step_rows(
         ratios = [f"{plain_med / med:.2f}×", f"{plain_best / best:.2f}×"]
         rows.append([config, mode, med * 1e3, best * 1e3, BATCH[config] / med, *ratios])
     return rows
+
+
+@contextlib.contextmanager
+def _no_reserve() -> Any:
+    """The default engine drawing every step's noise at the step (``veil.noise_ahead``'s reserve off)."""
+    from veil import noise_ahead
+
+    saved = noise_ahead.RESERVE_COORDINATES
+    noise_ahead.RESERVE_COORDINATES = 0
+    try:
+        yield
+    finally:
+        noise_ahead.RESERVE_COORDINATES = saved
 
 
 def draw_rows(sources: dict[str, Any], size: int, rounds: int) -> list[list[object]]:
