@@ -244,6 +244,8 @@ def test_refusals_before_training(tmp_path: Path) -> None:
         train_dataset=data,
         privacy_args=_privacy(noise_multiplier=0.3, target_epsilon=1.0),
     )
+    with pytest.raises(ConfigError, match=r"resume_from_checkpoint.*restart veil's accountant"):
+        trainer.train(resume_from_checkpoint=str(tmp_path / "hf" / "checkpoint-1"))
     with pytest.raises(UnreachableTargetError, match="noise_multiplier"):
         trainer.train()
     registry = open_registry()

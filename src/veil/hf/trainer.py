@@ -23,15 +23,20 @@ optimizer, scheduler, callbacks, logging and evaluation run unchanged, while
 * the Trainer's global gradient clipping (``max_grad_norm``) is off: veil clips per example.
 
 Guarantee: that of :mod:`veil.pipeline.external` (add/remove-one on the train set's examples).
-The logged training loss (mean per example) and the evaluation metrics are not private: they are logged
-as ``non_private_loss`` and ``non_private_eval_*``.
+Only what depends on the public settings and the step is logged under its own name (``learning_rate``,
+``epoch``, ``epsilon``, ``total_flos``); everything else is not private and is logged as
+``non_private_*`` (the training loss, mean per example, as ``non_private_loss``; the evaluation metrics
+as ``non_private_eval_*``; the timings). ``total_flos`` is 0 and checkpoints hold no random generators'
+state: both would count the padded tokens of the Poisson batches.
 Refused before any row is read, each with one line (:mod:`veil.errors`): ``group_by_length`` or
 any non-random train sampling; a ``compute_loss`` override or ``compute_loss_func`` (a loss veil
-cannot check may mix examples); ``load_best_model_at_end`` (a model selection by an evaluation
-score computed without noise); several processes or GPUs (DDP, DeepSpeed, FSDP, DataParallel:
-use :mod:`veil.lightning` or ``veil train --nproc-per-node``); ``torch_compile``; resuming from a
-checkpoint (the accountant would restart); a dataset without length; a model head veil has no
-per-example loss for.
+cannot check may mix examples); an evaluation score computed without noise steering the run
+(``load_best_model_at_end``, ``save_strategy="best"``, ``EarlyStoppingCallback``, a plateau or
+greedy learning-rate schedule, ``metric_for_best_model``); ``include_num_input_tokens_seen`` (a count
+of the batches' tokens); ``auto_find_batch_size``; several processes or GPUs (DDP, DeepSpeed, FSDP,
+DataParallel: use :mod:`veil.lightning` or ``veil train --nproc-per-node``); ``torch_compile``;
+resuming from a checkpoint (the accountant would restart); a dataset without length; a model head
+veil has no per-example loss for.
 """
 
 from __future__ import annotations
