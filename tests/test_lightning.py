@@ -233,3 +233,22 @@ def test_refuses_a_resumed_fit_before_charging(tmp_path: Path) -> None:
     finally:
         registry.close()
     assert len(status.runs) == 1 and status.spent_epsilon == pytest.approx(first.epsilon, rel=1e-3)
+
+
+def test_refuses_a_second_fit_with_the_same_callback(tmp_path: Path) -> None:
+    """Fitting the same Trainer again continues the same weights: the callback's second on_fit_start is
+    refused before a second run is charged, and the first run's report stays."""
+    callback = _dp()
+    trainer = _trainer(tmp_path, callback)
+    module = Classifier()
+    trainer.fit(module, _loader())
+    report = callback.report
+    trainer.fit_loop.epoch_loop.max_steps = 8  # continue the same weights
+    with pytest.raises(ConfigError, match="second fit"):
+        trainer.fit(module, _loader())
+    assert callback.report is report and callback.run is not None and callback.run.steps == 4
+    registry = open_registry()
+    try:
+        assert len(registry.status(dataset_identity(dataset_id="toy-table"), per_run=True).runs) == 1
+    finally:
+        registry.close()

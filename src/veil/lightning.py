@@ -23,14 +23,15 @@ report written, by rank 0 alone.
 Guarantee: that of :mod:`veil.pipeline.external` (add/remove-one on the train set's examples).
 Refused before training (at ``on_fit_start``, before the budget is reserved or a row read), with one
 line each: a fit resumed from a checkpoint (``fit(..., ckpt_path=...)``: the accountant would restart
-and the report under-count ε), a strategy that restores checkpoints only after ``on_fit_start``
-(DeepSpeed, FSDP, ModelParallel), a score computed without noise steering the run (``EarlyStopping``,
-``ModelCheckpoint(monitor=...)``, a ``ReduceLROnPlateau`` scheduler: the same rule as
-:class:`veil.hf.DPTrainer`), gradient clipping by the Trainer (``gradient_clip_val``: it would clip
-the private gradient again, harmlessly but misleadingly), ``accumulate_grad_batches > 1`` (batches
-are Poisson-sampled logical batches already; set the loader's ``batch_size`` instead), more than one
-optimizer, a train loader without ``batch_size`` or over a dataset without length. What the module
-itself logs (``self.log``) is not covered, as the report says.
+and the report under-count ε) or a second fit with the same callback, a strategy that restores
+checkpoints only after ``on_fit_start`` (DeepSpeed, FSDP, ModelParallel), a score computed without
+noise steering the run (``EarlyStopping``, ``ModelCheckpoint(monitor=...)``, a ``ReduceLROnPlateau``
+scheduler: the same rule as :class:`veil.hf.DPTrainer`), gradient clipping by the Trainer
+(``gradient_clip_val``: it would clip the private gradient again, harmlessly but misleadingly),
+``accumulate_grad_batches > 1`` (batches are Poisson-sampled logical batches already; set the
+loader's ``batch_size`` instead), more than one optimizer, a train loader without ``batch_size`` or
+over a dataset without length. What the module itself logs (``self.log``) is not covered, as the
+report says.
 """
 
 from __future__ import annotations
@@ -103,6 +104,15 @@ class DifferentialPrivacy(Callback):
 
     # -- before the first batch ------------------------------------------------------------------
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.run is not None:
+            raise ConfigError(
+                "DifferentialPrivacy",
+                "a second fit",
+                "one callback accounts for one fit; a second would start a new accountant, and on the same "
+                "module (a Trainer fitted again) its report would under-count ε",
+                "build a new DifferentialPrivacy callback (and module) for another run: its spend is "
+                "charged to the same dataset",
+            )
         _refuse_unsupported(trainer)
         source = trainer.fit_loop._data_source
         loader = source.dataloader()
