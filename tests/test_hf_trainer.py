@@ -317,11 +317,15 @@ def test_evaluation_metrics_are_logged_as_non_private(tmp_path: Path) -> None:
     assert not any(k.startswith("eval_") or k == "loss" for k in last)
 
 
+class _QuietPlateau(torch.optim.lr_scheduler.ReduceLROnPlateau):
+    """A subclass: refused as its parent is."""
+
+
 def _plateau(trainer_args: Any) -> dict[str, Any]:
-    """A ReduceLROnPlateau passed as the Trainer's scheduler (``optimizers=``), not by name."""
+    """A ReduceLROnPlateau (subclass) passed as the Trainer's scheduler (``optimizers=``), not by name."""
     model = _model()
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
-    return {"model": model, "optimizers": (optimizer, torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer))}
+    return {"model": model, "optimizers": (optimizer, _QuietPlateau(optimizer))}
 
 
 _EVAL = {"eval_strategy": "steps", "eval_steps": 1}
@@ -332,7 +336,7 @@ _EVAL = {"eval_strategy": "steps", "eval_steps": 1}
     [
         ({"lr_scheduler_type": "reduce_lr_on_plateau", **_EVAL}, None, "lr_scheduler_type"),
         ({"lr_scheduler_type": "greedy", **_EVAL}, None, "lr_scheduler_type"),
-        (_EVAL, _plateau, "ReduceLROnPlateau"),
+        (_EVAL, _plateau, "_QuietPlateau"),
         ({"save_strategy": "best", "metric_for_best_model": "loss", **_EVAL}, None, "save_strategy"),
         (
             {"metric_for_best_model": "loss", **_EVAL},

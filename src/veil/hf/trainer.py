@@ -374,12 +374,15 @@ def _refuse_score_feedback(trainer: Any) -> None:
         raise noiseless_score_refused(
             "load_best_model_at_end", True, "choosing the released weights", keep_last
         )
+    from transformers import optimization
+
     scheduler = str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type))
-    given = type(trainer.lr_scheduler).__name__ if trainer.lr_scheduler is not None else None
-    if scheduler in _SCORE_SCHEDULERS or given in ("ReduceLROnPlateau", "GreedyLR"):
+    stepped_by_score = (torch.optim.lr_scheduler.ReduceLROnPlateau, *_greedy(optimization))
+    given = trainer.lr_scheduler  # one passed in optimizers=(optimizer, scheduler)
+    if scheduler in _SCORE_SCHEDULERS or isinstance(given, stepped_by_score):
         raise noiseless_score_refused(
             "lr_scheduler_type",
-            given or scheduler,
+            type(given).__name__ if isinstance(given, stepped_by_score) else scheduler,
             "setting the learning rate",
             "use a schedule fixed in advance (linear, cosine, constant, ...)",
         )
@@ -403,6 +406,12 @@ def _refuse_score_feedback(trainer: Any) -> None:
             "tracking the best checkpoint (best_metric, written unlabelled into trainer_state.json)",
             "drop metric_for_best_model",
         )
+
+
+def _greedy(optimization: Any) -> tuple[type, ...]:
+    """transformers' GreedyLR (stepped by an evaluation score), where this version has it."""
+    greedy = getattr(optimization, "GreedyLR", None)
+    return (greedy,) if isinstance(greedy, type) else ()
 
 
 def _head_name(model: Any) -> str:
