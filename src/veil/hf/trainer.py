@@ -266,9 +266,9 @@ class DPTrainer(Trainer):
         return 0
 
     def _save_rng_state(self, output_dir: str) -> None:
-        """Nothing: the random generators' states after training count the draws dropout made, one per
-        element of each padded batch (a function of the private texts' lengths, like the flops), and
-        they are needed only to resume, which DPTrainer refuses."""
+        """Nothing: the random generators' states after training depend on the draws dropout made, whose
+        number grows with the elements of each padded batch (a function of the private texts' lengths,
+        like the flops), and they are needed only to resume, which DPTrainer refuses."""
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """Add ``epsilon``; keep what is a function of the public settings and the step alone
