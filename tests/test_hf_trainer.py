@@ -244,6 +244,8 @@ def test_refusals_before_training(tmp_path: Path) -> None:
         train_dataset=data,
         privacy_args=_privacy(noise_multiplier=0.3, target_epsilon=1.0),
     )
+    with pytest.raises(ConfigError, match=r"resume_from_checkpoint.*restart veil's accountant"):
+        trainer.train(resume_from_checkpoint=str(tmp_path / "hf" / "checkpoint-1"))
     with pytest.raises(UnreachableTargetError, match="noise_multiplier"):
         trainer.train()
     registry = open_registry()
@@ -313,3 +315,98 @@ def test_evaluation_metrics_are_logged_as_non_private(tmp_path: Path) -> None:
     assert last["non_private_eval_loss"] == 0.7 and last["non_private_eval_accuracy"] == 0.5
     assert last["non_private_loss"] == 1.0
     assert not any(k.startswith("eval_") or k == "loss" for k in last)
+
+
+class _QuietPlateau(torch.optim.lr_scheduler.ReduceLROnPlateau):
+    """A subclass: refused as its parent is."""
+
+
+def _plateau(trainer_args: Any) -> dict[str, Any]:
+    """A ReduceLROnPlateau (subclass) passed as the Trainer's scheduler (``optimizers=``), not by name."""
+    model = _model()
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    return {"model": model, "optimizers": (optimizer, _QuietPlateau(optimizer))}
+
+
+_EVAL = {"eval_strategy": "steps", "eval_steps": 1}
+
+
+@pytest.mark.parametrize(
+    ("args", "extra", "match"),
+    [
+        ({"lr_scheduler_type": "reduce_lr_on_plateau", **_EVAL}, None, "lr_scheduler_type"),
+        ({"lr_scheduler_type": "greedy", **_EVAL}, None, "lr_scheduler_type"),
+        (_EVAL, _plateau, "_QuietPlateau"),
+        ({"save_strategy": "best", "metric_for_best_model": "loss", **_EVAL}, None, "save_strategy"),
+        (
+            {"metric_for_best_model": "loss", **_EVAL},
+            lambda a: {"callbacks": [transformers.EarlyStoppingCallback(early_stopping_patience=1)]},
+            "EarlyStoppingCallback",
+        ),
+        ({"metric_for_best_model": "loss", **_EVAL}, None, "metric_for_best_model"),
+        ({"include_num_input_tokens_seen": True}, None, "include_num_input_tokens_seen"),
+        ({"include_num_input_tokens_seen": "non_padding"}, None, "include_num_input_tokens_seen"),
+        ({"auto_find_batch_size": True}, None, "auto_find_batch_size"),
+    ],
+    ids=[
+        "plateau",
+        "greedy",
+        "plateau-instance",
+        "save-best",
+        "early-stopping",
+        "metric-for-best",
+        "tokens-seen",
+        "tokens-seen-non-padding",
+        "auto-batch",
+    ],
+)
+def test_refuses_a_data_dependent_switch_before_reading(
+    tmp_path: Path, args: dict[str, Any], extra: Any, match: str
+) -> None:
+    """A switch whose effect or log depends on the data without noise — an evaluation score steering
+    the learning rate, the checkpoints kept or the stop; a count of the batches' tokens; a batch size
+    retried after running out of memory — is refused when the DPTrainer is built: nothing read, nothing
+    charged, no run folder."""
+    trainer_args = _args(tmp_path, **args)
+    kwargs: dict[str, Any] = {"model": _model()}
+    if extra is not None:
+        kwargs.update(extra(trainer_args))
+    with pytest.raises(ConfigError, match=match):
+        DPTrainer(
+            args=trainer_args,
+            train_dataset=_data(20),
+            eval_dataset=_data(4),
+            privacy_args=_privacy(),
+            **kwargs,
+        )
+    registry = open_registry()
+    try:
+        assert not registry.status(dataset_identity(dataset_id="toy-tweets")).runs
+    finally:
+        registry.close()
+    assert not (tmp_path / "hf" / "veil").exists()
+
+
+def test_logs_and_checkpoints_carry_no_unlabelled_count_of_the_data(tmp_path: Path) -> None:
+    """Every key in ``log_history`` is public by construction (the step, epoch, learning rate, ε, and
+    ``total_flos``, which is 0) or labelled ``non_private_``; a checkpoint's ``trainer_state.json``
+    holds ``total_flos`` 0 (the Trainer's count is 6 × parameters × the padded tokens of each
+    Poisson batch, a function of the texts' lengths) and no random generators' state (their draws
+    count dropout's elements)."""
+    trainer = DPTrainer(
+        model=_model(),
+        args=_args(tmp_path, max_steps=2, save_strategy="steps", save_steps=2),
+        train_dataset=_data(20),
+        privacy_args=_privacy(),
+    )
+    trainer.train()
+    public = {"step", "epoch", "learning_rate", "epsilon", "total_flos"}
+    for entry in trainer.state.log_history:
+        assert all(k in public or k.startswith("non_private_") for k in entry), entry
+    assert [h["total_flos"] for h in trainer.state.log_history if "total_flos" in h] == [0]
+    checkpoint = tmp_path / "hf" / "checkpoint-2"
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    assert state["total_flos"] == 0 and state["num_input_tokens_seen"] == 0
+    assert state["best_metric"] is None
+    assert not list(checkpoint.glob("rng_state*"))
+    assert (tmp_path / "hf" / "veil" / "report.json").is_file()

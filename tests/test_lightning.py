@@ -157,3 +157,98 @@ def test_refuses_before_training(tmp_path: Path, setting: dict[str, Any], match:
     with pytest.raises(ConfigError, match=match):
         _trainer(tmp_path, callback, **setting).fit(Classifier(), _loader())
     assert callback.run is None and not (tmp_path / "veil").exists()
+
+
+class _Plateau(Classifier):
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.SGD(self.parameters(), lr=self.lr)
+        scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "monitor": "train_loss"}}
+
+
+class _LateRestore(pl.strategies.SingleDeviceStrategy):
+    """A strategy that restores checkpoints after on_fit_start, as DeepSpeed, FSDP and ModelParallel do."""
+
+    @property
+    def restore_checkpoint_after_setup(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(
+    ("setting", "module", "match"),
+    [
+        ({"callbacks": [pl.callbacks.EarlyStopping(monitor="train_loss")]}, Classifier, "EarlyStopping"),
+        (
+            {"callbacks": [pl.callbacks.ModelCheckpoint(monitor="train_loss")], "enable_checkpointing": True},
+            Classifier,
+            "ModelCheckpoint.monitor",
+        ),
+        ({}, _Plateau, "ReduceLROnPlateau"),
+        ({"strategy": _LateRestore(device=torch.device("cpu"))}, Classifier, "_LateRestore"),
+    ],
+    ids=["early-stopping", "checkpoint-monitor", "plateau", "late-restore"],
+)
+def test_refuses_a_noiseless_score_steering_the_run(
+    tmp_path: Path, setting: dict[str, Any], module: type, match: str
+) -> None:
+    """The rule DPTrainer applies: a stop, a kept checkpoint or a learning rate chosen by a score
+    computed without noise is refused at on_fit_start, before the registry is charged or a row read;
+    so is a strategy that would restore a checkpoint only after that hook."""
+    callback = _dp()
+    callbacks = [callback, *setting.pop("callbacks", [])]
+    with pytest.raises(ConfigError, match=match):
+        _trainer(tmp_path, callback, callbacks=callbacks, **setting).fit(module(), _loader())
+    assert callback.run is None and not (tmp_path / "veil").exists()
+    registry = open_registry()
+    try:
+        assert not registry.status(dataset_identity(dataset_id="toy-table")).runs
+    finally:
+        registry.close()
+
+
+def test_a_plain_checkpoint_is_kept(tmp_path: Path) -> None:
+    """ModelCheckpoint without monitor (Lightning's default: the last weights) is not a selection."""
+    callback = _dp()
+    _trainer(tmp_path, callback, enable_checkpointing=True).fit(Classifier(), _loader())
+    assert callback.run is not None and callback.run.steps == 4
+    assert list(tmp_path.glob("logs/*/checkpoints/*.ckpt"))
+
+
+def test_refuses_a_resumed_fit_before_charging(tmp_path: Path) -> None:
+    """``fit(..., ckpt_path=...)`` would continue weights that went through the first fit's noisy
+    steps with a fresh accountant (the report would under-count ε): refused at on_fit_start, before
+    the second run is charged; the first run's report and charge stay as they were."""
+    first = _dp(out=tmp_path / "first")
+    _trainer(tmp_path, first, enable_checkpointing=True).fit(Classifier(), _loader())
+    checkpoint = next(tmp_path.glob("logs/*/checkpoints/*.ckpt"))
+    report = (tmp_path / "first" / "report.json").read_text()
+    second = _dp(out=tmp_path / "second")
+    with pytest.raises(ConfigError, match="ckpt_path"):
+        _trainer(tmp_path, second, max_steps=8).fit(Classifier(), _loader(), ckpt_path=str(checkpoint))
+    assert second.run is None and not (tmp_path / "second").exists()
+    assert (tmp_path / "first" / "report.json").read_text() == report
+    registry = open_registry()
+    try:
+        status = registry.status(dataset_identity(dataset_id="toy-table"), per_run=True)
+    finally:
+        registry.close()
+    assert len(status.runs) == 1 and status.spent_epsilon == pytest.approx(first.epsilon, rel=1e-3)
+
+
+def test_refuses_a_second_fit_with_the_same_callback(tmp_path: Path) -> None:
+    """Fitting the same Trainer again continues the same weights: the callback's second on_fit_start is
+    refused before a second run is charged, and the first run's report stays."""
+    callback = _dp()
+    trainer = _trainer(tmp_path, callback)
+    module = Classifier()
+    trainer.fit(module, _loader())
+    report = callback.report
+    trainer.fit_loop.epoch_loop.max_steps = 8  # continue the same weights
+    with pytest.raises(ConfigError, match="second fit"):
+        trainer.fit(module, _loader())
+    assert callback.report is report and callback.run is not None and callback.run.steps == 4
+    registry = open_registry()
+    try:
+        assert len(registry.status(dataset_identity(dataset_id="toy-table"), per_run=True).runs) == 1
+    finally:
+        registry.close()

@@ -21,10 +21,17 @@ one noise draw across ranks, and the ranks apply the same update. The registry i
 report written, by rank 0 alone.
 
 Guarantee: that of :mod:`veil.pipeline.external` (add/remove-one on the train set's examples).
-Refused before training, with one line each: gradient clipping by the Trainer (``gradient_clip_val``:
-it would clip the private gradient again, harmlessly but misleadingly), ``accumulate_grad_batches >
-1`` (batches are Poisson-sampled logical batches already; set the loader's ``batch_size`` instead),
-more than one optimizer, a train loader without ``batch_size`` or over a dataset without length.
+Refused before training (at ``on_fit_start``, before the budget is reserved or a row read), with one
+line each: a fit resumed from a checkpoint (``fit(..., ckpt_path=...)``: the accountant would restart
+and the report under-count ε) or a second fit with the same callback, a strategy that restores
+checkpoints only after ``on_fit_start`` (DeepSpeed, FSDP, ModelParallel), a score computed without
+noise steering the run (``EarlyStopping``, ``ModelCheckpoint(monitor=...)``, a ``ReduceLROnPlateau``
+scheduler: the same rule as :class:`veil.hf.DPTrainer`), gradient clipping by the Trainer
+(``gradient_clip_val``: it would clip the private gradient again, harmlessly but misleadingly),
+``accumulate_grad_batches > 1`` (batches are Poisson-sampled logical batches already; set the
+loader's ``batch_size`` instead), more than one optimizer, a train loader without ``batch_size`` or
+over a dataset without length. What the module itself logs (``self.log``) is not covered, as the
+report says.
 """
 
 from __future__ import annotations
@@ -33,7 +40,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from veil.errors import ConfigError
-from veil.pipeline.external import ExternalRun, PrivacyTarget, planned_steps
+from veil.pipeline.external import (
+    ExternalRun,
+    PrivacyTarget,
+    noiseless_score_refused,
+    planned_steps,
+    resume_refused,
+)
 
 try:
     import lightning.pytorch as pl
@@ -91,6 +104,15 @@ class DifferentialPrivacy(Callback):
 
     # -- before the first batch ------------------------------------------------------------------
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.run is not None:
+            raise ConfigError(
+                "DifferentialPrivacy",
+                "a second fit",
+                "one callback accounts for one fit; a second would start a new accountant, and on the same "
+                "module (a Trainer fitted again) its report would under-count ε",
+                "build a new DifferentialPrivacy callback (and module) for another run: its spend is "
+                "charged to the same dataset",
+            )
         _refuse_unsupported(trainer)
         source = trainer.fit_loop._data_source
         loader = source.dataloader()
@@ -173,6 +195,25 @@ class DifferentialPrivacy(Callback):
 
 
 def _refuse_unsupported(trainer: pl.Trainer) -> None:
+    """Everything that breaks the guarantee, refused at ``on_fit_start``: before the budget is
+    reserved and before the engine reads a row (its forward probe)."""
+    if trainer.strategy.restore_checkpoint_after_setup:
+        raise ConfigError(
+            "strategy",
+            type(trainer.strategy).__name__,
+            "this strategy restores a checkpoint only after on_fit_start, when the run is already charged "
+            "and rows read, so a resume (which would under-count ε) could not be refused in time; its "
+            "sharded layers are not what veil's per-sample clipping sees either",
+            'use strategy="ddp" (or one device)',
+        )
+    if trainer.ckpt_path is not None:
+        raise resume_refused(
+            "ckpt_path",
+            str(trainer.ckpt_path),
+            "fit from the start (a new run, charged to the same dataset), or train with veil train, "
+            "whose --resume continues the ledger",
+        )
+    _refuse_score_feedback(trainer)
     if trainer.gradient_clip_val:
         raise ConfigError(
             "gradient_clip_val",
@@ -196,6 +237,39 @@ def _refuse_unsupported(trainer: pl.Trainer) -> None:
             "one DP optimizer accounts for every step; other optimizers' steps would go unaccounted",
             "return one optimizer over every trainable parameter",
         )
+
+
+def _refuse_score_feedback(trainer: pl.Trainer) -> None:
+    """The Lightning switches that feed a score computed without noise back into the run, refused for
+    the reason :class:`veil.hf.DPTrainer` refuses its own
+    (:func:`veil.pipeline.external.noiseless_score_refused`): ``EarlyStopping`` (a stop chosen by the
+    score), ``ModelCheckpoint(monitor=...)`` (the weights kept chosen by it) and a
+    ``ReduceLROnPlateau`` scheduler (the learning rate set by it)."""
+    for stopping in trainer.early_stopping_callbacks:
+        raise noiseless_score_refused(
+            "EarlyStopping",
+            stopping.monitor,
+            "stopping training",
+            "drop EarlyStopping: the run stops at its planned steps (max_steps / max_epochs)",
+        )
+    for checkpoint in trainer.checkpoint_callbacks:
+        monitor = getattr(checkpoint, "monitor", None)
+        if monitor is not None:
+            raise noiseless_score_refused(
+                "ModelCheckpoint.monitor",
+                monitor,
+                "choosing which weights are kept",
+                "drop monitor (ModelCheckpoint keeps the last weights), or select among runs with veil "
+                "tune (a DP score)",
+            )
+    for config in trainer.lr_scheduler_configs:
+        if config.reduce_on_plateau:
+            raise noiseless_score_refused(
+                "lr_scheduler",
+                type(config.scheduler).__name__,
+                "setting the learning rate",
+                "use a schedule fixed in advance (StepLR, CosineAnnealingLR, ...)",
+            )
 
 
 def _bypass_gradient_averaging(trainer: pl.Trainer) -> None:

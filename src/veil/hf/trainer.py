@@ -23,15 +23,20 @@ optimizer, scheduler, callbacks, logging and evaluation run unchanged, while
 * the Trainer's global gradient clipping (``max_grad_norm``) is off: veil clips per example.
 
 Guarantee: that of :mod:`veil.pipeline.external` (add/remove-one on the train set's examples).
-The logged training loss (mean per example) and the evaluation metrics are not private: they are logged
-as ``non_private_loss`` and ``non_private_eval_*``.
+Only what depends on the public settings and the step is logged under its own name (``learning_rate``,
+``epoch``, ``epsilon``, ``total_flos``); everything else is not private and is logged as
+``non_private_*`` (the training loss, mean per example, as ``non_private_loss``; the evaluation metrics
+as ``non_private_eval_*``; the timings). ``total_flos`` is 0 and checkpoints hold no random generators'
+state: both would count the padded tokens of the Poisson batches.
 Refused before any row is read, each with one line (:mod:`veil.errors`): ``group_by_length`` or
 any non-random train sampling; a ``compute_loss`` override or ``compute_loss_func`` (a loss veil
-cannot check may mix examples); ``load_best_model_at_end`` (a model selection by an evaluation
-score computed without noise); several processes or GPUs (DDP, DeepSpeed, FSDP, DataParallel:
-use :mod:`veil.lightning` or ``veil train --nproc-per-node``); ``torch_compile``; resuming from a
-checkpoint (the accountant would restart); a dataset without length; a model head veil has no
-per-example loss for.
+cannot check may mix examples); an evaluation score computed without noise steering the run
+(``load_best_model_at_end``, ``save_strategy="best"``, ``EarlyStoppingCallback``, a plateau or
+greedy learning-rate schedule, ``metric_for_best_model``); ``include_num_input_tokens_seen`` (a count
+of the batches' tokens); ``auto_find_batch_size``; several processes or GPUs (DDP, DeepSpeed, FSDP,
+DataParallel: use :mod:`veil.lightning` or ``veil train --nproc-per-node``); ``torch_compile``;
+resuming from a checkpoint (the accountant would restart); a dataset without length; a model head
+veil has no per-example loss for.
 """
 
 from __future__ import annotations
@@ -47,7 +52,13 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, IterableDataset
 
 from veil.errors import ConfigError
-from veil.pipeline.external import ExternalRun, PrivacyTarget, planned_steps
+from veil.pipeline.external import (
+    ExternalRun,
+    PrivacyTarget,
+    noiseless_score_refused,
+    planned_steps,
+    resume_refused,
+)
 from veil.text.batch_lookups import batch_of, expand_shared_lookups
 from veil.text.load import require_transformers
 
@@ -61,6 +72,11 @@ from transformers import Trainer  # noqa: E402
 __all__ = ["DPTrainer", "PrivacyArguments"]
 
 _HEADS = ("ForSequenceClassification", "ForTokenClassification")
+# What the Trainer logs that depends on the public settings and the step alone; anything else is
+# relabelled non_private_* (see DPTrainer.log).
+_PUBLIC_LOGS = frozenset({"learning_rate", "epoch", "total_flos", "epsilon"})
+# Schedulers that step on an evaluation score (transformers' SchedulerType values).
+_SCORE_SCHEDULERS = ("reduce_lr_on_plateau", "greedy")
 
 
 @dataclass(frozen=True)
@@ -175,10 +191,9 @@ class DPTrainer(Trainer):
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs.get("resume_from_checkpoint") or (args and args[0]):
-            raise ConfigError(
+            raise resume_refused(
                 "resume_from_checkpoint",
                 kwargs.get("resume_from_checkpoint", args[0] if args else None),
-                "a resumed Trainer would restart veil's accountant and under-count ε",
                 "train in one run (or use veil train, whose --resume continues the ledger)",
             )
         try:
@@ -243,13 +258,28 @@ class DPTrainer(Trainer):
         )
         return (loss, outputs) if return_outputs else loss
 
+    def floating_point_ops(self, inputs: dict[str, Any]) -> int:
+        """0: the Trainer's count (6 × parameters × the padded tokens of each batch) is a function of the
+        private texts' lengths, and it reaches ``total_flos`` in the log, every checkpoint's
+        ``trainer_state.json`` and every ``report_to`` integration. No public count replaces it: under
+        dynamic padding the only public length is the tokenizer's maximum, which misstates the work."""
+        return 0
+
+    def _save_rng_state(self, output_dir: str) -> None:
+        """Nothing: the random generators' states after training depend on the draws dropout made, whose
+        number grows with the elements of each padded batch (a function of the private texts' lengths,
+        like the flops), and they are needed only to resume, which DPTrainer refuses."""
+
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        """Add ``epsilon`` (and the step count behind it); relabel the non-private training loss and every
-        evaluation metric (``eval_*``, computed without noise) as ``non_private_*``."""
+        """Add ``epsilon``; keep what is a function of the public settings and the step alone
+        (``learning_rate``, ``epoch``, ``total_flos`` which is 0); drop the pre-noise ``grad_norm``;
+        relabel everything else as ``non_private_*``: the training loss, every evaluation metric, the
+        timings and memory figures (functions of the batches' padded sizes) and whatever a callback
+        adds. Private by construction: a key veil does not know is never logged under its own name."""
         logs = dict(logs)
-        for key in [k for k in logs if k in ("loss", "train_loss") or k.startswith("eval_")]:
-            logs[f"non_private_{key}"] = logs.pop(key)  # computed without noise: labelled so
         logs.pop("grad_norm", None)  # the gradient before noise: not private, and not the update
+        for key in [k for k in logs if k not in _PUBLIC_LOGS and not k.startswith("non_private_")]:
+            logs[f"non_private_{key}"] = logs.pop(key)  # computed from the data without noise: labelled so
         if self.privacy.engine is not None:
             logs["epsilon"] = self.privacy.record_epsilon()
         super().log(logs, start_time)
@@ -290,13 +320,22 @@ def _refuse_unsupported(trainer: Any) -> None:
             "custom loss may mix examples (a batch mean over tokens, in-batch negatives, ...)",
             "use DPTrainer's loss (each example's cross-entropy), or train with veil.PrivacyEngine",
         )
-    if getattr(args, "load_best_model_at_end", False):
+    _refuse_score_feedback(trainer)
+    if getattr(args, "include_num_input_tokens_seen", "no") not in ("no", False):
         raise ConfigError(
-            "load_best_model_at_end",
+            "include_num_input_tokens_seen",
+            args.include_num_input_tokens_seen,
+            "the count of tokens in the Poisson-sampled batches is a function of the private texts' "
+            "lengths, logged without noise (num_input_tokens_seen, tokens per second, trainer_state.json)",
+            "drop include_num_input_tokens_seen",
+        )
+    if getattr(args, "auto_find_batch_size", False):
+        raise ConfigError(
+            "auto_find_batch_size",
             True,
-            "choosing the released weights by an evaluation score computed without noise is a model "
-            "selection that DP-SGD's accounting does not cover when the evaluation rows are private",
-            "keep the last model (the default), or select among runs with veil tune (a DP score)",
+            "a retry with a smaller batch after running out of memory changes the sampling rate mid-run "
+            "and depends on the private batches' padded sizes",
+            "drop auto_find_batch_size and set per_device_train_batch_size (the physical batch) to fit",
         )
     if getattr(args, "torch_compile", False):
         raise ConfigError(
@@ -322,6 +361,57 @@ def _refuse_unsupported(trainer: Any) -> None:
             "DPTrainer's per-example loss is the cross-entropy of a classification head",
             "use an AutoModelForSequenceClassification or ...ForTokenClassification model",
         )
+
+
+def _refuse_score_feedback(trainer: Any) -> None:
+    """Every Trainer switch that feeds an evaluation score (computed without noise) back into the run,
+    refused before a row is read: choosing the released weights, keeping the best checkpoint, stopping
+    early, a learning rate set by the score, and ``metric_for_best_model`` itself (whose only uses are
+    these, and whose best value would be written unlabelled into ``trainer_state.json``)."""
+    args = trainer.args
+    keep_last = "keep the last model (the default), or select among runs with veil tune (a DP score)"
+    if getattr(args, "load_best_model_at_end", False):
+        raise noiseless_score_refused(
+            "load_best_model_at_end", True, "choosing the released weights", keep_last
+        )
+    from transformers import optimization
+
+    scheduler = str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type))
+    stepped_by_score = (torch.optim.lr_scheduler.ReduceLROnPlateau, *_greedy(optimization))
+    given = trainer.lr_scheduler  # one passed in optimizers=(optimizer, scheduler)
+    if scheduler in _SCORE_SCHEDULERS or isinstance(given, stepped_by_score):
+        raise noiseless_score_refused(
+            "lr_scheduler_type",
+            type(given).__name__ if isinstance(given, stepped_by_score) else scheduler,
+            "setting the learning rate",
+            "use a schedule fixed in advance (linear, cosine, constant, ...)",
+        )
+    if str(getattr(args.save_strategy, "value", args.save_strategy)) == "best":
+        raise noiseless_score_refused(
+            "save_strategy", "best", "choosing which checkpoints are kept", 'save by "steps" or "epoch"'
+        )
+    from transformers import EarlyStoppingCallback
+
+    if any(isinstance(c, EarlyStoppingCallback) for c in trainer.callback_handler.callbacks):
+        raise noiseless_score_refused(
+            "callbacks",
+            "EarlyStoppingCallback",
+            "stopping training",
+            "drop EarlyStoppingCallback: the run stops at its planned steps (max_steps / num_train_epochs)",
+        )
+    if getattr(args, "metric_for_best_model", None) is not None:
+        raise noiseless_score_refused(
+            "metric_for_best_model",
+            args.metric_for_best_model,
+            "tracking the best checkpoint (best_metric, written unlabelled into trainer_state.json)",
+            "drop metric_for_best_model",
+        )
+
+
+def _greedy(optimization: Any) -> tuple[type, ...]:
+    """transformers' GreedyLR (stepped by an evaluation score), where this version has it."""
+    greedy = getattr(optimization, "GreedyLR", None)
+    return (greedy,) if isinstance(greedy, type) else ()
 
 
 def _head_name(model: Any) -> str:

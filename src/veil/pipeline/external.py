@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from veil.accounting.calibrate import calibrate_noise, dpsgd_event, epsilon_of
 from veil.accounting.events import PrivacyEvent, SelfComposed
-from veil.errors import BudgetExhaustedError, InvalidParameterError, UnreachableTargetError
+from veil.errors import BudgetExhaustedError, ConfigError, InvalidParameterError, UnreachableTargetError
 from veil.pipeline.run_folder import check_out, write_files
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from veil.engine import PrivacyEngine, PrivateTraining
     from veil.registry.charge import DatasetCharge
 
-__all__ = ["ExternalRun", "PrivacyTarget", "planned_steps"]
+__all__ = ["ExternalRun", "PrivacyTarget", "noiseless_score_refused", "planned_steps", "resume_refused"]
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,34 @@ def planned_steps(n: int, batch_size: int, epochs: float, max_steps: int | None)
     if max_steps is not None and max_steps > 0:
         return per_epoch, int(max_steps)
     return per_epoch, max(1, math.ceil(epochs * per_epoch))
+
+
+def resume_refused(name: str, value: Any, fix: str) -> ConfigError:
+    """The refusal of a fit resumed from a checkpoint, the same reason for every adapter (raised before
+    :meth:`ExternalRun.begin`): the framework would continue weights that already went through noisy
+    steps while a new run's accountant starts at zero, so the report would under-count ε."""
+    return ConfigError(
+        name,
+        value,
+        "a resumed fit would restart veil's accountant: the weights went through the earlier steps too, "
+        "and the report would state only the ε of the steps after the resume",
+        fix,
+    )
+
+
+def noiseless_score_refused(name: str, value: Any, use: str, fix: str) -> ConfigError:
+    """The refusal of a switch that feeds a score computed without noise (an evaluation metric, or a
+    metric of the training rows) back into the run: ``use`` says what it steers ("choosing the
+    released weights", "stopping training", "setting the learning rate"). The choice would depend on
+    rows through a channel DP-SGD's noise does not cover, and it is reflected in what is released
+    (the weights, the steps the report accounts, the logged learning rate)."""
+    return ConfigError(
+        name,
+        value,
+        f"{use} by a score computed without noise is a data-dependent choice that DP-SGD's accounting "
+        "does not cover (the rows it is computed on, evaluation or training, are treated as private)",
+        fix,
+    )
 
 
 class ExternalRun:
