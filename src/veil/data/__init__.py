@@ -366,9 +366,10 @@ def check_request(
     """Every refusal of :func:`load_dataset` that needs no row of the data: a unit column without a
     schema, a SQL source without a schema or with a password in its URL, a schema on data that is no
     table, a schema that does not load or is not reviewed (a typo in it), a ``target`` the schema
-    does not name, and the user's own file (``csv:``/``parquet:``/``npz:``) without a declared label
-    set. :func:`load_dataset` runs it first; a job that charges the budget runs it before the charge,
-    so that such public mistakes are refused for free (``classes_fix``: the job's way to declare)."""
+    does not name, and the user's own file (``csv:``/``parquet:``/``npz:``) missing or without a
+    declared label set. :func:`load_dataset` runs it first; a job that charges the budget runs it
+    before the charge, so that such public mistakes are refused for free (``classes_fix``: the job's
+    way to declare the label set)."""
     if privacy_unit is not None and schema is None:
         raise ConfigError(
             "privacy_unit",
@@ -378,9 +379,13 @@ def check_request(
             'type = "ignored"',
         )
     if schema is None and not name.startswith("sql:"):
-        scheme = name.partition(":")[0] if ":" in name else ""
-        if scheme in USER_SCHEMES and classes is None:
-            raise undeclared_classes(classes_fix)
+        scheme, _, path = name.partition(":") if ":" in name else ("", "", "")
+        if scheme in USER_SCHEMES and path:
+            from veil.data.tabular import data_file
+
+            data_file(path)  # a missing file first: the fix is elsewhere
+            if classes is None:
+                raise undeclared_classes(classes_fix)
         return
     from veil.tables.sources import hide_password, refuse_password_in_url
 

@@ -2,7 +2,8 @@
 
 Order of work (everything that can refuse runs before anything is written or charged):
 
-1. settings, schema (reviewed), public domain from the schema, size checks on the domain;
+1. settings, schema (reviewed), public domain from the schema, size checks on the domain, a first
+   noise the sampler can draw (:func:`check_noise_scale`: from ε, δ and the domain alone);
 2. the run folder must be new; the run is charged to the dataset's privacy budget (``veil budget``):
    its whole zCDP budget ρ is reserved, or the run refused, before a row is read, and the charge is
    settled to the ledger's events at the end — once a row is read, a run that stops (any error) stays
@@ -35,7 +36,7 @@ from veil.errors import DataError, InvalidParameterError
 from veil.synth.domain import Domain, codes_from_features, domain_from_schema
 from veil.synth.settings import SynthSettings
 
-__all__ = ["check_domain", "checks_on_n", "read_codes", "run_synth"]
+__all__ = ["check_domain", "check_noise_scale", "checks_on_n", "read_codes", "run_synth"]
 
 
 def check_domain(domain: Domain, settings: SynthSettings) -> None:
@@ -100,6 +101,26 @@ def read_weighted_codes(
 
     kept, weights, units = unit_weights(encoded.units)
     return codes[kept], weights, units
+
+
+def check_noise_scale(settings: SynthSettings, domain: Domain, rho: float) -> None:
+    """Refuse, before a row is read, a first-round noise the sampler cannot draw: the 1-way marginals'
+    std (from ε, δ and the domain's size, all public) past the range of the secure lattice sampler.
+    Whether that noise also swamps the counts needs N, which is private: :func:`checks_on_n`."""
+    from veil.synth.measure import std_for
+
+    sigma1 = _first_sigma(settings, len(domain), rho)
+    try:
+        for size in set(domain.sizes):
+            std_for(sigma1, size, settings.secure_rng)
+    except InvalidParameterError:
+        raise InvalidParameterError(
+            "epsilon",
+            settings.epsilon,
+            f"the 1-way marginals would need noise of std {sigma1:.3g} per count, beyond what the "
+            "secure sampler can draw, so not even one column's distribution could be measured",
+            "raise --epsilon (or --delta)",
+        ) from None
 
 
 def checks_on_n(delta: float, sigma1: float, n: int) -> list[str]:
@@ -194,6 +215,7 @@ def _run(settings: SynthSettings, account: _Account) -> dict[str, Any]:
     out = Path(settings.out) if settings.out is not None else default_out(settings.dataset, "synth")
     check_out(out)
     rho = rho_for_epsilon(settings.epsilon, settings.delta)
+    check_noise_scale(settings, domain, rho)  # public: ε, δ and the domain only
     account.reserve(settings, rho)  # the budget registry: refused here, before a row is read
     account.reading()  # from here the reservation stands, whatever happens
     codes, weights, n = read_weighted_codes(settings, schema, domain)  # n: rows, or units
