@@ -150,3 +150,18 @@ def test_augment_a_builtin_cannot_take_is_refused_before_anything_is_charged(
     assert code == 2 and "augment" in err and "Traceback" not in err
     assert _show(capsys)["runs"] == []
     assert not (tmp_path / "run").exists()
+
+
+def test_a_train_without_a_label_set_is_refused_before_anything_is_charged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A user file without --classes is refused by the loader's row-free check
+    (:func:`veil.data.check_request`), run before the stand-in is reserved: nothing is charged."""
+    data = tmp_path / "d.csv"
+    data.write_text("a,y\n" + "".join(f"{i},{i % 2}\n" for i in range(40)))
+    code = main(["train", "--dataset", f"csv:{data}", "--target", "y", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and "classes=None" in err and len(err.strip().splitlines()) == 1
+    assert main(["budget", "show", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["datasets"] == []
+    assert not (tmp_path / "run").exists()

@@ -156,6 +156,41 @@ def test_a_record_level_run_over_budget_is_refused_with_nothing_written_or_charg
     assert _show(capsys, "digits")["runs"] == []
 
 
+TYPO_SCHEMA = """
+reviewed = true
+[columns.a]
+type = "numeric"
+bounds = [-3.0, 3.0]
+[columns.y]
+role = "target"
+clases = ["0", "1"]
+"""
+
+
+@pytest.mark.parametrize("mode", ["record-level", "client-level"])
+@pytest.mark.parametrize("mistake", ["schema typo", "no label set"])
+def test_public_mistakes_are_refused_before_anything_is_charged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], mode: str, mistake: str
+) -> None:
+    """A typo in the reviewed schema, a table without a declared label set: refused as by ``veil
+    train``, one line, exit 2, before the run is charged (review revA, finding 5: the record-level
+    stand-in used to be reserved, then marked read, before these checks)."""
+    rng = np.random.default_rng(0)
+    data = tmp_path / "d.csv"
+    data.write_text("a,y\n" + "".join(f"{rng.normal():.3f},{int(rng.integers(0, 2))}\n" for _ in range(60)))
+    (tmp_path / "bad.toml").write_text(TYPO_SCHEMA)
+    extra = ("--schema", str(tmp_path / "bad.toml")) if mistake == "schema typo" else ("--target", "y")
+    out = tmp_path / "fl"
+    argv = ("federated", "--mode", mode, "--dataset", f"csv:{data}", *extra, "--clients", "3", "--rounds",
+            "2", "--epsilon", "4", "--delta", "1e-3", "--out", str(out))  # fmt: skip
+    code, _, err = _cli(capsys, *argv)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert ("clases" if mistake == "schema typo" else "classes=None") in err
+    assert not out.exists()
+    code, shown, _ = _cli(capsys, "budget", "show", "--json")
+    assert code == 0 and json.loads(shown)["datasets"] == []  # no run, not even a dataset recorded
+
+
 def test_a_stopped_run_is_charged_its_rounds_and_a_resume_the_rest_under_one_record(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

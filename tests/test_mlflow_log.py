@@ -7,6 +7,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from _docs_examples import code_blocks
@@ -61,10 +62,46 @@ def test_train_run_read_back_from_mlflow(
         report["non_private"]["test_accuracy"]
     )
     assert "non_private.test_accuracy" in run.data.tags["non_private_metrics"]
-    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"report.html", "report.json"} <= artifacts
-    local = Path(client.download_artifacts(run.info.run_id, "report.json", str(tmp_path / "back")))
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "release")}
+    assert artifacts == {"release/report.html", "release/report.json"}
+    local = Path(client.download_artifacts(run.info.run_id, "release/report.json", str(tmp_path / "back")))
     assert json.loads(local.read_text())["epsilon_spent"] == report["epsilon_spent"]
+
+
+def test_mlflow_receives_the_public_report_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review revA, finding 6: the artifacts are ``release/``'s public report (no ``non_private``
+    section, no fingerprint of the private file), the parameters the public report's; what is not
+    private is a metric named ``non_private.*`` and listed in the run's tags."""
+    import hashlib
+
+    monkeypatch.chdir(tmp_path)  # a store given by URI keeps artifacts under ./mlruns
+    rng = np.random.default_rng(0)
+    x = np.round(rng.normal(size=(300, 3)), 4)
+    rows = "".join(f"{a},{b},{c},{int(a > 0)}\n" for a, b, c in x)
+    (tmp_path / "d.csv").write_text("a,b,c,y\n" + rows)
+    digest = hashlib.sha256((tmp_path / "d.csv").read_bytes()).hexdigest()
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    argv = ["train", "--dataset", f"csv:{tmp_path / 'd.csv'}", "--target", "y", "--classes", "0,1",
+            "--model", "logreg", "--epochs", "1", "--no-baseline", "--delta", "1e-4", "--out",
+            str(tmp_path / "run"), "--mlflow", store]  # fmt: skip
+    assert main(argv) == 0
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["dataset_budget"]["dataset_id"] == f"sha256:{digest}"  # the operator's report has it
+    client = mlflow.MlflowClient(tracking_uri=store)
+    (run,) = client.search_runs([client.get_experiment_by_name("veil").experiment_id])
+    back = Path(client.download_artifacts(run.info.run_id, "", str(tmp_path / "back")))
+    files = sorted(p.relative_to(back).as_posix() for p in back.rglob("*") if p.is_file())
+    assert files == ["release/report.html", "release/report.json"]
+    for name in files:
+        text = (back / name).read_text()
+        assert digest[:16] not in text and "test_accuracy" not in text, name
+    assert "non_private" not in json.loads((back / "release" / "report.json").read_text())
+    logged = [*run.data.params.values(), *run.data.tags.values()]
+    assert not any(digest[:16] in str(v) for v in logged)
+    assert run.data.tags["veil.release_ready"] == str(report["guarantee"]["release_ready"])
+    private = {k for k in run.data.metrics if k != "epsilon"}
+    assert private and all(k.startswith("non_private.") for k in private)
+    assert set(run.data.tags["non_private_metrics"].split(",")) == private
 
 
 def test_params_and_curve_of_an_external_run_report() -> None:

@@ -52,7 +52,7 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("missing file", lambda t: ["--dataset", f"csv:{t / 'none.csv'}", "--target", "y"], "does not exist"),
     (
         "missing target",
-        lambda t: ["--dataset", _csv(t, "a,y\n" + ROWS), "--target", "label"],
+        lambda t: ["--dataset", _csv(t, "a,y\n" + ROWS), "--target", "label", "--classes", "0,1"],
         "no such column",
     ),
     ("undeclared labels", lambda t: ["--dataset", _csv(t, "a,y\n" + ROWS), "--target", "y"], "--classes"),

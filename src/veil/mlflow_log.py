@@ -1,22 +1,30 @@
 """A finished job's run folder, logged to MLflow (``--mlflow [TRACKING_URI]``; the extra ``veil[mlflow]``).
 
 Called once per job, after its ``report.json`` and ``report.html`` are written (the report is the one
-source: nothing is recomputed from the data). What is logged:
+source: nothing is recomputed from the data). A tracking store is shared and outlives the run folder,
+so it receives what ``release/`` may publish, and nothing of the internal report but its labelled
+``non_private`` numbers. What is logged:
 
-* parameters — the privacy settings as the report states them: target ε, δ, σ, C, q, planned and
-  taken steps, accountant, neighbouring relation, privacy unit, dataset identity, job;
-* the metric ``epsilon`` against the step — the report's own curve when it has one, else the curve of
-  the report's DP-SGD plan (:func:`veil.accounting.calibrate.epsilon_curve`, after its preprocessing
+* parameters — the privacy settings as the *public* report states them
+  (:func:`veil.report.schema.public_view`): target ε, δ, σ, C, q, planned and taken steps,
+  accountant, neighbouring relation, privacy unit, dataset, job;
+* the metric ``epsilon`` against the step — the public report's own curve when it has one, else the
+  curve of its DP-SGD plan (:func:`veil.accounting.calibrate.epsilon_curve`, after its preprocessing
   release) up to the steps taken, else the one ε the report states;
-* every number of the report's ``non_private`` section as a metric ``non_private.<name>``; the run's
-  tag ``non_private_metrics`` lists them, and ``veil.non_private`` explains they are not covered;
-* ``report.html`` and ``report.json`` as artifacts.
+* every number of the report's ``non_private`` section as a metric ``non_private.<name>`` — the
+  prefix is added here to every one of them and to nothing else, so such a metric is labelled by its
+  name; the run's tag ``non_private_metrics`` lists them, and ``veil.non_private`` explains they are
+  not covered;
+* ``release/report.html`` and ``release/report.json`` (the public report, without the ``non_private``
+  section or the dataset's fingerprint) as artifacts under ``release/``; the internal report, the
+  ledger and the model are not logged.
 
 Tracking location: ``TRACKING_URI`` as MLflow understands it (``http://host:5000``,
 ``sqlite:///path.db``, ...); ``local`` (a bare ``--mlflow``) is a SQLite store ``mlflow.db`` with
 artifacts under ``mlartifacts/``, both in the run folder's parent (so every run under ``runs/`` lands
-in one store). Privacy: the logged values are the report's, so what is private in the report is
-private here and what is not is labelled ``non_private``.
+in one store). Privacy: the parameters, the curve, the tag ``veil.release_ready`` and the artifacts
+come from the public report, so they are covered by its guarantee; what is not is labelled
+``non_private``.
 """
 
 from __future__ import annotations
@@ -72,8 +80,12 @@ def tracking_location(uri: str, run_dir: Path) -> tuple[str, str | None]:
 
 def log_report(report: Mapping[str, Any], uri: str, *, job: str) -> str:
     """Log the job whose report is ``report`` (its ``out_dir`` holds the files); returns the MLflow run id."""
+    from veil.pipeline.run_folder import RELEASE
+    from veil.report.schema import public_view
+
     mlflow = _mlflow()
     run_dir = Path(report["out_dir"])
+    public = public_view(report)
     tracking, artifacts = tracking_location(uri, run_dir)
     client = mlflow.MlflowClient(tracking_uri=tracking)
     experiment = client.get_experiment_by_name(EXPERIMENT)
@@ -82,18 +94,19 @@ def log_report(report: Mapping[str, Any], uri: str, *, job: str) -> str:
         if experiment is not None
         else client.create_experiment(EXPERIMENT, artifact_location=artifacts)
     )
-    run = client.create_run(experiment_id, run_name=run_dir.name, tags=_tags(report, job))
+    metrics = non_private_metrics(report)
+    run = client.create_run(experiment_id, run_name=run_dir.name, tags=_tags(public, job, metrics))
     run_id: str = run.info.run_id
     try:
-        for key, value in params_of(report, job).items():
+        for key, value in params_of(public, job).items():
             client.log_param(run_id, key, value)
-        for step, eps in epsilon_points(report):
+        for step, eps in epsilon_points(public):
             client.log_metric(run_id, "epsilon", eps, step=step)
-        for key, value in non_private_metrics(report).items():
+        for key, value in metrics.items():
             client.log_metric(run_id, key, value)
         for name in ("report.html", "report.json"):
-            if (run_dir / name).is_file():
-                client.log_artifact(run_id, str(run_dir / name))
+            if (run_dir / RELEASE / name).is_file():
+                client.log_artifact(run_id, str(run_dir / RELEASE / name), artifact_path=RELEASE)
     except BaseException:
         client.set_terminated(run_id, status="FAILED")
         raise
@@ -170,11 +183,11 @@ def non_private_metrics(report: Mapping[str, Any]) -> dict[str, float]:
     }
 
 
-def _tags(report: Mapping[str, Any], job: str) -> dict[str, str]:
-    names = sorted(non_private_metrics(report))
+def _tags(public: Mapping[str, Any], job: str, metrics: Mapping[str, float]) -> dict[str, str]:
+    names = sorted(metrics)
     return {
         "veil.job": job,
-        "veil.release_ready": str(report.get("release_ready")),
+        "veil.release_ready": str(_flat(public).get("release_ready")),
         "non_private_metrics": ",".join(names),
         "veil.non_private": "metrics named non_private.* are computed from the data without privacy and "
         "are not covered by the run's (ε, δ) guarantee",

@@ -33,6 +33,7 @@ __all__ = [
     "DEFAULT_DATA_DIRS",
     "Dataset",
     "check_labels",
+    "check_request",
     "drop_unlabelled",
     "encode_labels",
     "load_dataset",
@@ -141,13 +142,7 @@ def encode_labels(
     The label set is public by declaration: it fixes the model's output width, so reading it off the
     private rows would reveal a row whose label is unique. Without a declaration the data is refused."""
     if declared is None:
-        raise ConfigError(
-            "classes",
-            None,
-            "the label set sets the model's output width; read off the private rows it would reveal a "
-            "row whose label is unique, so veil never takes it from the data",
-            "declare the public label set in class order: --classes a,b,c (config key classes)",
-        )
+        raise undeclared_classes()
     index = {c: i for i, c in enumerate(declared)}
     missing = ("", "nan", "none", "null")
     codes = []
@@ -157,6 +152,20 @@ def encode_labels(
             text = str(v).strip()  # a class declared as "1.0" still matches the real 1.0
         codes.append(index.get(text, NO_LABEL if text.lower() in missing else UNDECLARED))
     return np.array(codes, dtype=np.int64), list(declared)
+
+
+CLASSES_FIX = "declare the public label set in class order: --classes a,b,c (config key classes)"
+
+
+def undeclared_classes(fix: str = CLASSES_FIX) -> ConfigError:
+    """The one refusal of user data without a declared label set."""
+    return ConfigError(
+        "classes",
+        None,
+        "the label set sets the model's output width; read off the private rows it would reveal a "
+        "row whose label is unique, so veil never takes it from the data",
+        fix,
+    )
 
 
 def _label_text(value: Any) -> str:
@@ -323,14 +332,7 @@ def load_dataset(
     declares it; a built-in dataset or a schema declares its own, and a different declaration is
     refused). ``privacy_unit``: a column of a table read through its schema, grouping rows by person
     (refused before reading for any other data); the split is then by unit (:func:`split_by_unit`)."""
-    if privacy_unit is not None and schema is None:
-        raise ConfigError(
-            "privacy_unit",
-            privacy_unit,
-            "the unit column must be declared an identifier (never a feature) before the table is read",
-            f'read the table through a reviewed schema (--schema) that declares [columns."{privacy_unit}"] '
-            'type = "ignored"',
-        )
+    check_request(name, schema=schema, target=target, classes=classes, privacy_unit=privacy_unit)
     if schema is not None or name.startswith("sql:"):
         data = _load_with_schema(name, schema, target, table, query, test_fraction, seed, privacy_unit)
     else:
@@ -350,6 +352,72 @@ def load_dataset(
             "drop --classes, or change the declaration where it is made",
         )
     return data
+
+
+def check_request(
+    name: str,
+    *,
+    schema: str | None = None,
+    target: str | None = None,
+    classes: list[str] | None = None,
+    privacy_unit: str | None = None,
+    classes_fix: str = CLASSES_FIX,
+) -> None:
+    """Every refusal of :func:`load_dataset` that needs no row of the data: a unit column without a
+    schema, a SQL source without a schema or with a password in its URL, a schema on data that is no
+    table, a schema that does not load or is not reviewed (a typo in it), a ``target`` the schema
+    does not name, and the user's own file (``csv:``/``parquet:``/``npz:``) missing or without a
+    declared label set. :func:`load_dataset` runs it first; a job that charges the budget runs it
+    before the charge, so that such public mistakes are refused for free (``classes_fix``: the job's
+    way to declare the label set)."""
+    if privacy_unit is not None and schema is None:
+        raise ConfigError(
+            "privacy_unit",
+            privacy_unit,
+            "the unit column must be declared an identifier (never a feature) before the table is read",
+            f'read the table through a reviewed schema (--schema) that declares [columns."{privacy_unit}"] '
+            'type = "ignored"',
+        )
+    if schema is None and not name.startswith("sql:"):
+        scheme, _, path = name.partition(":") if ":" in name else ("", "", "")
+        if scheme in USER_SCHEMES and path:
+            from veil.data.tabular import data_file
+
+            data_file(path)  # a missing file first: the fix is elsewhere
+            if classes is None:
+                raise undeclared_classes(classes_fix)
+        return
+    from veil.tables.sources import hide_password, refuse_password_in_url
+
+    shown = "sql:" + hide_password(name[4:]) if name.startswith("sql:") else name
+    if schema is None:
+        raise ConfigError(
+            "dataset",
+            shown,
+            "a SQL table's columns, levels, bounds and classes must be declared before it is read",
+            "pass --schema SCHEMA.toml (draft one with `veil schema infer`, then review it)",
+        )
+    if name.startswith("sql:"):
+        refuse_password_in_url(name[4:])
+    if name.partition(":")[0] not in ("csv", "parquet", "sql"):
+        raise ConfigError(
+            "dataset",
+            name,
+            "a schema describes a table",
+            "use csv:PATH, parquet:PATH or sql:URL with --schema",
+        )
+    from veil.tables.schema import load_schema
+
+    loaded = load_schema(schema)
+    loaded.require_reviewed(schema)
+    declared = loaded.target
+    if target is not None and (declared is None or declared.name != target):
+        raise ConfigError(
+            "target",
+            target,
+            f"the schema's target column is {declared.name if declared else 'not declared'}",
+            "drop --target (the schema says which column is the label) or fix the schema",
+        )
 
 
 def _load(
@@ -402,37 +470,11 @@ def _load_with_schema(
     seed: int,
     privacy_unit: str | None = None,
 ) -> Dataset:
-    """A table read and encoded through its reviewed schema (see :mod:`veil.tables.dataset`)."""
-    from veil.tables.sources import hide_password, refuse_password_in_url
-
-    shown = "sql:" + hide_password(name[4:]) if name.startswith("sql:") else name
-    if schema is None:
-        raise ConfigError(
-            "dataset",
-            shown,
-            "a SQL table's columns, levels, bounds and classes must be declared before it is read",
-            "pass --schema SCHEMA.toml (draft one with `veil schema infer`, then review it)",
-        )
-    if name.startswith("sql:"):
-        refuse_password_in_url(name[4:])
-    if name.partition(":")[0] not in ("csv", "parquet", "sql"):
-        raise ConfigError(
-            "dataset",
-            name,
-            "a schema describes a table",
-            "use csv:PATH, parquet:PATH or sql:URL with --schema",
-        )
+    """A table read and encoded through its reviewed schema (see :mod:`veil.tables.dataset`); the
+    checks that need no row ran already (:func:`check_request`)."""
     from veil.tables.dataset import load_schema_table
-    from veil.tables.schema import load_schema
 
-    declared = load_schema(schema).target
-    if target is not None and (declared is None or declared.name != target):
-        raise ConfigError(
-            "target",
-            target,
-            f"the schema's target column is {declared.name if declared else 'not declared'}",
-            "drop --target (the schema says which column is the label) or fix the schema",
-        )
+    assert schema is not None
     loaded = load_schema_table(name, schema, table=table, query=query, unit_column=privacy_unit)
     x, y, classes = loaded.encoded.x, loaded.encoded.y, loaded.encoded.classes
     assert y is not None

@@ -30,6 +30,7 @@ from veil.federated.settings import FederatedRunError, FederatedSettings
 __all__ = [
     "FederatedRunError",
     "charged",
+    "check_request",
     "plan",
     "report_files",
     "run_simulation_engine",
@@ -41,6 +42,21 @@ def plan(s: FederatedSettings) -> FederatedSettings:
     """Check the data and its partition, and calibrate σ (client level). Returns the settings to run."""
     check_data(s)
     return _with_sigma(s) if s.mode == "client-level" else s
+
+
+def check_request(s: FederatedSettings) -> None:
+    """What the loader would refuse without reading a row (:func:`veil.data.check_request`), checked
+    before the run is charged: such input is refused for free, as by ``veil train``."""
+    from veil.data import check_request as check_data_request
+
+    check_data_request(
+        s.dataset,
+        schema=s.table_schema or None,
+        target=s.target or None,
+        privacy_unit=s.privacy_unit or None,
+        classes_fix="read the table through a reviewed schema (--schema) whose target column declares "
+        "its classes",
+    )
 
 
 def check_data(s: FederatedSettings) -> None:
@@ -155,6 +171,8 @@ def charged(s: FederatedSettings, run_dir: Path, *, resume: bool = False) -> Ite
     from veil.federated.charge import FederatedCharge
     from veil.federated.local import federation
 
+    if not resume:
+        check_request(s)  # public mistakes (a schema typo, no label set) refused before any charge
     account = FederatedCharge.before_reading(s, resume=resume)  # before a row is read
     try:
         if resume:

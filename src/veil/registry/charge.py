@@ -224,7 +224,8 @@ class DatasetCharge:
         if self.run_id is not None:
             self.registry.note_run(self.run_id, _user(), None if report is None else str(report))
         status = self.registry.status(self.identity, per_run=False)
-        return budget_section(status, self.run_id, events, self.registry.run_notes())
+        released = self.registry.released_id(status.dataset_id)
+        return budget_section(status, self.run_id, events, self.registry.run_notes(), released)
 
     def settle(self, events: Sequence[PrivacyEvent]) -> None:
         """Charge what the job actually released (its ledger's events) in place of the plan."""
@@ -288,9 +289,9 @@ def budget_section_for(
         dataset_id = registry.name_of(dataset_id) or dataset_id  # a file recorded for a name
         if run_id and registry.run(run_id) is not None:
             registry.note_run(run_id, _user(), None if report is None else str(report))
-        return budget_section(
-            registry.status(dataset_id, per_run=False), run_id, events, registry.run_notes()
-        )
+        status = registry.status(dataset_id, per_run=False)
+        released = registry.released_id(status.dataset_id)
+        return budget_section(status, run_id, events, registry.run_notes(), released)
 
 
 def _user() -> str | None:

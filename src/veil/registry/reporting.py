@@ -15,6 +15,7 @@ from typing import Any
 
 from veil.accounting.events import Neighbouring, PrivacyEvent
 from veil.registry.compose import DEFAULT_ACCOUNTANT, events_from_json, spent_epsilon
+from veil.registry.identity import FINGERPRINT_KINDS
 
 __all__ = [
     "CHARGED",
@@ -214,6 +215,7 @@ def budget_section(
     run_id: str | None = None,
     events: Sequence[PrivacyEvent] | None = None,
     info: Mapping[str, Mapping[str, Any]] | None = None,
+    released_id: str | None = None,
 ) -> dict[str, Any]:
     """A report's ``dataset_budget`` section: the dataset's budget, the composed spend of its charged
     runs (``run_id`` counted with ``events``, what it released, in place of its plan) and each run's
@@ -221,6 +223,10 @@ def budget_section(
 
     ``spent_delta`` is the δ the total is stated at (the budget's, or without a budget the sum of the
     runs' own δ); a DP preprocessing release (``veil schema infer --epsilon``) is one of the runs.
+
+    ``released_id`` is the id ``release/`` names the dataset by
+    (:func:`veil.registry.public_ids.released_id`); without it, the dataset's own id unless that is a
+    content fingerprint (a function of the private rows), in which case the release withholds it.
     """
     relation = Neighbouring(status.neighbouring)
     runs = [r for r in status.runs if r.charged]
@@ -255,8 +261,11 @@ def budget_section(
                 "report": extra.get("report"),
             }
         )
+    if released_id is None and not status.dataset_id.startswith(FINGERPRINT_KINDS):
+        released_id = status.dataset_id
     return {
         "dataset_id": status.dataset_id,
+        "released_id": released_id,
         "label": status.label,
         "unit": "row",
         "neighbouring": status.neighbouring,

@@ -13,13 +13,24 @@ of its own, so that a registry made before it gains it by ``create_all`` (no col
 ``veil_budget_fingerprints``: the content fingerprint (``sha256:``/``dir-sha256:``) of each file a named
 dataset was read from, one name per fingerprint (:mod:`veil.registry.fingerprints`); created by
 ``create_all`` in a registry made before it, like the two above.
+``veil_budget_public_ids``: the random id a release names a content-fingerprinted dataset by
+(:mod:`veil.registry.public_ids`); created by ``create_all`` like the three above.
 """
 
 from __future__ import annotations
 
 from sqlalchemy import Column, Float, ForeignKey, Index, MetaData, String, Table, Text
 
-__all__ = ["SCHEMA_VERSION", "datasets", "fingerprints", "metadata", "run_info", "runs", "units"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "datasets",
+    "fingerprints",
+    "metadata",
+    "public_ids",
+    "run_info",
+    "runs",
+    "units",
+]
 
 SCHEMA_VERSION = 1
 
@@ -79,4 +90,14 @@ fingerprints = Table(
     Column("dataset_id", String(255), ForeignKey("veil_budget_datasets.dataset_id"), nullable=False),
     Column("first_seen", String(32), nullable=False),
     Index("ix_veil_budget_fingerprints_dataset", "dataset_id"),
+)
+
+public_ids = Table(
+    "veil_budget_public_ids",
+    metadata,
+    # A random id per content-fingerprinted dataset: what a release names it by (the fingerprint is a
+    # function of the private rows and stays in the registry). Created by create_all, like the above.
+    Column("dataset_id", String(255), primary_key=True),
+    Column("public_id", String(64), nullable=False, unique=True),
+    Column("created_at", String(32), nullable=False),
 )

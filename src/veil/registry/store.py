@@ -170,6 +170,13 @@ class BudgetRegistry:
         status = dataset_status(row, run_rows, per_run)
         return replace(status, privacy_unit=unit_of(self.db, dataset_id), fingerprints=files)
 
+    def released_id(self, dataset_id: str) -> str:
+        """The id a release names ``dataset_id`` by: a random one for a content fingerprint
+        (:func:`veil.registry.public_ids.released_id`)."""
+        from veil.registry.public_ids import released_id
+
+        return released_id(self.db, dataset_id)
+
     def statuses(self) -> list[DatasetStatus]:
         return [self.status(d) for d in self.dataset_ids()]
 

@@ -83,6 +83,7 @@ NON_PRIVATE_NAMES = frozenset(
         "vote_margins",
         "epsilon_lower_bound",
         "mia",
+        "checks_on_n",
     }
 )
 """Names of figures computed from private data without noise: only in ``non_private``."""
@@ -288,10 +289,16 @@ def _paths(key: str, value: Any) -> Iterable[str]:
             yield from _paths(f"{key}.{k}", v)
 
 
+WITHHELD_ID = "withheld (a fingerprint of the private file; the operator's report holds it)"
+"""The released ``dataset_budget.dataset_id`` when the section names no id fit to release."""
+
+
 def public_view(report: Mapping[str, Any]) -> dict[str, Any]:
     """What ``release/report.json`` holds: the report without ``non_private``, without the paths it
-    labels non-private elsewhere (``non_private.labelled_elsewhere``), without local paths and without
-    the users and report folders of the dataset's runs."""
+    labels non-private elsewhere (``non_private.labelled_elsewhere``), without local paths, without
+    the users and report folders of the dataset's runs, and with the dataset named by its released id
+    (``dataset_budget.released_id``: never the content fingerprint, which is a function of the private
+    rows; :mod:`veil.registry.public_ids`), or :data:`WITHHELD_ID` when the section names none."""
     out = copy.deepcopy(dict(report))
     labelled = (out.pop("non_private", None) or {}).get("labelled_elsewhere") or {}
     job = out.get("job")
@@ -305,7 +312,11 @@ def public_view(report: Mapping[str, Any]) -> dict[str, Any]:
     out["files"] = {k: v for k, v in (out.get("files") or {}).items() if k in released}
     out["files"].update(_PUBLIC_FILES)
     budget = out.get("dataset_budget")
-    if isinstance(budget, dict):  # who ran what, and where on this machine: for the DPO only
+    if isinstance(budget, dict):
+        # The registry's id of a file read without --dataset-id is its SHA-256, a function of every
+        # private row: the release names the dataset by the registry's random id for it instead.
+        budget["dataset_id"] = budget.pop("released_id", None) or WITHHELD_ID
+        # who ran what, and where on this machine: for the DPO only
         budget["runs"] = [{k: v for k, v in r.items() if k not in ("user", "report")} for r in budget["runs"]]
     return out
 

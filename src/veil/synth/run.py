@@ -2,12 +2,14 @@
 
 Order of work (everything that can refuse runs before anything is written or charged):
 
-1. settings, schema (reviewed), public domain from the schema, size checks on the domain;
+1. settings, schema (reviewed), public domain from the schema, size checks on the domain, a first
+   noise the sampler can draw (:func:`check_noise_scale`: from ε, δ and the domain alone);
 2. the run folder must be new; the run is charged to the dataset's privacy budget (``veil budget``):
    its whole zCDP budget ρ is reserved, or the run refused, before a row is read, and the charge is
-   settled to the ledger's events at the end — once a row is read, a run that stops (δ ≥ 1/N, noise
-   above N, any error) stays charged with its plan, never released; the table is read and encoded (a
-   column the schema does not declare is refused by the reader); δ < 1/N; the 1-way noise below N;
+   settled to the ledger's events at the end — once a row is read, a run that stops (any error) stays
+   charged with its plan, never released; the table is read and encoded (a column the schema does not
+   declare is refused by the reader). N is private here: δ against 1/N and the 1-way noise against N
+   are notes in the internal report (:func:`checks_on_n`), never a refusal or a message;
 3. the ledger is created, then the mechanism runs, each event appended to the ledger (fsync'ed)
    as it is released; the (ε, δ) is the RDP accountant's composition of the ledger's events and is
    checked against the target before any output is written;
@@ -34,7 +36,7 @@ from veil.errors import DataError, InvalidParameterError
 from veil.synth.domain import Domain, codes_from_features, domain_from_schema
 from veil.synth.settings import SynthSettings
 
-__all__ = ["check_domain", "read_codes", "run_synth"]
+__all__ = ["check_domain", "check_noise_scale", "checks_on_n", "read_codes", "run_synth"]
 
 
 def check_domain(domain: Domain, settings: SynthSettings) -> None:
@@ -101,15 +103,48 @@ def read_weighted_codes(
     return codes[kept], weights, units
 
 
-def _check_noise(sigma1: float, n: int, settings: SynthSettings) -> None:
-    if sigma1 >= n:
+def check_noise_scale(settings: SynthSettings, domain: Domain, rho: float) -> None:
+    """Refuse, before a row is read, a first-round noise the sampler cannot draw: the 1-way marginals'
+    std (from ε, δ and the domain's size, all public) past the range of the secure lattice sampler.
+    Whether that noise also swamps the counts needs N, which is private: :func:`checks_on_n`."""
+    from veil.synth.measure import std_for
+
+    sigma1 = _first_sigma(settings, len(domain), rho)
+    try:
+        for size in set(domain.sizes):
+            std_for(sigma1, size, settings.secure_rng)
+    except InvalidParameterError:
         raise InvalidParameterError(
             "epsilon",
             settings.epsilon,
-            f"the 1-way marginals would get noise of std {sigma1:.3g} per count, above the table's "
-            f"{n} records (rows, or units), so not even one column's distribution could be measured",
-            "raise --epsilon (or --delta), or synthesize a larger table",
+            f"the 1-way marginals would need noise of std {sigma1:.3g} per count, beyond what the "
+            "secure sampler can draw, so not even one column's distribution could be measured",
+            "raise --epsilon (or --delta)",
+        ) from None
+
+
+def checks_on_n(delta: float, sigma1: float, n: int) -> list[str]:
+    """What the exact record count N (rows, or units) says about the run: δ against 1/N and the 1-way
+    marginals' noise std against N, as notes for the report's internal ``non_private`` section.
+
+    Synth treats N as private (the model's row count N̂ comes from the noisy marginals), so once the
+    rows are read nothing may depend on N but the accounted mechanism: these checks never refuse,
+    never print, and never reach ``release/`` (a refusal at N = 1000 and none at N = 999 would reveal
+    one record). Both conditions leave the (ε, δ) guarantee intact: a δ ≥ 1/N is a weak guarantee, and
+    a noise above N a useless table, not a privacy failure.
+    """
+    notes = []
+    if delta >= 1.0 / n:
+        notes.append(
+            f"δ = {delta:g} ≥ 1/N (N = {n} records): the guarantee would allow a mechanism that "
+            "publishes a whole record; choose δ well below 1/N for the next run on this table"
         )
+    if sigma1 >= n:
+        notes.append(
+            f"the 1-way marginals got noise of std {sigma1:.3g} per count, above the table's {n} "
+            "records: the synthetic table carries little of the data's distribution; raise --epsilon"
+        )
+    return notes
 
 
 def _first_sigma(settings: SynthSettings, d: int, rho: float) -> float:
@@ -135,8 +170,8 @@ class _Account:
     :class:`~veil.accounting.events.ZeroConcentrated` event before a row is read (refused: nothing
     written, nothing charged), settled to the ledger's events (MST's and AIM's measurements and
     selections, chosen as they go, their ρ summing to at most the reserved ρ, so their RDP curve lies
-    below α·ρ). Once a row was read the reservation stands: a run that fails afterwards (say on a check
-    of N) is settled at its plan, never released."""
+    below α·ρ). Once a row was read the reservation stands: a run that fails afterwards is settled at
+    its plan, never released."""
 
     def __init__(self) -> None:
         self.account: Any = None
@@ -169,7 +204,6 @@ def _run(settings: SynthSettings, account: _Account) -> dict[str, Any]:
     from veil.accounting.ledger import Ledger
     from veil.accounting.zcdp import rho_for_epsilon
     from veil.mechanisms.rng import make_source
-    from veil.pipeline.data import check_delta
     from veil.pipeline.run_folder import LEDGER, check_out, default_out
     from veil.tables.schema import load_schema
 
@@ -181,11 +215,11 @@ def _run(settings: SynthSettings, account: _Account) -> dict[str, Any]:
     out = Path(settings.out) if settings.out is not None else default_out(settings.dataset, "synth")
     check_out(out)
     rho = rho_for_epsilon(settings.epsilon, settings.delta)
+    check_noise_scale(settings, domain, rho)  # public: ε, δ and the domain only
     account.reserve(settings, rho)  # the budget registry: refused here, before a row is read
     account.reading()  # from here the reservation stands, whatever happens
     codes, weights, n = read_weighted_codes(settings, schema, domain)  # n: rows, or units
-    check_delta(settings.delta, n)
-    _check_noise(_first_sigma(settings, len(domain), rho), n, settings)
+    notes = checks_on_n(settings.delta, _first_sigma(settings, len(domain), rho), n)  # internal only
     rng = make_source(settings.secure_rng, settings.seed)
 
     out.mkdir(parents=True, exist_ok=True)
@@ -206,7 +240,7 @@ def _run(settings: SynthSettings, account: _Account) -> dict[str, Any]:
     account.ledger = ledger
     try:
         fit = _fit(settings, codes, domain, rho, rng, ledger, weights)
-        report = _finish(settings, schema, domain, codes, fit, rho, rng, ledger, out, start)
+        report = _finish(settings, schema, domain, codes, fit, rho, rng, ledger, out, start, notes)
     finally:
         ledger.close()
     return report
@@ -250,6 +284,7 @@ def _finish(
     ledger: Any,
     out: Path,
     start: float,
+    notes: list[str],
 ) -> dict[str, Any]:
     from veil.accounting.rdp import RDPAccountant
     from veil.pipeline.run_folder import write_files
@@ -266,7 +301,7 @@ def _finish(
         )
     fit_seconds = time.perf_counter() - start
     files = table_files(fit.codes, domain, schema, rng)
-    report = build_report(settings, domain, codes, fit, rho, spent, fit_seconds, out, list(files))
+    report = build_report(settings, domain, codes, fit, rho, spent, fit_seconds, out, list(files), notes)
     write_files(out, {**files, "report.json": _json(report), "report.html": render_report(report)})
     ledger.append("end", epsilon=spent, files=sorted([*files, "report.json", "report.html"]))
     publish(out, report, files)

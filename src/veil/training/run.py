@@ -68,9 +68,21 @@ def _open_charge(cfg: TrainConfig, *, refuse_if_spent: bool = True) -> DatasetCh
 
 
 def _check_declarations(cfg: TrainConfig) -> None:
-    """Refuse what is wrong in the user's own files before the budget check, which could otherwise
-    hide it behind "budget exhausted": today the table schema (syntax, types, reviewed). Reads no row."""
-    if cfg.table_schema is not None:
+    """Refuse what is wrong in the user's own declarations before the budget check, which could
+    otherwise hide it behind "budget exhausted" (or charge a run refused on public input): the table
+    schema (syntax, types, reviewed) and, for the data :func:`veil.data.load_dataset` reads, every
+    check it makes without a row (:func:`veil.data.check_request`: a missing label set, ...)."""
+    if not cfg.stream and cfg.text_column is None and not cfg.model.startswith("hf:"):
+        from veil.data import check_request
+
+        check_request(
+            cfg.dataset,
+            schema=cfg.table_schema,
+            target=cfg.target,
+            classes=cfg.classes,
+            privacy_unit=cfg.privacy_unit,
+        )
+    elif cfg.table_schema is not None:
         from veil.tables.schema import load_schema
 
         load_schema(cfg.table_schema).require_reviewed(cfg.table_schema)
