@@ -165,3 +165,28 @@ def test_a_train_without_a_label_set_is_refused_before_anything_is_charged(
     assert main(["budget", "show", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["datasets"] == []
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("mistake", ["no label set", "schema typo"])
+def test_a_tune_refused_on_public_input_charges_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], mistake: str
+) -> None:
+    """``veil tune`` runs the same row-free checks as ``veil train``
+    (:func:`veil.pipeline.data.check_declarations`) before it reserves anything."""
+    data = tmp_path / "d.csv"
+    data.write_text("a,y\n" + "".join(f"{i},{i % 2}\n" for i in range(40)))
+    args = ["tune", "--dataset", f"csv:{data}", "--epsilon", "1", "--out", str(tmp_path / "run")]
+    if mistake == "schema typo":
+        schema = tmp_path / "s.toml"
+        schema.write_text(
+            '[columns.a]\ntype = "numeric"\nrole = "feature"\nbounds = [0, 40]\n'
+            '[columns.y]\ntype = "categorical"\nrole = "target"\nclases = ["0", "1"]\n'
+        )
+        args += ["--schema", str(schema)]
+    code = main(args)
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert ("classes=None" if mistake == "no label set" else "unknown key") in err
+    assert main(["budget", "show", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["datasets"] == []
+    assert not (tmp_path / "run").exists()

@@ -22,7 +22,15 @@ if TYPE_CHECKING:
     from veil.data import Dataset
     from veil.data.preprocess import PreprocessingPlan
 
-__all__ = ["Prepared", "UsesPrepared", "check_delta", "load_data", "prepare", "release_preprocessing"]
+__all__ = [
+    "Prepared",
+    "UsesPrepared",
+    "check_declarations",
+    "check_delta",
+    "load_data",
+    "prepare",
+    "release_preprocessing",
+]
 
 
 @dataclass
@@ -122,6 +130,28 @@ def load_data(cfg: TrainConfig, *, streaming: bool = False, units: bool = False)
         classes=cfg.classes,
         privacy_unit=cfg.privacy_unit,
     )
+
+
+def check_declarations(cfg: TrainConfig) -> None:
+    """Refuse what is wrong in the user's own declarations before the budget check (``veil train`` and
+    ``veil tune``), which could otherwise hide it behind "budget exhausted" (or charge a run refused
+    on public input): the table schema (syntax, types, reviewed) and, for the data
+    :func:`veil.data.load_dataset` reads, every check it makes without a row
+    (:func:`veil.data.check_request`: a missing label set, ...)."""
+    if not cfg.stream and cfg.text_column is None and not cfg.model.startswith("hf:"):
+        from veil.data import check_request
+
+        check_request(
+            cfg.dataset,
+            schema=cfg.table_schema,
+            target=cfg.target,
+            classes=cfg.classes,
+            privacy_unit=cfg.privacy_unit,
+        )
+    elif cfg.table_schema is not None:
+        from veil.tables.schema import load_schema
+
+        load_schema(cfg.table_schema).require_reviewed(cfg.table_schema)
 
 
 def check_delta(delta: float, n: int) -> None:

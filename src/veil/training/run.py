@@ -39,6 +39,7 @@ from veil.accounting.ledger import Ledger, RunLock
 from veil.config import TrainConfig, load_config_file, make_config, write_config
 from veil.errors import CheckpointError, ConfigError, DataError, InvalidParameterError, RunInterrupted
 from veil.pipeline import checkpoints as ckpt
+from veil.pipeline.data import check_declarations
 from veil.pipeline.loop import RunPlan
 from veil.pipeline.private_data import stand_in_plan
 from veil.pipeline.run_folder import CONFIG, LEDGER, check_out, default_out
@@ -65,27 +66,6 @@ def _open_charge(cfg: TrainConfig, *, refuse_if_spent: bool = True) -> DatasetCh
         # Should the loader accept it, the identity error stands: no run is left unrecorded.
         prepare_run(cfg, None, check=False)
         raise
-
-
-def _check_declarations(cfg: TrainConfig) -> None:
-    """Refuse what is wrong in the user's own declarations before the budget check, which could
-    otherwise hide it behind "budget exhausted" (or charge a run refused on public input): the table
-    schema (syntax, types, reviewed) and, for the data :func:`veil.data.load_dataset` reads, every
-    check it makes without a row (:func:`veil.data.check_request`: a missing label set, ...)."""
-    if not cfg.stream and cfg.text_column is None and not cfg.model.startswith("hf:"):
-        from veil.data import check_request
-
-        check_request(
-            cfg.dataset,
-            schema=cfg.table_schema,
-            target=cfg.target,
-            classes=cfg.classes,
-            privacy_unit=cfg.privacy_unit,
-        )
-    elif cfg.table_schema is not None:
-        from veil.tables.schema import load_schema
-
-        load_schema(cfg.table_schema).require_reviewed(cfg.table_schema)
 
 
 def _planned_events(
@@ -166,7 +146,7 @@ def train(
             overrides = dict(make_config(config or {}).model_dump(exclude_unset=True))
         return _resume(Path(resume), overrides, progress, t0)
     cfg = config if isinstance(config, TrainConfig) else make_config(config or {})
-    _check_declarations(cfg)  # mistakes found without the data come before the budget's verdict
+    check_declarations(cfg)  # mistakes found without the data come before the budget's verdict
     _check_public(cfg)  # what needs no row is refused before anything is charged
     charge = _open_charge(cfg)  # refuses an exhausted dataset before a row is read
     try:

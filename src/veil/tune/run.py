@@ -32,7 +32,7 @@ from veil.accounting.tuning import TrialCount, trial_rdp
 from veil.config import make_config
 from veil.errors import ConfigError, InvalidParameterError
 from veil.pipeline.budget import plan_steps
-from veil.pipeline.data import check_delta
+from veil.pipeline.data import check_declarations, check_delta
 from veil.pipeline.private_data import record_mask
 from veil.pipeline.run_folder import check_out, default_out
 from veil.presets import apply_presets, preset_for
@@ -169,7 +169,8 @@ def tune(
         "secure_rng": True,
         **(extra or {}),
     }
-    make_config({**base, "epsilon": epsilon})  # typos and wrong types refused before anything else
+    # typos and wrong types, then the data's declarations (a label set, a schema), refused for free
+    check_declarations(make_config({**base, "epsilon": epsilon}))
     if space is None and not dims and not tune_anyway:
         refuse_benchmark_preset(dataset, epsilon)
     out_dir = Path(out if out is not None else default_out(dataset, job="tune"))
