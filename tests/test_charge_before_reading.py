@@ -190,3 +190,56 @@ def test_a_tune_refused_on_public_input_charges_nothing(
     assert main(["budget", "show", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["datasets"] == []
     assert not (tmp_path / "run").exists()
+
+
+_TYPO_SCHEMA = """reviewed = true
+[columns."aa"]
+type = "numeric"
+bounds = [-4, 4]
+[columns."b"]
+type = "numeric"
+bounds = [-4, 4]
+[columns."y"]
+role = "target"
+classes = ["0", "1"]
+"""
+
+_HEADER_MISTAKES = {
+    "train: --target not in the header": ["train", "--target", "yy", "--classes", "0,1", "--epochs", "1"],
+    "train: a schema column not in the header": ["train", "--schema", "S", "--target", "y", "--epochs", "1"],
+    "synth: a schema column not in the header": ["synth", "--schema", "S", "--epsilon", "1", "--rows", "10"],
+    "federated: a schema column not in the header": [
+        *("federated", "--mode", "record-level", "--schema", "S", "--target", "y", "--clients", "3"),
+        *("--rounds", "2", "--epsilon", "4", "--delta", "1e-3"),
+    ],
+    "tune: a schema that does not exist": ["tune", "--schema", "MISSING", "--epsilon", "1"],
+    "pate: --target not in the header": [
+        *("pate", "--target", "yy", "--classes", "0,1", "--epsilon", "20", "--sigma", "1"),
+        *("--queries", "5", "--teachers", "5", "--public-data", "P"),
+    ],
+}
+
+
+@pytest.mark.parametrize("case", list(_HEADER_MISTAKES))
+def test_a_mistake_seen_in_the_header_is_refused_before_anything_is_charged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    """Column names are read from the header (no row) by :func:`veil.data.check_names` before any job
+    charges the registry (revB: each of these was refused after the full charge)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    data = tmp_path / "d.csv"
+    data.write_text(
+        "a,b,y\n" + "".join(f"{u:.3f},{v:.3f},{int(u > 0)}\n" for u, v in rng.normal(size=(60, 2)))
+    )
+    (tmp_path / "s.toml").write_text(_TYPO_SCHEMA)
+    np.savez(tmp_path / "pub.npz", x=rng.normal(size=(20, 2)))
+    where = {"S": tmp_path / "s.toml", "MISSING": tmp_path / "nosuch.toml", "P": tmp_path / "pub.npz"}
+    args = [str(where[a]) if a in where else a for a in _HEADER_MISTAKES[case]]
+    code = main([*args, "--dataset", f"csv:{data}", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert main(["budget", "show", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["datasets"] == []
+    assert not (tmp_path / "run").exists()

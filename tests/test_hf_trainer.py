@@ -410,3 +410,33 @@ def test_logs_and_checkpoints_carry_no_unlabelled_count_of_the_data(tmp_path: Pa
     assert state["best_metric"] is None
     assert not list(checkpoint.glob("rng_state*"))
     assert (tmp_path / "hf" / "veil" / "report.json").is_file()
+
+
+@pytest.mark.parametrize("late", ["early stopping callback", "best model at the end"])
+def test_a_switch_set_after_construction_is_refused_before_reading(tmp_path: Path, late: str) -> None:
+    """``train()`` checks again what ``__init__`` refused: a callback added or an argument changed on
+    the built trainer cannot let a noiseless score choose the stop or the released weights (revB)."""
+    from transformers import EarlyStoppingCallback
+
+    trainer = DPTrainer(
+        model=_model(),
+        args=_args(
+            tmp_path, max_steps=4, eval_strategy="steps", eval_steps=1, save_strategy="steps", save_steps=1
+        ),
+        train_dataset=_data(20),
+        eval_dataset=_data(4),
+        privacy_args=_privacy(),
+    )
+    if late == "early stopping callback":
+        trainer.add_callback(EarlyStoppingCallback(early_stopping_patience=1))
+    else:
+        trainer.args.metric_for_best_model = "eval_loss"
+        trainer.args.load_best_model_at_end = True
+    with pytest.raises(ConfigError):
+        trainer.train()
+    registry = open_registry()
+    try:
+        assert not registry.status(dataset_identity(dataset_id="toy-tweets")).runs
+    finally:
+        registry.close()
+    assert trainer.state.global_step == 0

@@ -21,18 +21,23 @@ from __future__ import annotations
 import difflib
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from veil.errors import ConfigError, DataError
 
+if TYPE_CHECKING:
+    from veil.tables.schema import TableSchema
+
 __all__ = [
     "BUILTIN",
     "BUILTIN_SHAPES",
     "DEFAULT_DATA_DIRS",
+    "SCHEMA_CLASSES_FIX",
     "Dataset",
     "check_labels",
+    "check_names",
     "check_request",
     "drop_unlabelled",
     "encode_labels",
@@ -155,6 +160,10 @@ def encode_labels(
 
 
 CLASSES_FIX = "declare the public label set in class order: --classes a,b,c (config key classes)"
+#: The fix for a job without ``--classes`` (``veil tune``, ``veil federated``): the schema declares them.
+SCHEMA_CLASSES_FIX = (
+    "read the table through a reviewed schema (--schema) whose target column declares its classes"
+)
 
 
 def undeclared_classes(fix: str = CLASSES_FIX) -> ConfigError:
@@ -369,7 +378,9 @@ def check_request(
     does not name, and the user's own file (``csv:``/``parquet:``/``npz:``) missing or without a
     declared label set. :func:`load_dataset` runs it first; a job that charges the budget runs it
     before the charge, so that such public mistakes are refused for free (``classes_fix``: the job's
-    way to declare the label set)."""
+    way to declare the label set). A CSV's header line and a Parquet file's or an ``.npz`` archive's
+    column names (metadata, no row: public, as the loaders' messages already treat them) are checked
+    here too: the ``target`` among them, and a schema's columns both ways (:func:`check_names`)."""
     if privacy_unit is not None and schema is None:
         raise ConfigError(
             "privacy_unit",
@@ -386,6 +397,7 @@ def check_request(
             data_file(path)  # a missing file first: the fix is elsewhere
             if classes is None:
                 raise undeclared_classes(classes_fix)
+            check_names(name, target=target)
         return
     from veil.tables.sources import hide_password, refuse_password_in_url
 
@@ -418,6 +430,48 @@ def check_request(
             f"the schema's target column is {declared.name if declared else 'not declared'}",
             "drop --target (the schema says which column is the label) or fix the schema",
         )
+    check_names(name, schema=loaded, unit_column=privacy_unit)
+
+
+def check_names(
+    name: str,
+    *,
+    target: str | None = None,
+    schema: TableSchema | None = None,
+    need_target: bool = True,
+    unit_column: str | None = None,
+) -> None:
+    """The column names a file declares without a row (a CSV's header line, Parquet's schema, an
+    ``.npz`` archive's keys) against ``target`` (no schema) or the ``schema`` (both ways, and a privacy
+    unit's column, as the table readers check them when they open the file): a job runs it before
+    the budget is charged. SQL is left to the reader (it needs a connection)."""
+    scheme, _, path = name.partition(":")
+    if scheme == "npz" and schema is None:
+        from veil.data.tabular import data_file, require_target
+
+        try:
+            with np.load(data_file(path), allow_pickle=False) as archive:
+                keys = list(archive.files)
+        except Exception:
+            return  # not an archive numpy reads: the loader refuses it with its own message
+        require_target(target or ("y" if "y" in keys else None), "npz", keys)
+        return
+    if scheme not in ("csv", "parquet") or not path:
+        return
+    from veil.tables.sources import check_columns, parse_source, source_columns
+
+    source = parse_source(name)
+    names = source_columns(source)
+    if schema is not None:
+        check_columns(schema, names, source.describe(), need_target=need_target)
+        if unit_column is not None:
+            from veil.tables.units import check_unit_column
+
+            check_unit_column(schema, names, unit_column, source.describe())
+        return
+    from veil.data.tabular import require_target
+
+    require_target(target, scheme, names)
 
 
 def _load(

@@ -47,6 +47,7 @@ def plan(s: FederatedSettings) -> FederatedSettings:
 def check_request(s: FederatedSettings) -> None:
     """What the loader would refuse without reading a row (:func:`veil.data.check_request`), checked
     before the run is charged: such input is refused for free, as by ``veil train``."""
+    from veil.data import SCHEMA_CLASSES_FIX
     from veil.data import check_request as check_data_request
 
     check_data_request(
@@ -54,8 +55,7 @@ def check_request(s: FederatedSettings) -> None:
         schema=s.table_schema or None,
         target=s.target or None,
         privacy_unit=s.privacy_unit or None,
-        classes_fix="read the table through a reviewed schema (--schema) whose target column declares "
-        "its classes",
+        classes_fix=SCHEMA_CLASSES_FIX,
     )
 
 

@@ -190,6 +190,10 @@ class DPTrainer(Trainer):
         return self.privacy.engine._optimizer
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
+        # Again here, before a row is read: a switch set or a callback added after construction
+        # (``trainer.args.load_best_model_at_end = True``, ``add_callback(EarlyStoppingCallback())``)
+        # would otherwise let a noiseless score steer the run (revB).
+        _refuse_unsupported(self)
         if kwargs.get("resume_from_checkpoint") or (args and args[0]):
             raise resume_refused(
                 "resume_from_checkpoint",

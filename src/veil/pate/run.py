@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from veil.data import check_request
 from veil.errors import CheckpointError
 from veil.pate.account import PateAccount, plan_shape
 from veil.pate.config import PateConfig, make_pate_config, resolve_pate_config
@@ -272,6 +273,7 @@ def run_pate(
     out = _checked_out(cfg)
     privacy = _privacy(cfg)  # settings errors before any work
     require_public_pool(cfg)  # the pool is declared public: refused before a row is read
+    check_request(cfg.dataset, target=cfg.target, classes=cfg.classes)  # public mistakes: free
     account = PateAccount.before_reading(cfg)  # an exhausted dataset is refused before a row is read
     try:
         shape = plan_shape(cfg)  # (queries, classes) known from public facts: charge before reading

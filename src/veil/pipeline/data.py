@@ -132,14 +132,15 @@ def load_data(cfg: TrainConfig, *, streaming: bool = False, units: bool = False)
     )
 
 
-def check_declarations(cfg: TrainConfig) -> None:
+def check_declarations(cfg: TrainConfig, classes_fix: str | None = None) -> None:
     """Refuse what is wrong in the user's own declarations before the budget check (``veil train`` and
     ``veil tune``), which could otherwise hide it behind "budget exhausted" (or charge a run refused
     on public input): the table schema (syntax, types, reviewed) and, for the data
     :func:`veil.data.load_dataset` reads, every check it makes without a row
-    (:func:`veil.data.check_request`: a missing label set, ...)."""
+    (:func:`veil.data.check_request`: a missing label set, ...; ``classes_fix``: how this job declares
+    one, when not ``--classes``)."""
     if not cfg.stream and cfg.text_column is None and not cfg.model.startswith("hf:"):
-        from veil.data import check_request
+        from veil.data import CLASSES_FIX, check_request
 
         check_request(
             cfg.dataset,
@@ -147,6 +148,7 @@ def check_declarations(cfg: TrainConfig) -> None:
             target=cfg.target,
             classes=cfg.classes,
             privacy_unit=cfg.privacy_unit,
+            classes_fix=classes_fix or CLASSES_FIX,
         )
     elif cfg.table_schema is not None:
         from veil.tables.schema import load_schema

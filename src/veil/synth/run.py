@@ -216,6 +216,15 @@ def _run(settings: SynthSettings, account: _Account) -> dict[str, Any]:
     check_out(out)
     rho = rho_for_epsilon(settings.epsilon, settings.delta)
     check_noise_scale(settings, domain, rho)  # public: ε, δ and the domain only
+    from veil.data import check_names
+
+    # the header against the schema (no row): a column typo is refused for free
+    check_names(
+        settings.dataset,
+        schema=schema,
+        need_target=schema.target is not None,
+        unit_column=settings.privacy_unit,
+    )
     account.reserve(settings, rho)  # the budget registry: refused here, before a row is read
     account.reading()  # from here the reservation stands, whatever happens
     codes, weights, n = read_weighted_codes(settings, schema, domain)  # n: rows, or units

@@ -30,6 +30,7 @@ import numpy as np
 from veil.accounting.defaults import DEFAULT_DELTA
 from veil.accounting.tuning import TrialCount, trial_rdp
 from veil.config import make_config
+from veil.data import SCHEMA_CLASSES_FIX
 from veil.errors import ConfigError, InvalidParameterError
 from veil.pipeline.budget import plan_steps
 from veil.pipeline.data import check_declarations, check_delta
@@ -170,7 +171,7 @@ def tune(
         **(extra or {}),
     }
     # typos and wrong types, then the data's declarations (a label set, a schema), refused for free
-    check_declarations(make_config({**base, "epsilon": epsilon}))
+    check_declarations(make_config({**base, "epsilon": epsilon}), SCHEMA_CLASSES_FIX)
     if space is None and not dims and not tune_anyway:
         refuse_benchmark_preset(dataset, epsilon)
     out_dir = Path(out if out is not None else default_out(dataset, job="tune"))
