@@ -19,6 +19,7 @@ from veil.pipeline.checks import (
     data_use_check,
     delta_check,
     epsilon_check,
+    participation_check,
     sampling_check,
     unlabelled_non_private,
 )
@@ -183,6 +184,20 @@ def test_sampling_check_fails_on_a_wrong_rate_event_or_draw() -> None:
     assert not sampling_check(steps, n, batch, engine, wrong, (drawn, taken)).passed
     # A plan whose q is not B/N (the old check compared the plan with itself).
     assert not sampling_check(StepPlan(q / 2, 10, 50, sigma), n, batch, engine, ledger, (drawn, taken)).passed
+
+
+def test_the_sampling_checks_release_pass_or_fail_not_the_count_they_tested() -> None:
+    """The count of examples (or clients) the sampler drew depends on the private rows and is not
+    accounted: two counts with the same verdict give the same released text (revB)."""
+    n, batch, sigma, taken = 1000, 100, 1.2, 50
+    q = batch / n
+    steps = StepPlan(q, 10, 50, sigma)
+    ledger = _Ledger([{"event": dpsgd_event(q, sigma).to_dict()}] * taken)
+    engine = SimpleNamespace(sampling="poisson", sampling_rate=q, noise_multiplier=sigma)
+    first, second = (sampling_check(steps, n, batch, engine, ledger, (d, taken)) for d in (4990, 5013))
+    assert first.passed and second.passed and first.detail == second.detail
+    clients = [participation_check(c, 8, 0.5) for c in ([3, 4, 5], [4, 4, 5])]
+    assert clients[0].passed and clients[1].passed and clients[0].detail == clients[1].detail
 
 
 def test_clipping_check_fails_when_the_clipper_is_off(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -147,6 +147,11 @@ def clipping_check(model: nn.Module, data: Dataset, seed: int, criterion: nn.Mod
 _SAMPLING_Z = 6.0
 
 
+#: Why a sampling check states pass or fail but not the count it tested: the count is the sampler's draw
+#: over the private rows (one record's presence moves it), which the accountant does not release.
+_COUNT_WITHHELD = "the count is not released: the sampler's draw over the private rows is not accounted"
+
+
 def binomial_draws(drawn: int, trials: int, q: float) -> tuple[float, bool]:
     """(z, within): how far ``drawn`` successes lie from Binomial(``trials``, q)'s mean, in standard
     deviations, and whether within :data:`_SAMPLING_Z` of them (plus one for a point mass). Under the
@@ -163,13 +168,14 @@ def participation_check(sampled: list[int], clients: int, q: float) -> Check:
     Binomial(clients · rounds, q), the rate the accountant's events assume. A server that samples at
     another rate (2q; 1.1q once clients · rounds · q is a few thousand) fails."""
     rounds, drawn = len(sampled), int(sum(sampled))
-    z, ok = binomial_draws(drawn, rounds * clients, q)
+    _, ok = binomial_draws(drawn, rounds * clients, q)
     return Check(
         name="poisson_client_sampling_matches_accountant",
         passed=bool(ok),
         detail=(
-            f"{drawn} clients sampled over {rounds} rounds of {clients} against {rounds * clients * q:.1f} "
-            f"expected at the accounted q = {q:.6g} (z = {z:.2f}, bound {_SAMPLING_Z:g})"
+            f"the clients sampled over {rounds} rounds of {clients} {'lie' if ok else 'do NOT lie'} within "
+            f"{_SAMPLING_Z:g} standard deviations of the {rounds * clients * q:.1f} expected at the "
+            f"accounted q = {q:.6g} ({_COUNT_WITHHELD})"
         ),
     )
 
@@ -193,7 +199,7 @@ def sampling_check(
     )
     drawn, taken = sampled
     mean = taken * n * q
-    z, draws_ok = binomial_draws(drawn, taken * n, q)
+    _, draws_ok = binomial_draws(drawn, taken * n, q)
     return Check(
         name="poisson_sampling_matches_accountant",
         passed=bool(events_ok and engine_ok and draws_ok),
@@ -201,8 +207,8 @@ def sampling_check(
             f"{sampling_detail(steps)}; the ledger's step events "
             f"{'all equal' if events_ok else 'DIFFER from'} the event recomputed from B/N = {q:.6g}; "
             f"the engine {'samples' if engine_ok else 'does NOT sample'} by Poisson at that rate; "
-            f"{drawn} examples drawn in {taken} steps of this process against {mean:.1f} expected "
-            f"(z = {z:.2f}, bound {_SAMPLING_Z:g})"
+            f"the examples this process drew in {taken} steps {'lie' if draws_ok else 'do NOT lie'} within "
+            f"{_SAMPLING_Z:g} standard deviations of the {mean:.1f} expected ({_COUNT_WITHHELD})"
         ),
     )
 
