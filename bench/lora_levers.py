@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lora-sigma", type=float, default=0.159, help="σ/B = 0.636/256 at batch 64")
     p.add_argument("--max-length", type=int, default=48)
     p.add_argument("--lora-targets", default="query,value")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)  # settings may follow the options (as in the usage above)
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     (part_head if args.part == "head" else part_lora)(args)
