@@ -35,7 +35,11 @@ def main() -> None:
     p.add_argument("--flip", default="none", choices=["none", "views", "mean"])
     p.add_argument("--val", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--extra", default=None, choices=sorted(EXTRA_SHAPES), help="concatenate these features")
+    p.add_argument(
+        "--extra",
+        default=None,
+        help=f"concatenate these features: parts of {sorted(EXTRA_SHAPES)}, comma-separated",
+    )
     a = p.parse_args()
     xtr, ytr, xte, yte = lever_feats(a.extra, a.flip)
     xtr_t, xte_t = torch.from_numpy(np.ascontiguousarray(xtr)), torch.from_numpy(np.ascontiguousarray(xte))

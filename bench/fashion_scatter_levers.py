@@ -18,7 +18,10 @@ before the DP-SGD steps by veil's accountant, and σ is calibrated so the *total
 the others: ``views`` trains on both views with augmentation multiplicity 2 through the engine's
 ``clipper.group_size``, each example's two row gradients averaged and clipped once, so the
 sensitivity stays C, and averages the two views' logits at evaluation; ``mean`` trains and
-evaluates the head on the mean of the two views' features, a fixed flip-invariant map).
+evaluates the head on the mean of the two views' features, a fixed flip-invariant map),
+``--extra j1[,pixels]`` (veil's J = 1 scattering and/or x/255 concatenated with the J = 2 features,
+each part group-normalised on its own, one linear layer on all: ``--extra j1`` is ``veil train``'s
+default head), ``--smooth S`` (label smoothing of the training loss; a change of the loss only).
 
 Usage::
 
@@ -95,21 +98,34 @@ def concat_extra(x, e):
 
 
 class ConcatHead(nn.Module):
-    """GroupNorm on the J = 2 maps and on the extra maps (each per example, data-independent), then one
-    linear layer on both, flattened: the preset's head with more inputs."""
+    """GroupNorm on the J = 2 maps and on each extra part's maps (each per example, data-independent),
+    then one linear layer on all, flattened: the preset's head with more inputs."""
 
-    def __init__(self, groups, extra):
+    def __init__(self, groups, extras):
         super().__init__()
-        self.shape = EXTRA_SHAPES[extra]
-        c = self.shape[0]
+        self.shapes = [EXTRA_SHAPES[e] for e in extras]
         self.norm = norm_layer(groups, None)
-        self.extra_norm = nn.GroupNorm(c // 3 if c % 3 == 0 else 1, c)
-        self.fc = nn.Linear(81 * 49 + int(np.prod(self.shape)), 10)
+        self.extra_norms = nn.ModuleList(
+            nn.GroupNorm(c // 3 if c % 3 == 0 else 1, c) for c, _, _ in self.shapes
+        )
+        self.fc = nn.Linear(81 * 49 + sum(int(np.prod(s)) for s in self.shapes), 10)
 
     def forward(self, x):
-        s = self.norm(x[:, : 81 * 49].reshape(-1, 81, 7, 7)).flatten(1)
-        e = self.extra_norm(x[:, 81 * 49 :].reshape(-1, *self.shape)).flatten(1)
-        return self.fc(torch.cat([s, e], dim=1))
+        out, start = [self.norm(x[:, : 81 * 49].reshape(-1, 81, 7, 7)).flatten(1)], 81 * 49
+        for norm, shape in zip(self.extra_norms, self.shapes, strict=True):
+            size = int(np.prod(shape))
+            out.append(norm(x[:, start : start + size].reshape(-1, *shape)).flatten(1))
+            start += size
+        return self.fc(torch.cat(out, dim=1))
+
+
+def extra_parts(extra):
+    """``--extra`` as a list of parts (``"j1,pixels"`` → ``["j1", "pixels"]``; none → ``[]``)."""
+    parts = [e for e in (extra or "").split(",") if e]
+    for e in parts:
+        if e not in EXTRA_SHAPES:
+            raise SystemExit(f"--extra {e}: not one of {sorted(EXTRA_SHAPES)}")
+    return parts
 
 
 def flip_feats():
@@ -126,8 +142,8 @@ def lever_feats(extra, flip):
     """``(x_train, y_train, x_test, y_test)``: the J = 2 features, with ``extra`` features concatenated
     and, for ``flip`` ``views``/``mean``, the mirrored images' features paired or averaged in."""
     xtr, ytr, xte, yte = feats()
-    if extra:
-        etr, ete = extra_feats(extra)
+    for part in extra_parts(extra):
+        etr, ete = extra_feats(part)
         xtr, xte = concat_extra(xtr, etr), concat_extra(xte, ete)
     if flip != "none":
         ftr, fte = flip_feats()
@@ -158,7 +174,7 @@ def norm_layer(groups, stats):
 
 def head(kind, groups, stats=None, extra=None):
     if extra:
-        return ConcatHead(groups, extra)
+        return ConcatHead(groups, extra_parts(extra))
     if kind == "linear":
         return nn.Sequential(norm_layer(groups, stats), nn.Flatten(), nn.Linear(81 * 49, 10))
     if kind == "cnn":  # small CNN on the 81x7x7 maps
@@ -240,6 +256,7 @@ def main():
     p.add_argument("--nesterov", action="store_true")
     p.add_argument("--memtrace", action="store_true")
     p.add_argument("--secure", action="store_true")
+    p.add_argument("--smooth", type=float, default=0.0, help="label smoothing of the training loss")
     p.add_argument("--val", type=float, default=0.0, help="hold out this share of the training rows")
     p.add_argument("--tail", type=float, default=0.0, help="also average the last share of iterates")
     p.add_argument("--dpbn-sigma", dest="bn_sigma", type=float, default=0.0)
@@ -252,7 +269,11 @@ def main():
         help="views: each example's image and mirror, gradients averaged before one clip (multiplicity 2),"
         " logits averaged at evaluation; mean: the head on the mean of both views' features",
     )
-    p.add_argument("--extra", default=None, choices=sorted(EXTRA_SHAPES), help="concatenate these features")
+    p.add_argument(
+        "--extra",
+        default=None,
+        help=f"concatenate these features: parts of {sorted(EXTRA_SHAPES)}, comma-separated",
+    )
     a = p.parse_args()
     xtr, ytr, xte, yte = lever_feats(a.extra, a.flip)
     if a.memtrace:
@@ -294,7 +315,7 @@ def main():
     from veil.pipeline.loop import _collate_rows, _rows_dataset
 
     loader = DataLoader(_rows_dataset(xtr_t, ytr_t), batch_size=a.batch, collate_fn=_collate_rows)
-    crit = nn.CrossEntropyLoss()
+    crit = nn.CrossEntropyLoss(label_smoothing=a.smooth)
     model, dopt, dl = eng.make_private(
         module=model,
         optimizer=opt,
