@@ -31,11 +31,11 @@ made on a worker thread shares no key or bytes with draws made meanwhile on the 
 
 **Small draws, several steps at once** (:meth:`NoiseAhead.reserved`): a secure float32 host draw of
 fewer than :data:`RESERVE_COORDINATES` / 2 coordinates (a small model, where no worker thread pays) is
-made for ``RESERVE_COORDINATES // numel`` steps in one release, on the main thread, and each step
-takes the next unused row. Measured inside a DP step (thread CPU time, a 92,162-coordinate MLP):
-the draw made at the step, right after the backward pass, costs about twice its isolated time (its
-~25 numpy passes each meet cold caches); drawn for 11 steps at once, the later rows cost what the
-isolated draw does, and a step's share of draw and release fell from 0.90 to 0.63 ms. The rules
+made for up to :data:`RESERVE_STEPS` steps in one release, on the main thread, and each step takes
+the next unused row. Measured inside a DP step (thread CPU time, a 92,162-coordinate MLP): the draw
+made at the step, right after the backward pass, costs about twice its isolated time (its ~25 numpy
+passes each meet cold caches); drawn for several steps at once, the later rows cost what the
+isolated draw does (a step's share of draw and release fell from 0.90 to 0.63 ms at 11 steps). The rules
 above hold row by row: a row is handed out once (the index moves before it is used); a reserve whose
 standard deviation, size, group or process differs from the step's is discarded whole (and a key whose
 reserve was discarded with rows unused — σ or C changing between steps, as under adaptive clipping —
@@ -75,9 +75,14 @@ Finish = Callable[[np.ndarray, int, int], None]
 #: the step: a worker thread's start and hand-off cost more than they would hide.
 MIN_COORDINATES_AHEAD = 1 << 20
 
-#: A reserve (:meth:`NoiseAhead.reserved`) holds at most this many coordinates (4 MiB of float32): a
-#: group of ``numel`` coordinates gets ``RESERVE_COORDINATES // numel`` steps a draw, and none below 2.
+#: A reserve (:meth:`NoiseAhead.reserved`) holds at most this many coordinates (4 MiB of float32) and
+#: at most :data:`RESERVE_STEPS` steps: a group of ``numel`` coordinates gets
+#: ``min(RESERVE_STEPS, RESERVE_COORDINATES // numel)`` steps a draw, and none below 2.
 RESERVE_COORDINATES = 1 << 20
+#: Steps a reserve serves at most: 4 takes most of the gain (the first row costs the cold draw, the
+#: next three about the isolated one) while the reserve stays 4 gradients' worth of memory (at 11
+#: steps the MLP's step peak was 1.39× plain, measured with ``bench/engine.py``).
+RESERVE_STEPS = 4
 
 
 @dataclass(eq=False)
@@ -200,7 +205,7 @@ class NoiseAhead:
         A reserve that does not fit the step (std, size, process) is discarded, never used; a fresh
         one is one release of the source (fresh keys), counted in :attr:`draws`.
         """
-        steps = RESERVE_COORDINATES // max(numel, 1)
+        steps = min(RESERVE_STEPS, RESERVE_COORDINATES // max(numel, 1))
         if steps < 2 or key in self._not_reserved or not (self._source.secure and self.finishes_in_draw(key)):
             return None
         reserve = self._reserves.pop(key, None)
