@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from veil.errors import DataError
+
 pytest.importorskip("pyarrow")
 
 
@@ -96,21 +98,25 @@ def test_a_ragged_row_is_skipped_and_counted_never_refused(tmp_path: Path) -> No
 
 
 def test_synth_stays_charged_when_it_stops_after_reading(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A column the schema does not declare is found by the reader, after the run is marked read: the
-    run stops, and its reservation stands (once reading has begun, whether a run stops may depend on
-    the data, so releasing the charge would make the registry depend on it). A δ ≥ 1/N no longer
-    stops synth, whose N is private (tests/test_synth_private_n.py)."""
+    """A synth run that stops after the run is marked read (here a failure planted just after the rows
+    are read) keeps its reservation: once reading has begun, whether a run stops may depend on the
+    data, so releasing the charge would make the registry depend on it. (A column the schema does not
+    declare is now refused from the header before the charge, and a δ ≥ 1/N no longer stops synth,
+    whose N is private: tests/test_charge_before_reading.py, tests/test_synth_private_n.py.)"""
     pytest.importorskip("sqlalchemy")
+    import veil.synth.run as synth_run
     from _budget_cli import cli, show
 
-    synth_schema = SCHEMA.replace('[columns.city]\ntype = "categorical"\nlevels = ["a", "b"]\n', "")
-    assert "city" not in synth_schema
-    spec, schema_path = _write(tmp_path, [], schema=synth_schema)
+    def after_reading(*args: object, **kwargs: object) -> None:
+        raise DataError("dataset", "the rows", "a failure after reading (planted)", "none")
+
+    monkeypatch.setattr(synth_run, "codes_from_features", after_reading)
+    spec, schema_path = _write(tmp_path, [])
     code, _, err = cli(capsys, "synth", "--dataset", spec, "--schema", str(schema_path), "--epsilon", "1",
                        "--delta", "1e-6", "--rows", "10", "--out", str(tmp_path / "s"))  # fmt: skip
-    assert code == 2 and "city" in err
+    assert code == 2 and "planted" in err
     (run,) = show(capsys, spec)["runs"]
     assert run["job"] == "synth" and run["status"] == "committed" and run["epsilon"] > 0
     assert [e["type"] for e in run["events"]] == ["zcdp"]  # settled at its plan
