@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -166,6 +167,21 @@ def _watch_finisher(
     monkeypatch.setattr(optimizer_module, "finisher", watched)
 
 
+def _recording_sums(monkeypatch: pytest.MonkeyPatch, clipper: Any) -> list[list[torch.Tensor]]:
+    """A copy of the clipped sums of every release, appended as the optimizer reads them (before the
+    release may be written over them)."""
+    captured: list[list[torch.Tensor]] = []
+    original = clipper.clipped_sum
+
+    def recording() -> list[torch.Tensor]:
+        sums = original()
+        captured.append([s.clone() for s in sums])
+        return sums
+
+    monkeypatch.setattr(clipper, "clipped_sum", recording)
+    return captured
+
+
 def _seeded_words(seed: int) -> Callable[[int], np.ndarray]:
     gen = np.random.Generator(np.random.PCG64(seed))
     return lambda k: gen.integers(-(2**31), 2**31, size=k, dtype=np.int64).astype(np.int32)
@@ -190,15 +206,7 @@ def test_a_secure_step_releases_its_noise_plus_the_clipped_sum_on_the_grid(
     source = engine.noise_source
     monkeypatch.setattr(source, "_release_words", lambda device: _seeded_words(next(seeds)))
     clipper = optimizer.clipper
-    captured: list[list[torch.Tensor]] = []
-    original = clipper.clipped_sum
-
-    def recording() -> list[torch.Tensor]:
-        sums = original()
-        captured.append([s.clone() for s in sums])
-        return sums
-
-    monkeypatch.setattr(clipper, "clipped_sum", recording)
+    captured = _recording_sums(monkeypatch, clipper)
     finished: list[tuple[int, int]] = []
 
     kept: list[list[torch.Tensor]] = []

@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch import nn
 
-from test_host_release import _reference, _secure_mlp, _seeded_words
+from test_host_release import _recording_sums, _reference, _secure_mlp, _seeded_words
 from veil import noise_ahead as noise_ahead_module
 from veil import optimizer as optimizer_module
 from veil.mechanisms import SecureSource, SeededSource, box_muller
@@ -29,37 +29,26 @@ KEY32 = (torch.float32, torch.device("cpu"))
 STEPS_A_DRAW = 3
 
 
-def _recorded_step(model: nn.Module, optimizer: Any, loader: Any) -> tuple[np.ndarray, list[torch.Tensor]]:
+def _recorded_step(
+    model: nn.Module, optimizer: Any, loader: Any, captured: list[list[torch.Tensor]]
+) -> tuple[np.ndarray, list[torch.Tensor]]:
     """One logical step of the lr-0 model: (the released gradients, the clipped sums they came from)."""
-    clipper = optimizer.clipper
-    captured: list[list[torch.Tensor]] = []
-    original = clipper.clipped_sum
-
-    def recording() -> list[torch.Tensor]:
-        sums = original()
-        captured.append([s.clone() for s in sums])
-        return sums
-
-    clipper.clipped_sum = recording
-    try:
-        x, y = next(iter(loader))
-        optimizer.zero_grad()
-        nn.functional.cross_entropy(model(x), y).backward()
-        optimizer.step()
-    finally:
-        del clipper.clipped_sum
-    released = torch.cat([p.grad.reshape(-1) for p in clipper.parameters]).numpy().copy()
-    return released, captured[0]
+    x, y = next(iter(loader))
+    optimizer.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    optimizer.step()
+    released = torch.cat([p.grad.reshape(-1) for p in optimizer.clipper.parameters]).numpy().copy()
+    return released, captured[-1]
 
 
-def _reserving_mlp(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, nn.Module, Any, Any, int]:
+def _reserving_mlp(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, nn.Module, Any, Any, int, list[Any]]:
     """The secure lr-0 MLP, reserves of STEPS_A_DRAW rows, seeded keystream words (seeds 100, 101, …)."""
     engine, model, optimizer, loader = _secure_mlp(30, 20, 16, 8, sigma=1.3, clip=0.7)
     numel = sum(p.numel() for p in optimizer.clipper.parameters)
     monkeypatch.setattr(noise_ahead_module, "RESERVE_COORDINATES", STEPS_A_DRAW * numel + 5)
     seeds = iter(range(100, 200))
     monkeypatch.setattr(engine.noise_source, "_release_words", lambda device: _seeded_words(next(seeds)))
-    return engine, model, optimizer, loader, numel
+    return engine, model, optimizer, loader, numel, _recording_sums(monkeypatch, optimizer.clipper)
 
 
 def _noise(words_seed: int, numel: int, std: float) -> np.ndarray:
@@ -69,12 +58,12 @@ def _noise(words_seed: int, numel: int, std: float) -> np.ndarray:
 
 
 def test_each_step_releases_its_own_row_of_the_reserve_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
-    engine, model, optimizer, loader, n = _reserving_mlp(monkeypatch)
+    engine, model, optimizer, loader, n, sums_seen = _reserving_mlp(monkeypatch)
     std = optimizer.noise_std / optimizer.expected_batch_size
     grid = release_grid(std)
     steps = 2 * STEPS_A_DRAW + 1  # two whole reserves and the first row of a third
     for step in range(steps):
-        released, sums = _recorded_step(model, optimizer, loader)
+        released, sums = _recorded_step(model, optimizer, loader, sums_seen)
         assert any(float(s.abs().max()) > 0 for s in sums)  # a real clipped sum
         draw, row = divmod(step, STEPS_A_DRAW)
         reserve = _noise(100 + draw, STEPS_A_DRAW * n, std)
@@ -90,12 +79,12 @@ def test_a_std_that_changes_with_rows_left_is_drawn_at_the_step_from_then_on(
 ) -> None:
     """σ (or C, as adaptive clipping changes it) changed between steps: the reserve drawn at the old
     std is never used, and the key is drawn at the step afterwards (no reserve drawn per step)."""
-    _, model, optimizer, loader, n = _reserving_mlp(monkeypatch)
-    _recorded_step(model, optimizer, loader)  # reserve 100: its row 0
+    _, model, optimizer, loader, n, sums_seen = _reserving_mlp(monkeypatch)
+    _recorded_step(model, optimizer, loader, sums_seen)  # reserve 100: its row 0
     optimizer.noise_multiplier = 2.6
     std = optimizer.noise_std / optimizer.expected_batch_size
     for step, seed in enumerate((101, 102, 103)):
-        released, sums = _recorded_step(model, optimizer, loader)
+        released, sums = _recorded_step(model, optimizer, loader, sums_seen)
         alpha = 1.0 / optimizer.expected_batch_size
         expected = _reference(_noise(seed, n, std), sums, alpha, release_grid(std))
         assert np.array_equal(released, expected), step  # one fresh draw of n at the new std
@@ -141,7 +130,7 @@ def test_no_reserve_where_it_does_not_apply(source: Any, key: Any, numel: int) -
 def test_the_optimizer_takes_no_reserve_when_the_sums_are_read_or_the_std_moves(
     monkeypatch: pytest.MonkeyPatch, case: str
 ) -> None:
-    _, model, optimizer, loader, _ = _reserving_mlp(monkeypatch)
+    _, model, optimizer, loader, _, sums_seen = _reserving_mlp(monkeypatch)
 
     def refused(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("a reserve was taken")
@@ -149,7 +138,7 @@ def test_the_optimizer_takes_no_reserve_when_the_sums_are_read_or_the_std_moves(
     monkeypatch.setattr(optimizer.noise_ahead, "reserved", refused)
     if case == "auditor reads the sums":
         optimizer.keep_clipped_sum = True
-        _recorded_step(model, optimizer, loader)
+        _recorded_step(model, optimizer, loader, sums_seen)
     else:
         optimizer.adaptive = object()  # set by AdaptiveClipping: C, hence the std, moves every step
         sums = [torch.zeros(p.numel()) for p in optimizer.clipper.parameters]
@@ -158,7 +147,7 @@ def test_the_optimizer_takes_no_reserve_when_the_sums_are_read_or_the_std_moves(
 
 def test_a_failed_release_from_the_reserve_drops_the_accumulator(monkeypatch: pytest.MonkeyPatch) -> None:
     """As for the release drawn at the step: a retried step must not release a partly written sum."""
-    _, model, optimizer, loader, _ = _reserving_mlp(monkeypatch)
+    _, model, optimizer, loader, _, _ = _reserving_mlp(monkeypatch)
     real = optimizer_module.finisher
 
     def failing(sums: list[torch.Tensor], alpha: float, grid: float, *, into: bool = False) -> Any:
