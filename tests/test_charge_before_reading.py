@@ -243,3 +243,18 @@ def test_a_mistake_seen_in_the_header_is_refused_before_anything_is_charged(
     assert main(["budget", "show", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["datasets"] == []
     assert not (tmp_path / "run").exists()
+
+
+def test_a_header_that_leaves_a_quote_open_is_refused_without_showing_a_row(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The header is the first physical line alone: a quote left open there must not carry the parse
+    into the private rows, whose values would then be "column names" shown in messages (revC)."""
+    data = tmp_path / "d.csv"
+    data.write_text('a,b,"y\n0.5,1.25,SECRET42\n0.1,0.2,1\n')
+    args = ["train", "--dataset", f"csv:{data}", "--target", "y", "--classes", "0,1"]
+    code = main([*args, "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and "quote open" in err and "SECRET42" not in err and len(err.strip().splitlines()) == 1
+    assert main(["budget", "show", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["datasets"] == []

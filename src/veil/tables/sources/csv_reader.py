@@ -77,11 +77,23 @@ def _decoded(p: Path, encoding: str) -> io.BufferedReader:
 
 
 def header(p: Path, encoding: str = "utf-8") -> list[str]:
+    """The column names, from the file's first physical line alone (the rows are private: a quote left
+    open in the header must not carry the parse into them, and the names appear in messages, which
+    must never show a row). A header line whose quote is not closed on it is refused."""
     try:
         with _open_text(p, encoding) as fh:
-            header = next(csv.reader(fh, delimiter=_delimiter(p, encoding)), None)
+            line = fh.readline().rstrip("\r\n")  # newline="": \n, \r or \r\n ends the line
+        header = next(csv.reader([line], delimiter=_delimiter(p, encoding), strict=True), None)
     except (OSError, UnicodeDecodeError) as exc:
         raise _not_decodable(p, encoding, exc) from None
+    except csv.Error:
+        raise DataError(
+            "CSV header",
+            str(p),
+            "the header line leaves a quote open, so the column names would run into the rows (which "
+            "are private and are never shown)",
+            "close the quote in the first line, or put each column name on the first line",
+        ) from None
     if not header:
         raise DataError(
             "dataset file", str(p), "the CSV has no header row", "add a header naming the columns"
