@@ -258,3 +258,22 @@ def test_a_header_that_leaves_a_quote_open_is_refused_without_showing_a_row(
     assert code == 2 and "quote open" in err and "SECRET42" not in err and len(err.strip().splitlines()) == 1
     assert main(["budget", "show", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["datasets"] == []
+
+
+@pytest.mark.parametrize("typo", ["--privacy-unit", "--target"])
+def test_schema_infer_with_epsilon_refuses_a_column_typo_before_charging(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], typo: str
+) -> None:
+    """``veil schema infer --epsilon`` checks its target, ignored and unit columns against the header
+    before the registry is opened: a typo charges nothing and records no privacy unit (revC F2)."""
+    data = tmp_path / "d.csv"
+    data.write_text("a,b,y\n" + "".join(f"{i / 10},{i % 3},{i % 2}\n" for i in range(30)))
+    target = "nosuch" if typo == "--target" else "y"
+    unit = ["--privacy-unit", "nosuch"] if typo == "--privacy-unit" else []
+    out = str(tmp_path / "s.toml")
+    args = ["schema", "infer", f"csv:{data}", "--epsilon", "1", "--target", target, "--out", out, *unit]
+    code = main(args)
+    err = capsys.readouterr().err
+    assert code == 2 and "no such column" in err and len(err.strip().splitlines()) == 1
+    assert main(["budget", "show", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["datasets"] == []

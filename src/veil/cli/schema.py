@@ -98,15 +98,14 @@ def _release_charged(
     import uuid
 
     from veil.pipeline.private_data import DataRef, open_account
-    from veil.tables.infer import describe, dp_plan, infer_schema
+    from veil.tables.infer import check_columns_named, describe, dp_plan, infer_schema
     from veil.tables.schema import write_schema
-    from veil.tables.sources import source_columns
 
+    names = check_columns_named(source, target, ignored, privacy_unit)  # typos refused before the charge
     account = open_account(
         DataRef(dataset, dataset_id, source.table, source.query, privacy_unit=privacy_unit), job="schema"
     )
     try:
-        names = source_columns(source)  # the header only: column names are not rows
         read = [n for n in names if n not in ignored and n != privacy_unit]
         plan = dp_plan(read, target, epsilon, delta, secure=True) if target in read else []
         run_id = uuid.uuid4().hex

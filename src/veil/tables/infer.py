@@ -83,13 +83,9 @@ def infer_schema(
     on an error part-way it holds exactly what was released. ``privacy_unit``: the column naming each
     row's person, written ``type = "ignored"``; a DP release then protects people
     (:func:`one_row_per_unit`)."""
-    from veil.tables.sources import source_columns
-
-    names = source_columns(source)
+    names = check_columns_named(source, target, ignore, privacy_unit)
     if privacy_unit is not None:
-        _check_names(names, privacy_unit, (), source.describe())
         ignore = [*ignore, privacy_unit] if privacy_unit not in ignore else list(ignore)
-    _check_names(names, target, ignore, source.describe())
     read = [n for n in names if n not in ignore]
     if epsilon is not None:
         return _infer_dp(
@@ -114,6 +110,21 @@ def infer_schema(
         "Or let veil release them privately: veil schema infer ... --epsilon E.",
     ]
     return InferResult(TableSchema(tuple(columns), reviewed=False), header, notes)
+
+
+def check_columns_named(
+    source: TableSource, target: str, ignore: Sequence[str], privacy_unit: str | None = None
+) -> list[str]:
+    """The source's column names (its header or metadata, no row), after checking that the target,
+    the ignored columns and the unit column are among them: ``veil schema infer --epsilon`` runs it
+    before the registry is charged, so a typo is refused for free."""
+    from veil.tables.sources import source_columns
+
+    names = source_columns(source)
+    if privacy_unit is not None:
+        _check_names(names, privacy_unit, (), source.describe())
+    _check_names(names, target, ignore, source.describe())
+    return names
 
 
 def _check_names(names: list[str], target: str, ignore: Sequence[str], where: str) -> None:
