@@ -213,6 +213,10 @@ _HEADER_MISTAKES = {
         *("--rounds", "2", "--epsilon", "4", "--delta", "1e-3"),
     ],
     "tune: a schema that does not exist": ["tune", "--schema", "MISSING", "--epsilon", "1"],
+    "train: --stream on a CSV": ["train", "--target", "y", "--classes", "0,1", "--stream"],
+    "train: text without a pretrained model": [
+        *("train", "--target", "y", "--classes", "0,1", "--text-column", "a"),
+    ],
     "pate: --target not in the header": [
         *("pate", "--target", "yy", "--classes", "0,1", "--epsilon", "20", "--sigma", "1"),
         *("--queries", "5", "--teachers", "5", "--public-data", "P"),

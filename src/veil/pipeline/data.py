@@ -154,6 +154,14 @@ def check_declarations(cfg: TrainConfig, classes_fix: str | None = None) -> None
         from veil.tables.schema import load_schema
 
         load_schema(cfg.table_schema).require_reviewed(cfg.table_schema)
+    if cfg.stream:  # what a streamed run cannot do, from the flags alone
+        from veil.pipeline.streaming import check_streamable
+
+        check_streamable(cfg)
+    if cfg.text_column is not None:  # text needs a pretrained model's folder
+        from veil.text.data import model_folder
+
+        model_folder(cfg.model)
 
 
 def check_delta(delta: float, n: int) -> None:
