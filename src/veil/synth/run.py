@@ -7,9 +7,10 @@ Order of work (everything that can refuse runs before anything is written or cha
 2. the run folder must be new; the run is charged to the dataset's privacy budget (``veil budget``):
    its whole zCDP budget ρ is reserved, or the run refused, before a row is read, and the charge is
    settled to the ledger's events at the end — once a row is read, a run that stops (any error) stays
-   charged with its plan, never released; the table is read and encoded (a column the schema does not
-   declare is refused by the reader). N is private here: δ against 1/N and the 1-way noise against N
-   are notes in the internal report (:func:`checks_on_n`), never a refusal or a message;
+   charged with its plan, never released; the table is read and encoded (the header was checked
+   against the schema before the charge: :func:`veil.data.check_names`). N is private here: δ
+   against 1/N and the 1-way noise against N are notes in the internal report (:func:`checks_on_n`),
+   never a refusal or a message;
 3. the ledger is created, then the mechanism runs, each event appended to the ledger (fsync'ed)
    as it is released; the (ε, δ) is the RDP accountant's composition of the ledger's events and is
    checked against the target before any output is written;
@@ -203,6 +204,7 @@ class _Account:
 def _run(settings: SynthSettings, account: _Account) -> dict[str, Any]:
     from veil.accounting.ledger import Ledger
     from veil.accounting.zcdp import rho_for_epsilon
+    from veil.data import check_names
     from veil.mechanisms.rng import make_source
     from veil.pipeline.run_folder import LEDGER, check_out, default_out
     from veil.tables.schema import load_schema
@@ -216,8 +218,6 @@ def _run(settings: SynthSettings, account: _Account) -> dict[str, Any]:
     check_out(out)
     rho = rho_for_epsilon(settings.epsilon, settings.delta)
     check_noise_scale(settings, domain, rho)  # public: ε, δ and the domain only
-    from veil.data import check_names
-
     # the header against the schema (no row): a column typo is refused for free
     check_names(
         settings.dataset,
