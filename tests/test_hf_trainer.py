@@ -440,3 +440,47 @@ def test_a_switch_set_after_construction_is_refused_before_reading(tmp_path: Pat
     finally:
         registry.close()
     assert trainer.state.global_step == 0
+
+
+class _StopOnEvalLoss(transformers.TrainerCallback):
+    """A user's own early stop on the evaluation loss (computed without noise): no library switch."""
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any) -> None:
+        if metrics:  # any score at all: the stop follows the first evaluation
+            control.should_training_stop = True
+
+
+def test_a_users_own_early_stop_is_not_release_ready_and_keeps_the_plan_charged(tmp_path: Path) -> None:
+    """revC: a home-made callback stopping on ``eval_loss`` picked the released weights of a
+    release-ready run. The library cannot read arbitrary code, so a run that ends before its planned
+    steps fails ``planned_steps_taken`` (not release-ready) and the registry keeps the whole plan: its
+    record does not depend on when the loop stopped. The complete run beside it stays release-ready."""
+    reports = {}
+    for name, callbacks in (("stopped", [_StopOnEvalLoss()]), ("complete", [])):
+        trainer = DPTrainer(
+            model=_model(),
+            args=_args(tmp_path / name, max_steps=4, eval_strategy="steps", eval_steps=1),
+            train_dataset=_data(20),
+            eval_dataset=_data(4),
+            callbacks=callbacks,
+            privacy_args=_privacy(dataset_id=f"toy-{name}"),
+        )
+        trainer.train()
+        assert trainer.report is not None
+        reports[name] = trainer.report
+    stopped, complete = reports["stopped"], reports["complete"]
+    assert stopped["steps"] == 1 and complete["steps"] == 4
+    taken = {r: next(c for c in reports[r]["checks"] if c["name"] == "planned_steps_taken") for r in reports}
+    assert not taken["stopped"]["passed"] and not stopped["release_ready"]
+    assert taken["complete"]["passed"] and complete["release_ready"]
+    registry = open_registry()
+    try:
+        spent = {
+            r: registry.status(dataset_identity(dataset_id=f"toy-{r}"), per_run=True).spent_epsilon
+            for r in reports
+        }
+    finally:
+        registry.close()
+    # The plan (4 steps) is charged for both; the stopped run's own ε is one step's.
+    assert spent["stopped"] == pytest.approx(spent["complete"], rel=1e-6)
+    assert stopped["epsilon_spent"] < complete["epsilon_spent"]

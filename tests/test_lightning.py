@@ -252,3 +252,33 @@ def test_refuses_a_second_fit_with_the_same_callback(tmp_path: Path) -> None:
         assert len(registry.status(dataset_identity(dataset_id="toy-table"), per_run=True).runs) == 1
     finally:
         registry.close()
+
+
+class _UserStop(pl.Callback):
+    """A user's own stop, set after the first batch (it could have read any noiseless score)."""
+
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        trainer.should_stop = True
+
+
+def test_a_run_stopped_before_its_plan_is_not_release_ready(tmp_path: Path) -> None:
+    """A callback the adapter does not know (or one appended after ``on_fit_start``) may stop the loop
+    on a value computed without noise: the run that ends before its planned steps fails
+    ``planned_steps_taken`` and keeps its whole plan charged; the complete run is release-ready."""
+    reports = {}
+    for name, extra in (("stopped", [_UserStop()]), ("complete", [])):
+        dp = _dp(dataset_id=f"toy-{name}")
+        _trainer(tmp_path / name, dp, callbacks=[dp, *extra]).fit(Classifier(), _loader())
+        assert dp.report is not None
+        reports[name] = dp.report
+    assert reports["stopped"]["steps"] < reports["stopped"]["steps_planned"] == 4
+    assert not reports["stopped"]["release_ready"] and reports["complete"]["release_ready"]
+    registry = open_registry()
+    try:
+        spent = [
+            registry.status(dataset_identity(dataset_id=f"toy-{r}"), per_run=True).spent_epsilon
+            for r in reports
+        ]
+    finally:
+        registry.close()
+    assert spent[0] == pytest.approx(spent[1], rel=1e-6)

@@ -31,7 +31,6 @@ from veil.report.schema import WITHHELD_ID, public_view
 ALLOWED = [
     r"dataset_budget\.dataset_id",  # the registry's random id: checked below to be one
     r"dataset_budget\.runs\.\d+\.(run_id|at)",  # a random run id, a clock reading
-    r"(synth\.)?duration_s",
     # synth's DP outputs (the fields its report adds with ReportBuilder.released: N̂, the model's
     # cliques, the noisy marginals, the ledger's events, chosen by the DP selections) and what is
     # composed from the ledger's events

@@ -31,7 +31,9 @@ scheduler: the same rule as :class:`veil.hf.DPTrainer`), gradient clipping by th
 ``accumulate_grad_batches > 1`` (batches are Poisson-sampled logical batches already; set the
 loader's ``batch_size`` instead), more than one optimizer, a train loader without ``batch_size`` or
 over a dataset without length. What the module itself logs (``self.log``) is not covered, as the
-report says.
+report says. A callback the adapter cannot read (one of the user's own, or one appended after
+``on_fit_start``) may still stop the loop: a run that ends before its planned steps is reported not
+release-ready and keeps its whole plan charged (:meth:`veil.pipeline.external.ExternalRun.finish`).
 """
 
 from __future__ import annotations

@@ -36,7 +36,9 @@ greedy learning-rate schedule, ``metric_for_best_model``); ``include_num_input_t
 of the batches' tokens); ``auto_find_batch_size``; several processes or GPUs (DDP, DeepSpeed, FSDP,
 DataParallel: use :mod:`veil.lightning` or ``veil train --nproc-per-node``); ``torch_compile``;
 resuming from a checkpoint (the accountant would restart); a dataset without length; a model head
-veil has no per-example loss for.
+veil has no per-example loss for. A callback of the user's own may still stop the loop on any score:
+a run that ends before its planned steps is reported not release-ready and keeps its whole plan
+charged (:meth:`veil.pipeline.external.ExternalRun.finish`).
 """
 
 from __future__ import annotations

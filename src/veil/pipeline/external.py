@@ -19,7 +19,11 @@ weights the framework ends with are (ε, δ)-DP with ε the accountant's for eve
 never exceeds the target because the framework cannot step past the planned count (the adapter
 checks that the framework's plan is the one calibrated). Assumptions the adapter must keep: every
 optimizer step is the engine's DP step (no other gradient reaches the weights) and the loss is a
-fixed-coefficient sum of per-example terms (see :mod:`veil.per_example_loss`).
+fixed-coefficient sum of per-example terms (see :mod:`veil.per_example_loss`). The number of steps is
+public only when the loop runs to its plan: a user's callback may stop it on a score computed without
+noise (the adapters refuse the frameworks' own early-stopping switches, but cannot read arbitrary
+code), so a run that stops before its planned steps is reported not release-ready (check
+``planned_steps_taken``) and its whole plan stays charged in the registry.
 """
 
 from __future__ import annotations
@@ -268,6 +272,11 @@ class ExternalRun:
                 "let the framework stop at its planned steps (max_steps / epochs as given at the start)",
             )
 
+    @property
+    def completed(self) -> bool:
+        """Whether the loop took every planned step (a function of the step count alone)."""
+        return self.steps >= self.steps_planned
+
     def events(self) -> list[PrivacyEvent]:
         """The events released so far: one per noisy step."""
         return [] if self.engine is None else list(self.engine.accountant.ledger.events)
@@ -283,7 +292,10 @@ class ExternalRun:
         if charge is None:
             return None
         events = self.events()
-        charge.finish(events if events else None)
+        # A loop that stopped before its plan (a callback's stop, an exception, an interrupt) may have
+        # stopped on a value computed from the data without noise: the plan stays charged, so the
+        # registry's record never depends on when it stopped; the report says not release-ready.
+        charge.finish(events if events and self.completed else None)
         if self.engine is None:  # refused before the engine was built: nothing trained, no report
             return None
         self.record_epsilon()
@@ -309,6 +321,18 @@ class ExternalRun:
                 "name": "within_target",
                 "passed": eps <= t.target_epsilon,
                 "detail": f"ε spent {eps:.4g} ≤ target {t.target_epsilon:g} after {self.steps} steps",
+            },
+            {
+                "name": "planned_steps_taken",
+                "passed": self.completed,
+                "detail": (
+                    f"the loop took its {self.steps_planned} planned steps"
+                    if self.completed
+                    else f"the loop stopped after {self.steps} of {self.steps_planned} planned steps: a "
+                    "callback's stop, an exception or an interrupt, which may have depended on a value "
+                    "computed from the data without noise (an evaluation score); the whole plan stays "
+                    "charged. To release, run to the planned steps (max_steps / epochs)"
+                ),
             },
         ]
         q = self.batch_size / self.n

@@ -295,7 +295,8 @@ WITHHELD_ID = "withheld (a fingerprint of the private file; the operator's repor
 
 def public_view(report: Mapping[str, Any]) -> dict[str, Any]:
     """What ``release/report.json`` holds: the report without ``non_private``, without the paths it
-    labels non-private elsewhere (``non_private.labelled_elsewhere``), without local paths, without
+    labels non-private elsewhere (``non_private.labelled_elsewhere``), without local paths and the
+    run's wall time (``duration_s``: it grows with the sampled batches' sizes), without
     the users and report folders of the dataset's runs, and with the dataset named by its released id
     (``dataset_budget.released_id``: never the content fingerprint, which is a function of the private
     rows; :mod:`veil.registry.public_ids`), or :data:`WITHHELD_ID` when the section names none."""
@@ -308,6 +309,9 @@ def public_view(report: Mapping[str, Any]) -> dict[str, Any]:
     for root in (out, out.get(job) if isinstance(job, str) else None):
         if isinstance(root, dict):
             root.pop("out_dir", None)
+            # The wall time grows with the Poisson batches' sizes and, for texts, their padded
+            # lengths: a function of the private rows, released by no mechanism.
+            root.pop("duration_s", None)
     released = set((out.get("release") or {}).get("files") or [])
     out["files"] = {k: v for k, v in (out.get("files") or {}).items() if k in released}
     out["files"].update(_PUBLIC_FILES)
