@@ -9,6 +9,7 @@ with one line, exit status 2, nothing written and nothing charged.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ from _budget_cli import cli as _cli
 from _budget_cli import show as _show
 from _fake_grid import InProcessGrid
 from veil.accounting.rdp import DEFAULT_ORDERS
+from veil.errors import RegistryError
 from veil.federated.partition import parse_partition, row_positions, split_rows
 
 
@@ -191,7 +193,7 @@ def test_public_mistakes_are_refused_before_anything_is_charged(
     assert code == 0 and json.loads(shown)["datasets"] == []  # no run, not even a dataset recorded
 
 
-def test_a_stopped_run_is_charged_its_rounds_and_a_resume_the_rest_under_one_record(
+def test_a_stopped_run_keeps_its_plan_and_one_copy_of_its_folder_resumes_it_under_one_record(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import veil.federated.run as run
@@ -217,12 +219,19 @@ def test_a_stopped_run_is_charged_its_rounds_and_a_resume_the_rest_under_one_rec
     status = _show(capsys, "digits")
     (first,) = status["runs"]
     sigma = json.loads((tmp_path / "fl" / "ledger.jsonl").read_text().splitlines()[0])["settings"]["sigma"]
-    # Round 2 was charged (before its messages left) when the server stopped: two rounds, at the run's δ.
+    # The server stopped in round 2: the stop may depend on the data (revD's F7), so the whole plan of
+    # three rounds stays charged rather than the two the ledger holds.
     two = _pld([dpe.SelfComposedDpEvent(dpe.GaussianDpEvent(sigma / 2), 2)], 1e-3)
-    assert first["status"] == "committed" and first["epsilon"] == pytest.approx(two, rel=0.01)
+    three = _pld([dpe.SelfComposedDpEvent(dpe.GaussianDpEvent(sigma / 2), 3)], 1e-3)
+    assert first["status"] == "committed" and first["epsilon"] == pytest.approx(three, rel=0.01) != two
+    shutil.copytree(tmp_path / "fl", tmp_path / "fl-copy")  # a copy of the stopped folder (revD's F1)
     report = run.simulate(s, resume=True)
     assert report["guarantee"]["rounds_charged"] == 3
     (again,) = _show(capsys, "digits")["runs"]
     assert again["run_id"] == first["run_id"] and again["status"] == "committed"
-    three = _pld([dpe.SelfComposedDpEvent(dpe.GaussianDpEvent(sigma / 2), 3)], 1e-3)
     assert again["epsilon"] == pytest.approx(three, rel=0.01)
+    # The copy would train the same data again for the same record: refused, the record unchanged.
+    with pytest.raises(RegistryError, match="another copy of this run folder"):
+        run.simulate(s.replace(out=str(tmp_path / "fl-copy")), resume=True)
+    assert _show(capsys, "digits")["runs"] == [again]
+    assert not (tmp_path / "fl-copy" / "model.npz").exists()

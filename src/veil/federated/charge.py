@@ -49,8 +49,10 @@ client-level ε at q = 1, more at q < 1).
 the run); :meth:`FederatedCharge.reserve` — client level before a row is read (the plan needs only
 σ, q and the rounds), record level after the job planned the run (the silos' sizes need the data);
 both before the run folder exists or any client or silo starts; :meth:`FederatedCharge.settle` —
-at the end, with what the run folder's ledger says was charged (a stopped run: only its charged
-rounds). A resumed run re-admits its whole remaining plan (:meth:`FederatedCharge.resume`).
+at the end, with what the run folder's ledger says was charged when the run finished (a run that
+stopped before its end keeps its whole plan charged). A resumed run re-admits its whole remaining plan
+(:meth:`FederatedCharge.resume`), from the one copy of its folder that holds it
+(:mod:`veil.registry.resume_lease`).
 
 A real Flower deployment whose SuperNodes hold their own data (``flwr run`` against remote
 SuperNodes) is not charged here: the data is not on this machine and has no identity the server could
@@ -269,23 +271,42 @@ class FederatedCharge:
             events = planned_events(s, _silo_sizes(s))
         else:
             events = settled_events(s, run_dir, extra_rounds=remaining)
-        self.charge.resume(run_id, events, s.delta)
+        # Refused if another copy of this folder resumed the run since, or if its ledger is older than
+        # the one the run was settled with (veil.registry.resume_lease).
+        self.charge.resume(run_id, events, s.delta, folder=run_dir, ledger_records=_ledger_records(run_dir))
 
     def release(self) -> None:
         """Un-charge the reservation: only when nothing computed from the data was released."""
         self.charge.release()
 
     def settle(self, s: FederatedSettings, run_dir: Path) -> None:
-        """Charge what the run folder's ledger holds in place of the plan (nothing there: un-charge)."""
+        """A finished run (its ledger's ``end`` record): charge what the ledger holds in place of the
+        plan. No ledger, or a run that stopped before its end (an interrupt, a failed round): the plan
+        stays charged once a row was read (revD's F7: the stop may depend on the data, so the refund
+        would too); ``--resume`` continues it at no further charge."""
+        from veil.accounting.ledger import Ledger
         from veil.federated.files import LEDGER
 
         if not (run_dir / LEDGER).exists():
             self.charge.release()
+            return
+        ledger = Ledger.open(run_dir / LEDGER)
+        if ledger.last("end") is None:
+            self.charge.release(len(ledger.records))
         else:
-            self.charge.settle(settled_events(s, run_dir))
+            self.charge.settle(settled_events(s, run_dir), len(ledger.records))
 
     def close(self) -> None:
         self.charge.close()
+
+
+def _ledger_records(run_dir: Path) -> int:
+    """The run folder's ledger length (0 before the first round wrote it)."""
+    from veil.accounting.ledger import Ledger
+    from veil.federated.files import LEDGER
+
+    path = run_dir / LEDGER
+    return len(Ledger.open(path).records) if path.exists() else 0
 
 
 def _silo_sizes(s: FederatedSettings) -> list[int]:

@@ -201,14 +201,33 @@ class DatasetCharge:
         self.reading()
         self.resume(self.run_id, events, delta)
 
-    def resume(self, run_id: str, events: Sequence[PrivacyEvent], delta: float) -> None:
-        """Continue a run with ``events`` as its whole plan (a run the registry never saw is reserved)."""
+    def resume(
+        self,
+        run_id: str,
+        events: Sequence[PrivacyEvent],
+        delta: float,
+        *,
+        folder: Path | None = None,
+        ledger_records: int = 0,
+    ) -> None:
+        """Continue a run with ``events`` as its whole plan (a run the registry never saw is reserved).
+
+        ``folder``: the run folder that continues it, whose ledger holds ``ledger_records`` records:
+        refused (:class:`~veil.errors.RegistryError`, nothing charged) when another copy of the folder
+        resumed the run since, or when its ledger is older than the one the run was settled with;
+        granted, the folder records that it holds the run (:mod:`veil.registry.resume_lease`)."""
+        from veil.registry import resume_lease, transactions
+
+        lease = None if folder is None else resume_lease.held(folder, run_id, ledger_records)
         if self.registry.run(run_id) is None:
             self.reserve(events, run_id, delta)
+            if folder is not None and lease is not None:
+                transactions.grant_lease(self.registry.db, run_id, lease)
+                resume_lease.take(folder, run_id, lease)
             return
-        from veil.registry import transactions
-
-        transactions.reopen(self.registry.db, run_id, events)
+        transactions.reopen(self.registry.db, run_id, events, lease)
+        if folder is not None and lease is not None:
+            resume_lease.take(folder, run_id, lease)
         self.run_id = run_id
         self._planned = list(events)
         self._rows_read = True
@@ -227,22 +246,24 @@ class DatasetCharge:
         released = self.registry.released_id(status.dataset_id)
         return budget_section(status, self.run_id, events, self.registry.run_notes(), released)
 
-    def settle(self, events: Sequence[PrivacyEvent]) -> None:
-        """Charge what the job actually released (its ledger's events) in place of the plan."""
+    def settle(self, events: Sequence[PrivacyEvent], ledger_records: int | None = None) -> None:
+        """Charge what the job actually released (its ledger's events) in place of the plan;
+        ``ledger_records``: a resumable run's ledger length (:mod:`veil.registry.resume_lease`)."""
         if self.run_id is not None:
             from veil.registry import transactions
 
-            transactions.commit(self.registry.db, self.run_id, events)
+            transactions.commit(self.registry.db, self.run_id, events, ledger_records)
             _OPEN.pop(self.run_id, None)
             self.run_id = None
 
-    def release(self) -> None:
-        """End a job that released nothing: un-charge its reservation if no row was read yet, else
-        settle the planned events (never un-charge after a read; see the module doc)."""
+    def release(self, ledger_records: int | None = None) -> None:
+        """End a job that released nothing, or one that stopped before its plan: un-charge its
+        reservation if no row was read yet, else settle the planned events (never un-charge after a
+        read; see the module doc). ``ledger_records``: as for :meth:`settle`."""
         if self.run_id is None:
             return
         if self._rows_read:
-            self.settle(self._planned)
+            self.settle(self._planned, ledger_records)
             return
         from veil.registry import transactions
 

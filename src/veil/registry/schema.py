@@ -15,11 +15,14 @@ dataset was read from, one name per fingerprint (:mod:`veil.registry.fingerprint
 ``create_all`` in a registry made before it, like the two above.
 ``veil_budget_public_ids``: the random id a release names a content-fingerprinted dataset by
 (:mod:`veil.registry.public_ids`); created by ``create_all`` like the three above.
+``veil_budget_resumes``: for a run that can be resumed, which continuation of its folder holds it
+(``generation``) and how long its ledger was when last settled (``ledger_records``;
+:mod:`veil.registry.resume_lease`); created by ``create_all`` like the four above.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import Column, Float, ForeignKey, Index, MetaData, String, Table, Text
+from sqlalchemy import Column, Float, ForeignKey, Index, Integer, MetaData, String, Table, Text
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -27,6 +30,7 @@ __all__ = [
     "fingerprints",
     "metadata",
     "public_ids",
+    "resumes",
     "run_info",
     "runs",
     "units",
@@ -100,4 +104,15 @@ public_ids = Table(
     Column("dataset_id", String(255), primary_key=True),
     Column("public_id", String(64), nullable=False, unique=True),
     Column("created_at", String(32), nullable=False),
+)
+
+resumes = Table(
+    "veil_budget_resumes",
+    metadata,
+    # One row per resumable run (train, federated): the continuation that holds it and its ledger's
+    # length at the last settlement. Created by create_all, like the above.
+    Column("run_id", String(255), ForeignKey("veil_budget_runs.run_id"), primary_key=True),
+    Column("generation", Integer, nullable=False),
+    Column("ledger_records", Integer, nullable=False),
+    Column("updated_at", String(32), nullable=False),
 )

@@ -10,8 +10,10 @@ transaction holding the dataset (:meth:`veil.registry.database.Database.locked`)
 racing for the last of a budget cannot both pass. A refused reservation writes nothing.
 
 A crashed run's reservation stays charged with its planned events: the registry cannot know how much
-of it ran, so it assumes all of it. :func:`commit` replaces the plan by the events the run's ledger
-holds; :func:`release` un-charges a run and is only for a run that never read a row.
+of it ran, so it assumes all of it. A resumed run is continued by one copy of its folder at a time,
+never from a ledger older than the one it was settled with (:mod:`veil.registry.resume_lease`).
+:func:`commit` replaces the plan by the events the run's ledger holds; :func:`release` un-charges a
+run and is only for a run that never read a row.
 
 :func:`commit` holds each run to its reservation: events that cost more than the plan in any
 accountant the dataset uses (PLD and/or RDP, at the budget's δ) are refused as a commit and recorded
@@ -35,9 +37,20 @@ from veil.registry.compose import check_accountant, check_events, events_to_json
 from veil.registry.database import Database, now
 from veil.registry.identity import DatasetIdentity, dataset_key
 from veil.registry.reporting import CHARGED, COMMITTED, OVERRUN, RELEASED, RESERVED, stored_events
-from veil.registry.schema import datasets, runs
+from veil.registry.resume_lease import ResumeLease
+from veil.registry.schema import datasets, resumes, runs
 
-__all__ = ["check_run_id", "commit", "dataset_key", "release", "reopen", "reserve", "run_row", "set_budget"]
+__all__ = [
+    "check_run_id",
+    "commit",
+    "dataset_key",
+    "grant_lease",
+    "release",
+    "reopen",
+    "reserve",
+    "run_row",
+    "set_budget",
+]
 
 
 def check_run_id(run_id: str) -> str:
@@ -254,12 +267,17 @@ def _admit(db: Database, dataset_id: str, label: str, plan: _Plan) -> None:
         ) from None
 
 
-def reopen(db: Database, run_id: str, events: Sequence[PrivacyEvent]) -> str:
+def reopen(
+    db: Database, run_id: str, events: Sequence[PrivacyEvent], lease: ResumeLease | None = None
+) -> str:
     """Re-admit a recorded run that continues (a resume) with ``events`` as its whole plan.
 
     The run goes back to *reserved*, charged with ``events`` (which must include what it already
     released), after the same atomic check as :func:`reserve` with the run's old record left out.
     Raises :class:`~veil.errors.BudgetExhaustedError` (nothing changed) if that would exceed the budget.
+    ``lease``: the run folder's claim (:mod:`veil.registry.resume_lease`), checked and advanced in the
+    same transaction; a folder another continuation overtook, or whose ledger is older than the one
+    the run was settled with, is refused with a :class:`~veil.errors.RegistryError` (nothing changed).
     """
     record = run_row(db, run_id)
     if record.status == OVERRUN:
@@ -279,6 +297,8 @@ def reopen(db: Database, run_id: str, events: Sequence[PrivacyEvent]) -> str:
         if row.epsilon is not None:
             total = spent_epsilon([*others, planned], row.delta, accountant, relation)
         if total is None or total <= row.epsilon:
+            if lease is not None:
+                _advance_lease(conn, run_id, lease)
             conn.execute(
                 runs.update()
                 .where(runs.c.run_id == run_id)
@@ -297,11 +317,77 @@ def reopen(db: Database, run_id: str, events: Sequence[PrivacyEvent]) -> str:
     return str(record.dataset_id)
 
 
-def commit(db: Database, run_id: str, events: Sequence[PrivacyEvent]) -> str:
+def _advance_lease(conn: Connection, run_id: str, lease: ResumeLease) -> None:
+    """Within the reopen's transaction: check the folder's claim against the run's record, then hand
+    the run to this continuation (generation + 1). Raises before anything is written."""
+    stored = conn.execute(select(resumes).where(resumes.c.run_id == run_id)).one_or_none()
+    generation, records = (0, 0) if stored is None else (stored.generation, stored.ledger_records)
+    if lease.generation != generation:
+        raise RegistryError(
+            "resume",
+            run_id,
+            "another copy of this run folder resumed the run after this folder last held it, so "
+            "continuing here would train the same data again for one charge; nothing was charged",
+            "continue the folder that resumed it last, or start a new run",
+        )
+    if lease.ledger_records < records:
+        raise RegistryError(
+            "resume",
+            run_id,
+            f"this folder's ledger ({lease.ledger_records} records) is older than the one the run was "
+            f"settled with ({records}): it is an earlier copy, and continuing it would train again "
+            "what was already charged; nothing was charged",
+            "continue the run's own folder, or start a new run",
+        )
+    values = {"generation": generation + 1, "ledger_records": lease.ledger_records, "updated_at": now()}
+    if stored is None:
+        conn.execute(resumes.insert().values(run_id=run_id, **values))
+    else:
+        conn.execute(resumes.update().where(resumes.c.run_id == run_id).values(**values))
+
+
+def grant_lease(db: Database, run_id: str, lease: ResumeLease) -> None:
+    """Hand a run reserved anew for a resume (the registry had no record of it) to the folder that
+    resumed it: generation ``lease.generation + 1``."""
+    record = run_row(db, run_id)
+    with db.locked(record.dataset_id) as (conn, _row):
+        conn.execute(resumes.delete().where(resumes.c.run_id == run_id))
+        conn.execute(
+            resumes.insert().values(
+                run_id=run_id,
+                generation=lease.generation + 1,
+                ledger_records=lease.ledger_records,
+                updated_at=now(),
+            )
+        )
+
+
+def _note_ledger(conn: Connection, run_id: str, ledger_records: int) -> None:
+    """Within a commit's transaction: the run's ledger length as settled (never lowered)."""
+    stored = conn.execute(select(resumes).where(resumes.c.run_id == run_id)).one_or_none()
+    if stored is None:
+        conn.execute(
+            resumes.insert().values(
+                run_id=run_id, generation=0, ledger_records=ledger_records, updated_at=now()
+            )
+        )
+    elif ledger_records > stored.ledger_records:
+        conn.execute(
+            resumes.update()
+            .where(resumes.c.run_id == run_id)
+            .values(ledger_records=ledger_records, updated_at=now())
+        )
+
+
+def commit(
+    db: Database, run_id: str, events: Sequence[PrivacyEvent], ledger_records: int | None = None
+) -> str:
     """Record what a run actually released (its ledger's events) in place of its plan.
 
     Events beyond the plan (see the module doc) are still charged, under status ``overrun``, and
     then refused with a :class:`~veil.errors.RegistryError`: the excess is never silent.
+    ``ledger_records``: a resumable run's ledger length, kept so that an older copy of its folder is
+    never resumed (:mod:`veil.registry.resume_lease`).
     """
     record = run_row(db, run_id)
     with db.locked(record.dataset_id) as (conn, row):
@@ -323,6 +409,8 @@ def commit(db: Database, run_id: str, events: Sequence[PrivacyEvent]) -> str:
             .where(runs.c.run_id == run_id)
             .values(status=OVERRUN if excess else COMMITTED, events=events_to_json(actual), finished_at=now())
         )
+        if ledger_records is not None:
+            _note_ledger(conn, run_id, ledger_records)
     if excess:
         name, planned, released = excess[0]
         raise RegistryError(

@@ -110,17 +110,22 @@ def _resume(run_dir: Path, overrides: Mapping[str, Any], progress: bool | None, 
                 now = ckpt.front_fingerprint(plan.net, plan.data.input_shape)
                 ckpt.check_front_fingerprint(state, now, run_dir)
             run_id = ledger.header.get("budget_run_id") or uuid.uuid4().hex
-            charge.resume(run_id, _planned_events(plan, ledger.events(), ledger.steps), cfg.delta)
+            planned = _planned_events(plan, ledger.events(), ledger.steps)
+            # Refused if another copy of this folder resumed the run since, or if this ledger is
+            # older than the one the run was settled with (veil.registry.resume_lease).
+            charge.resume(run_id, planned, cfg.delta, folder=run_dir, ledger_records=len(ledger.records))
             resumed = True
             ledger.append("resume", charged=ledger.steps)
+            report = None
             try:
-                return execute_run(plan, run_dir, ledger, t0, progress)
+                report = execute_run(plan, run_dir, ledger, t0, progress)
+                return report
             except KeyboardInterrupt as exc:
                 raise RunInterrupted(str(run_dir)) from exc
         finally:
             ledger.close()
             if resumed:
-                charge.settle(ledger.events())
+                _settle(charge, ledger, completed=report is not None)
             charge.close()
 
 
@@ -155,6 +160,7 @@ def train(
         # nothing read, nothing recorded.
         charge.reserve(stand_in_plan(cfg.epsilon, cfg.delta), run_id, cfg.delta, before_reading=True)
         ledger: Ledger | None = None
+        report: Report | None = None
         try:
             charge.reading()  # from here the run stays charged, whatever happens
             plan = prepare_run(cfg, None)
@@ -173,19 +179,34 @@ def train(
                 ledger = Ledger.create(run_dir / LEDGER, header)  # exclusive: never over another run
                 try:
                     write_config(plan.cfg, run_dir / CONFIG)
-                    return execute_run(plan, run_dir, ledger, t0, progress, curve)
+                    report = execute_run(plan, run_dir, ledger, t0, progress, curve)
+                    return report
                 except KeyboardInterrupt as exc:  # Ctrl-C: the ledger holds every step; say how to go on
                     raise RunInterrupted(str(run_dir)) from exc
                 finally:
                     ledger.close()
         finally:
-            # What the ledger holds is what was released; no ledger: the plan (or the stand-in) stays.
+            # A finished run: what its ledger holds is what was released. No ledger, or a run that
+            # stopped before its end: the plan (or the stand-in) stays charged.
             if ledger is None:
                 charge.release()
             else:
-                charge.settle(ledger.events())
+                _settle(charge, ledger, completed=report is not None)
     finally:
         charge.close()
+
+
+def _settle(charge: DatasetCharge, ledger: Ledger, *, completed: bool) -> None:
+    """Settle a run that wrote a ledger: a finished run (including one the budget stopped early, a
+    decision made from public numbers) with its ledger's events; a run that stopped before its end (an
+    interrupt, a crash) with its whole plan. An interrupt may follow the training loss on the progress
+    bar, computed without noise, so charging only the steps taken would make the refund depend on the
+    data (revD's F7); ``--resume`` continues such a run at no further charge. The ledger's length is
+    kept so that an older copy of the folder is never resumed (:mod:`veil.registry.resume_lease`)."""
+    if completed:
+        charge.settle(ledger.events(), len(ledger.records))
+    else:
+        charge.release(len(ledger.records))
 
 
 def _check_public(cfg: TrainConfig) -> None:
