@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import veil.clipping.fallback as fallback_module
+import veil.clipping.rules.conv as conv_rule
 from veil.clipping import LayerRule, PerSampleClipper, register_rule, supports
 from veil.clipping._linear_algebra import ghost_is_cheaper
 from veil.errors import InvalidParameterError, ModelNotSupportedError
@@ -211,6 +212,20 @@ MODELS: dict[str, Callable[[], tuple[nn.Module, Tensor]]] = {
     ),
     "conv2d_same_even": lambda: (nn.Conv2d(2, 3, 2, padding="same", dilation=1), torch.randn(4, 2, 5, 5)),
     "conv2d_ghost": lambda: (nn.Conv2d(8, 16, 3), torch.randn(4, 8, 4, 4)),
+    # patches no larger than the output gradient: weight and bias from one matmul over the patches
+    "conv2d_patches": lambda: (
+        nn.Conv2d(2, 20, (3, 2), stride=(2, 1), padding=(1, 2), dilation=(1, 2)),
+        torch.randn(5, 2, 7, 8),
+    ),
+    "conv2d_patches_reflect_no_bias": lambda: (
+        nn.Conv2d(1, 9, 3, padding="same", padding_mode="reflect", bias=False),
+        torch.randn(4, 1, 6, 5),
+    ),
+    "conv2d_patches_same_even": lambda: (nn.Conv2d(1, 5, 2, padding="same"), torch.randn(4, 1, 5, 6)),
+    "conv1d_patches_strided_input": lambda: (
+        nn.Conv1d(2, 8, 3, stride=2, padding=1),
+        torch.randn(5, 4, 11)[:, ::2],  # a non-contiguous input: the patches follow its strides
+    ),
     "embedding": lambda: (nn.Embedding(5, 3), torch.randint(0, 5, (6, 7))),
     "embedding_padding_idx": lambda: (nn.Embedding(5, 3, padding_idx=1), torch.randint(0, 5, (6, 7))),
     "embedding_max_norm": lambda: (nn.Embedding(5, 3, max_norm=1.0), torch.randint(0, 5, (6, 4))),
@@ -302,6 +317,35 @@ def test_bfloat16_autocast_is_close_to_float64_reference(name: str) -> None:
 def test_both_linear_forms_are_exercised() -> None:
     assert ghost_is_cheaper(3, 20, 16) and not ghost_is_cheaper(7, 3, 2)
     assert ghost_is_cheaper(4, 8 * 9, 16) and not ghost_is_cheaper(5 * 5, 1 * 9, 2)
+
+
+@pytest.mark.parametrize(
+    ("name", "patches"),
+    [
+        ("conv2d_patches", True),
+        ("conv2d_patches_reflect_no_bias", True),
+        ("conv2d_patches_same_even", True),
+        ("conv1d_patches_strided_input", True),
+        ("conv2d", False),
+        ("conv1d_same_reflect", False),
+        ("conv2d_same_even", False),
+    ],
+)
+def test_both_materialised_conv_forms_are_exercised(
+    name: str, patches: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The MODELS above reach the path their name says: the patch matmul or the grouped convolution."""
+    used: list[str] = []
+    for fn in ("per_sample_weight", "per_sample_weight_and_bias"):
+        original = getattr(conv_rule, fn)
+
+        def spy(*args: object, _fn: str = fn, _original: Callable[..., object] = original) -> object:
+            used.append(_fn)
+            return _original(*args)
+
+        monkeypatch.setattr(conv_rule, fn, spy)
+    check_exact(*MODELS[name]())
+    assert used == ["per_sample_weight_and_bias" if patches else "per_sample_weight"]
 
 
 class SharedInputProjections(nn.Module):
