@@ -222,6 +222,10 @@ MODELS: dict[str, Callable[[], tuple[nn.Module, Tensor]]] = {
         torch.randn(4, 1, 6, 5),
     ),
     "conv2d_patches_same_even": lambda: (nn.Conv2d(1, 5, 2, padding="same"), torch.randn(4, 1, 5, 6)),
+    "conv2d_patches_channels_last": lambda: (
+        nn.Conv2d(2, 24, 3, padding=1),
+        torch.randn(4, 2, 6, 7).contiguous(memory_format=torch.channels_last),
+    ),
     "conv1d_patches_strided_input": lambda: (
         nn.Conv1d(2, 8, 3, stride=2, padding=1),
         torch.randn(5, 4, 11)[:, ::2],  # a non-contiguous input: the patches follow its strides
@@ -273,7 +277,9 @@ def test_all_and_none_clipped(name: str, clip: str) -> None:
     check_exact(model, x, clip=clip)
 
 
-@pytest.mark.parametrize("name", ["cnn_groupnorm", "transformer_encoder_layer", "tied_weights"])
+@pytest.mark.parametrize(
+    "name", ["cnn_groupnorm", "conv2d_patches", "transformer_encoder_layer", "tied_weights"]
+)
 def test_float32_model_is_close_to_float64_reference(name: str) -> None:
     model, x = MODELS[name]()
     with torch.no_grad():
@@ -291,7 +297,14 @@ def test_float32_model_is_close_to_float64_reference(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["cnn_groupnorm", "transformer_encoder_layer", "tied_weights", "custom_fallback"]
+    "name",
+    [
+        "cnn_groupnorm",
+        "conv2d_patches",
+        "transformer_encoder_layer",
+        "tied_weights",
+        "custom_fallback",
+    ],
 )
 def test_bfloat16_autocast_is_close_to_float64_reference(name: str) -> None:
     model, x = MODELS[name]()
@@ -325,6 +338,7 @@ def test_both_linear_forms_are_exercised() -> None:
         ("conv2d_patches", True),
         ("conv2d_patches_reflect_no_bias", True),
         ("conv2d_patches_same_even", True),
+        ("conv2d_patches_channels_last", True),
         ("conv1d_patches_strided_input", True),
         ("conv2d", False),
         ("conv1d_same_reflect", False),
@@ -510,7 +524,13 @@ def test_per_layer_matches_naive_loop(name: str, split: bool) -> None:
 
 # ---------------------------------------------------------------------------- batch sizes, accumulation
 @pytest.mark.parametrize(
-    "name", ["cnn_groupnorm", "embedding_conv1d_layernorm_linear", "transformer_encoder_layer"]
+    "name",
+    [
+        "cnn_groupnorm",
+        "conv2d_patches",
+        "embedding_conv1d_layernorm_linear",
+        "transformer_encoder_layer",
+    ],
 )
 def test_batch_of_one(name: str) -> None:
     model, x = MODELS[name]()
@@ -519,7 +539,14 @@ def test_batch_of_one(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["cnn_groupnorm", "tied_weights", "custom_fallback", "transformer_encoder_layer"]
+    "name",
+    [
+        "cnn_groupnorm",
+        "conv2d_patches",
+        "tied_weights",
+        "custom_fallback",
+        "transformer_encoder_layer",
+    ],
 )
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 def test_empty_batch_accumulates_nothing(name: str, reduction: str) -> None:
