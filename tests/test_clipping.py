@@ -223,12 +223,12 @@ MODELS: dict[str, Callable[[], tuple[nn.Module, Tensor]]] = {
     ),
     "conv2d_patches_same_even": lambda: (nn.Conv2d(1, 5, 2, padding="same"), torch.randn(4, 1, 5, 6)),
     "conv2d_patches_channels_last": lambda: (
-        nn.Conv2d(2, 24, 3, padding=1),
+        nn.Conv2d(2, 24, 3),  # unpadded: the patches are read from the input's own strides
         torch.randn(4, 2, 6, 7).contiguous(memory_format=torch.channels_last),
     ),
     "conv1d_patches_strided_input": lambda: (
-        nn.Conv1d(2, 8, 3, stride=2, padding=1),
-        torch.randn(5, 4, 11)[:, ::2],  # a non-contiguous input: the patches follow its strides
+        nn.Conv1d(2, 8, 3, stride=2),  # unpadded: the patches are read from the view itself
+        torch.randn(5, 4, 11)[:, 1::2],  # a non-contiguous view at an offset
     ),
     "embedding": lambda: (nn.Embedding(5, 3), torch.randint(0, 5, (6, 7))),
     "embedding_padding_idx": lambda: (nn.Embedding(5, 3, padding_idx=1), torch.randint(0, 5, (6, 7))),
