@@ -11,7 +11,11 @@
    of main 0cf85ea: its host transform, the clipped sum and grid applied by torch ops after the draw;
    ``legacy_noise.release_of_before``), veil-at-step (the default engine with the small-group reserve
    of ``veil.noise_ahead`` switched off: every step draws its noise at the step, as before the
-   reserve), veil-urandom (the previous secure sampler) and veil-seeded.
+   reserve), veil-conv-before (the default engine with every convolution's per-sample weight
+   gradients from the grouped convolution of main 863f2e4, ``veil.clipping.rules.conv``'s patch matmul
+   off), veil-urandom (the previous secure sampler) and veil-seeded. Each step is timed in wall time
+   and in process CPU time (``time.process_time``: what a loaded machine disturbs least, and with
+   ``--threads 1`` the step's own work; with two threads it also counts threads spinning in wait).
 
 Everything runs in one process with rounds interleaved (one draw, or one step, of every source or
 mode per round), so load drift hits every source alike. Reported: the median and the best of the
@@ -23,6 +27,8 @@ Usage::
 
     python bench/secure_noise.py                # 54314 … 10⁷: 30 draw rounds; 10⁸: 3; 100 steps
     python bench/secure_noise.py --rounds 100 --sizes 92162 --steps 0
+    python bench/secure_noise.py --sizes '' --large '' --configs cnn --steps 100 \
+        --modes plain,veil,veil-conv-before,veil-seeded --threads 1   # the CNN's clipping path
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from common import describe_machine, markdown_table, timing_rows
 from legacy_noise import UrandomSource, release_of_before
 from veil.mechanisms import SecureSource, SeededSource
 
-MODES = ("plain", "veil", "veil-before", "veil-at-step", "veil-urandom", "veil-seeded")
+MODES = ("plain", "veil", "veil-before", "veil-at-step", "veil-conv-before", "veil-urandom", "veil-seeded")
 BASELINE = "seeded (torch.Generator)"  # torch.randn's sampler, on a generator of its own
 
 
@@ -60,15 +66,17 @@ def step_rows(
     steps = {}
     for mode in modes:
         model, data, loss = build(config)
-        engine_mode = "veil" if mode in ("veil-before", "veil-at-step") else mode
+        engine_mode = "veil" if mode in ("veil-before", "veil-at-step", "veil-conv-before") else mode
         model, optimizer, _, loss = make_mode(
             engine_mode, model.to(dev), data(BATCH[config]), loss, BATCH[config]
         )
         x, y = (t.to(dev) for t in data(BATCH[config]).tensors)
         # veil-before: the default engine with the secure release of main 0cf85ea (legacy_noise.py)
-        context = {"veil-before": release_of_before, "veil-at-step": _no_reserve}.get(
-            mode, contextlib.nullcontext
-        )
+        context = {
+            "veil-before": release_of_before,
+            "veil-at-step": _no_reserve,
+            "veil-conv-before": _conv_before,
+        }.get(mode, contextlib.nullcontext)
 
         def step(
             model: Any = model,
@@ -85,20 +93,24 @@ def step_rows(
 
         steps[mode] = step
     times: dict[str, list[float]] = {mode: [] for mode in modes}
+    cpu: dict[str, list[float]] = {mode: [] for mode in modes}
     for i in range(rounds + 3):
         for mode, step in steps.items():
             sync()
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             step()
             sync()
             if i >= 3:
                 times[mode].append(time.perf_counter() - start)
+                cpu[mode].append(time.process_time() - cpu_start)
     plain_med, plain_best = statistics.median(times["plain"]), min(times["plain"])
+    plain_cpu = statistics.median(cpu["plain"])
     rows: list[list[object]] = []
     for mode, ts in times.items():
-        med, best = statistics.median(ts), min(ts)
+        med, best, cpu_med = statistics.median(ts), min(ts), statistics.median(cpu[mode])
         ratios = [f"{plain_med / med:.2f}×", f"{plain_best / best:.2f}×"]
-        rows.append([config, mode, med * 1e3, best * 1e3, BATCH[config] / med, *ratios])
+        cpu_cols = [cpu_med * 1e3, f"{plain_cpu / cpu_med:.2f}×"]
+        rows.append([config, mode, med * 1e3, best * 1e3, BATCH[config] / med, *ratios, *cpu_cols])
     return rows
 
 
@@ -113,6 +125,20 @@ def _no_reserve() -> Any:
         yield
     finally:
         noise_ahead.RESERVE_COORDINATES = saved
+
+
+@contextlib.contextmanager
+def _conv_before() -> Any:
+    """The default engine with convolutions' per-sample weight gradients from the grouped convolution
+    (main 863f2e4's only materialised form): ``veil.clipping.rules.conv.patches_fit`` answers no."""
+    from veil.clipping.rules import conv
+
+    saved = conv.patches_fit
+    conv.patches_fit = lambda rows, c_out: False
+    try:
+        yield
+    finally:
+        conv.patches_fit = saved
 
 
 def draw_rows(sources: dict[str, Any], size: int, rounds: int) -> list[list[object]]:
@@ -141,7 +167,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=100, help="interleaved rounds of steps (0: skip)")
     parser.add_argument("--configs", default="mlp,cnn")
     parser.add_argument("--no-urandom", action="store_true", help="leave out the previous secure sampler")
+    parser.add_argument("--modes", default=",".join(MODES), help="step modes (plain is always run)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = parser.parse_args(argv)
+    if args.threads > 0:
+        import torch
+
+        torch.set_num_threads(args.threads)
     load_before = _load()
     sources: dict[str, Any] = {
         "secure (ChaCha20, one draw)": SecureSource(),
@@ -158,11 +190,15 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown_table(["coordinates", "source", "median ms", "best ms", "vs seeded"], rows))
     if args.steps > 0:
         print(f"\n# DP-SGD step, median / best of {args.steps} interleaved rounds (3 warm-up)\n")
-        modes = tuple(m for m in MODES if not (args.no_urandom and m == "veil-urandom"))
+        chosen = {m for m in args.modes.split(",") if m} | {"plain"}
+        unknown = chosen - set(MODES)
+        if unknown:
+            raise SystemExit(f"unknown mode(s) {sorted(unknown)}; choose from {MODES}")
+        modes = tuple(m for m in MODES if m in chosen and not (args.no_urandom and m == "veil-urandom"))
         configs = [c for c in args.configs.split(",") if c]
         rows = [row for config in configs for row in step_rows(config, args.steps, modes)]
         header = ["model", "mode", "median ms", "best ms", "ex/s (median)", "vs plain (median)"]
-        header.append("vs plain (best)")
+        header += ["vs plain (best)", "CPU ms (median)", "CPU vs plain (median)"]
         print(markdown_table(header, rows))
     print(f"\nLoad average (1, 5, 15 min) before: {load_before}; after: {_load()}")
     print("\nMachine:\n")

@@ -192,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
             "ex/s (median)",
             "vs plain (median)",
             "vs plain (best)",
+            "host CPU ms (median)",
+            "host CPU vs plain (median)",
         ]
         print(markdown_table(header, rows))
     print("\nMachine:\n")

@@ -95,6 +95,11 @@ def _grouped_models() -> dict[str, torch.nn.Module]:
             nn.Tanh(),
             nn.Linear(40, 5),
         ).double(),
+        # more output channels than patch rows: the conv's weight and bias from the patch matmul, per row,
+        # then summed over each example's K rows
+        "cnn_wide": nn.Sequential(
+            nn.Conv2d(1, 12, 3, padding=1), nn.Tanh(), nn.Flatten(), nn.Linear(12 * 36, 5)
+        ).double(),
         # a sequence through Linear: the K copies become K·T positions
         "sequence": nn.Sequential(nn.Flatten(2), nn.Linear(6, 24), nn.Tanh(), nn.Linear(24, 5)).double(),
     }
@@ -150,7 +155,7 @@ def _close(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
 
 def _inputs(name: str, b: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(11)
-    if name == "cnn":
+    if name.startswith("cnn"):
         x = torch.rand(b, 1, 6, 6, generator=gen, dtype=torch.float64)
         views = torch.stack([augment(x, gen, pad=1) for _ in range(k)], dim=1)
     else:
@@ -158,7 +163,7 @@ def _inputs(name: str, b: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return views, torch.randint(0, 5, (b,), generator=gen)
 
 
-@pytest.mark.parametrize("name", ["cnn", "sequence"])
+@pytest.mark.parametrize("name", ["cnn", "cnn_wide", "sequence"])
 @pytest.mark.parametrize("k", [1, 3])
 def test_grouped_clipping_matches_a_naive_per_example_loop(name: str, k: int) -> None:
     from veil.clipping._linear_algebra import ghost_is_cheaper

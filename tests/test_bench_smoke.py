@@ -85,3 +85,16 @@ def test_opacus_example_settings_bench_runs_one_step(
     assert "| non-private | 1 | – | ∞ (not private) |" in capsys.readouterr().out
     assert bench.main(["--table", str(out)]) == 0  # the table of collected rows, without training
     assert "| 3 | 1 |" in capsys.readouterr().out
+
+
+def test_conv_rule_bench_runs_and_checks_both_forms_agree(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    bench = _load("conv_rule", monkeypatch)
+    # the script checks that the two per-sample forms agree before it times them
+    assert bench.main(["--rounds", "1", "--shapes", "3", "--threads", str(torch.get_num_threads())]) == 0
+    out = capsys.readouterr().out
+    assert "| 256 × 1→32, 28×28 | patch matmul | patch matmul |" in out
+    assert "| 256 × 1→8, 28×28 | grouped convolution | grouped convolution + bias sum |" in out

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import veil.clipping.fallback as fallback_module
+import veil.clipping.rules.conv as conv_rule
 from veil.clipping import LayerRule, PerSampleClipper, register_rule, supports
 from veil.clipping._linear_algebra import ghost_is_cheaper
 from veil.errors import InvalidParameterError, ModelNotSupportedError
@@ -211,6 +212,24 @@ MODELS: dict[str, Callable[[], tuple[nn.Module, Tensor]]] = {
     ),
     "conv2d_same_even": lambda: (nn.Conv2d(2, 3, 2, padding="same", dilation=1), torch.randn(4, 2, 5, 5)),
     "conv2d_ghost": lambda: (nn.Conv2d(8, 16, 3), torch.randn(4, 8, 4, 4)),
+    # patches no larger than the output gradient: weight and bias from one matmul over the patches
+    "conv2d_patches": lambda: (
+        nn.Conv2d(2, 20, (3, 2), stride=(2, 1), padding=(1, 2), dilation=(1, 2)),
+        torch.randn(5, 2, 7, 8),
+    ),
+    "conv2d_patches_reflect_no_bias": lambda: (
+        nn.Conv2d(1, 9, 3, padding="same", padding_mode="reflect", bias=False),
+        torch.randn(4, 1, 6, 5),
+    ),
+    "conv2d_patches_same_even": lambda: (nn.Conv2d(1, 5, 2, padding="same"), torch.randn(4, 1, 5, 6)),
+    "conv2d_patches_channels_last": lambda: (
+        nn.Conv2d(2, 24, 3),  # unpadded: the patches are read from the input's own strides
+        torch.randn(4, 2, 6, 7).contiguous(memory_format=torch.channels_last),
+    ),
+    "conv1d_patches_strided_input": lambda: (
+        nn.Conv1d(2, 8, 3, stride=2),  # unpadded: the patches are read from the view itself
+        torch.randn(5, 4, 11)[:, 1::2],  # a non-contiguous view at an offset
+    ),
     "embedding": lambda: (nn.Embedding(5, 3), torch.randint(0, 5, (6, 7))),
     "embedding_padding_idx": lambda: (nn.Embedding(5, 3, padding_idx=1), torch.randint(0, 5, (6, 7))),
     "embedding_max_norm": lambda: (nn.Embedding(5, 3, max_norm=1.0), torch.randint(0, 5, (6, 4))),
@@ -258,7 +277,9 @@ def test_all_and_none_clipped(name: str, clip: str) -> None:
     check_exact(model, x, clip=clip)
 
 
-@pytest.mark.parametrize("name", ["cnn_groupnorm", "transformer_encoder_layer", "tied_weights"])
+@pytest.mark.parametrize(
+    "name", ["cnn_groupnorm", "conv2d_patches", "transformer_encoder_layer", "tied_weights"]
+)
 def test_float32_model_is_close_to_float64_reference(name: str) -> None:
     model, x = MODELS[name]()
     with torch.no_grad():
@@ -276,7 +297,14 @@ def test_float32_model_is_close_to_float64_reference(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["cnn_groupnorm", "transformer_encoder_layer", "tied_weights", "custom_fallback"]
+    "name",
+    [
+        "cnn_groupnorm",
+        "conv2d_patches",
+        "transformer_encoder_layer",
+        "tied_weights",
+        "custom_fallback",
+    ],
 )
 def test_bfloat16_autocast_is_close_to_float64_reference(name: str) -> None:
     model, x = MODELS[name]()
@@ -302,6 +330,36 @@ def test_bfloat16_autocast_is_close_to_float64_reference(name: str) -> None:
 def test_both_linear_forms_are_exercised() -> None:
     assert ghost_is_cheaper(3, 20, 16) and not ghost_is_cheaper(7, 3, 2)
     assert ghost_is_cheaper(4, 8 * 9, 16) and not ghost_is_cheaper(5 * 5, 1 * 9, 2)
+
+
+@pytest.mark.parametrize(
+    ("name", "patches"),
+    [
+        ("conv2d_patches", True),
+        ("conv2d_patches_reflect_no_bias", True),
+        ("conv2d_patches_same_even", True),
+        ("conv2d_patches_channels_last", True),
+        ("conv1d_patches_strided_input", True),
+        ("conv2d", False),
+        ("conv1d_same_reflect", False),
+        ("conv2d_same_even", False),
+    ],
+)
+def test_both_materialised_conv_forms_are_exercised(
+    name: str, patches: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The MODELS above reach the path their name says: the patch matmul or the grouped convolution."""
+    used: list[str] = []
+    for fn in ("per_sample_weight", "per_sample_weight_and_bias"):
+        original = getattr(conv_rule, fn)
+
+        def spy(*args: object, _fn: str = fn, _original: Callable[..., object] = original) -> object:
+            used.append(_fn)
+            return _original(*args)
+
+        monkeypatch.setattr(conv_rule, fn, spy)
+    check_exact(*MODELS[name]())
+    assert used == ["per_sample_weight_and_bias" if patches else "per_sample_weight"]
 
 
 class SharedInputProjections(nn.Module):
@@ -466,7 +524,13 @@ def test_per_layer_matches_naive_loop(name: str, split: bool) -> None:
 
 # ---------------------------------------------------------------------------- batch sizes, accumulation
 @pytest.mark.parametrize(
-    "name", ["cnn_groupnorm", "embedding_conv1d_layernorm_linear", "transformer_encoder_layer"]
+    "name",
+    [
+        "cnn_groupnorm",
+        "conv2d_patches",
+        "embedding_conv1d_layernorm_linear",
+        "transformer_encoder_layer",
+    ],
 )
 def test_batch_of_one(name: str) -> None:
     model, x = MODELS[name]()
@@ -475,7 +539,14 @@ def test_batch_of_one(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["cnn_groupnorm", "tied_weights", "custom_fallback", "transformer_encoder_layer"]
+    "name",
+    [
+        "cnn_groupnorm",
+        "conv2d_patches",
+        "tied_weights",
+        "custom_fallback",
+        "transformer_encoder_layer",
+    ],
 )
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 def test_empty_batch_accumulates_nothing(name: str, reduction: str) -> None:

@@ -24,12 +24,18 @@ def _models(dtype: torch.dtype) -> dict[str, nn.Module]:
         "linear-ghost": nn.Sequential(nn.Linear(32, 48), nn.Tanh(), nn.Linear(48, 5)).to(dtype),
         "sequence": nn.Sequential(nn.Linear(6, 40), nn.Tanh(), nn.Linear(40, 4)).to(dtype),
         "conv": nn.Sequential(nn.Conv1d(3, 8, 3), nn.Tanh(), nn.Flatten(), nn.Linear(8 * 10, 4)).to(dtype),
+        # more output channels than patch rows: the conv rule's patch matmul
+        "conv-patches": nn.Sequential(nn.Conv1d(2, 8, 3), nn.Tanh(), nn.Flatten(), nn.Linear(8 * 10, 4)).to(
+            dtype
+        ),
     }
 
 
 def _inputs(name: str, n: int, dtype: torch.dtype) -> torch.Tensor:
     g = torch.Generator().manual_seed(1)
-    shape = {"linear-ghost": (n, 32), "sequence": (n, 7, 6), "conv": (n, 3, 12)}[name]
+    shape = {"linear-ghost": (n, 32), "sequence": (n, 7, 6), "conv": (n, 3, 12), "conv-patches": (n, 2, 12)}[
+        name
+    ]
     return (torch.randn(shape, generator=g) * torch.logspace(-1, 2, n).view(-1, *[1] * (len(shape) - 1))).to(
         dtype
     )
@@ -55,7 +61,7 @@ def _contribution_norms(model: nn.Module, x: torch.Tensor, reduction: str) -> li
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("name", ["linear-ghost", "sequence", "conv"])
+@pytest.mark.parametrize("name", ["linear-ghost", "sequence", "conv", "conv-patches"])
 def test_each_contribution_stays_within_c_in_the_parameter_dtype(name: str, dtype: torch.dtype) -> None:
     model = _models(dtype)[name]
     x = _inputs(name, 120, dtype)

@@ -86,11 +86,13 @@ def assert_exact(model: nn.Module, x: Tensor, clip: str, reduction: str, seed: i
 
 
 @st.composite
-def conv_configs(draw: st.DrawFn, dims: int) -> tuple[nn.Module, Tensor]:
-    groups = draw(st.integers(1, 3))
+def conv_configs(draw: st.DrawFn, dims: int, wide: bool = False) -> tuple[nn.Module, Tensor]:
+    groups = 1 if wide else draw(st.integers(1, 3))
     c_in = groups * draw(st.integers(1, 2))
     c_out = groups * draw(st.integers(1, 3))
     kernel = tuple(draw(st.integers(1, 3)) for _ in range(dims))
+    if wide:  # more output channels than patch rows: the rule's patch matmul (unless ghost is cheaper)
+        c_out = c_in * math.prod(kernel) + draw(st.integers(1, 3))
     dilation = tuple(draw(st.integers(1, 2)) for _ in range(dims))
     mode = draw(st.sampled_from(["zeros", "reflect", "replicate", "circular"]))
     padding_kind = draw(st.sampled_from(["int", "same", "valid"]))
@@ -135,6 +137,17 @@ def test_conv1d(config: tuple[nn.Module, Tensor], clip: str, reduction: str, see
 @SETTINGS
 @given(config=conv_configs(2), clip=CLIPS, reduction=REDUCTIONS, seed=st.integers(0, 2**16))
 def test_conv2d(config: tuple[nn.Module, Tensor], clip: str, reduction: str, seed: int) -> None:
+    assert_exact(*config, clip, reduction, seed)
+
+
+@SETTINGS
+@given(
+    config=st.one_of(conv_configs(1, wide=True), conv_configs(2, wide=True)),
+    clip=CLIPS,
+    reduction=REDUCTIONS,
+    seed=st.integers(0, 2**16),
+)
+def test_conv_wide(config: tuple[nn.Module, Tensor], clip: str, reduction: str, seed: int) -> None:
     assert_exact(*config, clip, reduction, seed)
 
 

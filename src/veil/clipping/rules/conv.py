@@ -2,7 +2,12 @@
 
 A convolution is a grouped linear map applied at every output position to the unfolded input
 patch, so the weight's per-sample gradient is ``Σ_l g_l a_lᵀ`` per group over the ``L`` output
-positions (see :mod:`veil.clipping._linear_algebra`); ghost or materialised by cost.
+positions (see :mod:`veil.clipping._linear_algebra`); ghost or materialised by cost. An ungrouped
+convolution's materialised gradients come from one batched matmul over its input patches, the bias
+gradient with them, when the patches take no more memory than the output gradient the rule already
+holds (:func:`patches_fit`; CPU time 1.4× below the grouped convolution's for the SimpleCNN's 1→32
+layer, 1.8× for 4→64 channels, close to the plain summed weight gradient's: ``bench/conv_rule.py``);
+otherwise from one grouped convolution (:func:`per_sample_weight`), which holds no patches.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import math
 from collections.abc import Sequence, Set
 from typing import Any, ClassVar
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -67,6 +73,50 @@ def per_sample_weight(module: nn.modules.conv._ConvNd, x: Tensor, g: Tensor) -> 
         taps = F.conv2d(inputs, kernels, stride=module.dilation, dilation=module.stride, groups=batch)
         taps = taps[:, :, : kernel[0], : kernel[1]]
     return taps.reshape(c_in, batch, c_out, *kernel).movedim(0, 2)
+
+
+def patches_fit(rows: int, c_out: int) -> bool:
+    """Whether :func:`per_sample_weight_and_bias` is used: its patch matrix ``[B, rows, L]`` (``rows``:
+    the weight's ``C_in·prod(kernel)``, plus one for a bias) is no larger than the output gradient
+    ``[B, C_out, L]`` already held, so memory stays within what the layer's backward holds anyway."""
+    return rows <= c_out
+
+
+def per_sample_weight_and_bias(
+    module: nn.modules.conv._ConvNd, x: Tensor, g: Tensor, bias: bool
+) -> tuple[Tensor, Tensor | None]:
+    """Per-sample weight gradients ``[B, *weight.shape]`` of an ungrouped convolution, and with ``bias``
+    the per-sample bias gradients ``[B, C_out]``, from one batched matmul over the input patches.
+
+    ``∂W_b = Σ_l g[b, :, l] p[b, :, l]ᵀ`` and ``∂bias_b = Σ_l g[b, :, l]``, where ``p[b, :, l]`` is the
+    padded input patch that output position ``l`` sees (channel-major, as the weight is laid out). The
+    patches are copied once from a strided view of the padded input into ``[B, d (+1), L]``; a row of
+    ones appended to them makes the bias gradient the matmul's last row, so the output gradient is read
+    once for both.
+    """
+    x, g = common_dtype(x, g)
+    padded = _padded(module, x)
+    batch, c_in = padded.shape[:2]
+    kernel, out_shape = tuple(module.kernel_size), tuple(g.shape[2:])
+    strides = padded.stride()
+    spatial = strides[2:]
+    window = padded.as_strided(
+        (batch, c_in, *kernel, *out_shape),
+        (
+            strides[0],
+            strides[1],
+            *(d * s for d, s in zip(module.dilation, spatial, strict=True)),
+            *(t * s for t, s in zip(module.stride, spatial, strict=True)),
+        ),
+    )
+    d, positions, c_out = c_in * math.prod(kernel), math.prod(out_shape), g.shape[1]
+    patches = padded.new_empty(batch, d + int(bias), positions)
+    patches[:, :d].view(batch, c_in, *kernel, *out_shape).copy_(window)
+    if bias:
+        patches[:, d].fill_(1)
+    products = torch.bmm(patches, g.reshape(batch, c_out, positions).transpose(1, 2))  # [B, d (+1), C_out]
+    weight = products[:, :d].transpose(1, 2).reshape(batch, *module.weight.shape)
+    return weight, (products[:, d] if bias else None)
 
 
 def unfold_patches(module: nn.modules.conv._ConvNd, x: Tensor) -> Tensor:
@@ -133,10 +183,17 @@ class _ConvRule(LayerRule):
             d = (module.in_channels // groups) * math.prod(module.kernel_size)
             forced = "weight" in materialise
             if groups == 1 and (forced or not ghost_is_cheaper(k * positions, d, c_out)):
-                rows = per_sample_weight(module, x, g)
+                with_bias = "bias" in names
+                if patches_fit(d + int(with_bias), c_out):
+                    rows, bias_rows = per_sample_weight_and_bias(module, x, g, with_bias)
+                    if bias_rows is not None:
+                        summed = bias_rows if k == 1 else bias_rows.view(batch, k, c_out).sum(1)
+                        out["bias"] = Materialised(summed)
+                else:
+                    rows = per_sample_weight(module, x, g)
+                    if with_bias:
+                        out["bias"] = Materialised(g.reshape(batch, k, c_out, -1).sum(dim=(1, 3)))
                 out["weight"] = Materialised(rows if k == 1 else rows.view(batch, k, *rows.shape[1:]).sum(1))
-                if "bias" in names:
-                    out["bias"] = Materialised(g.reshape(batch, k, c_out, -1).sum(dim=(1, 3)))
                 return out
             patches = unfold_patches(module, x)
             if k == 1:
