@@ -121,8 +121,8 @@ def test_space_draws_from_the_lists() -> None:
 
 def test_only_the_tune_itself_has_a_release_folder(tuned: tuple[Path, dict]) -> None:
     """The trials and the preset reference are trained by the train job, which writes a release/
-    folder claiming its own guarantee; the tuning bound covers only the chosen model, and the
-    reference is charged nowhere, so theirs are removed (found by the review)."""
+    folder claiming its own guarantee for every run; the tuning bound covers only the chosen model,
+    and the reference is charged nowhere, so tune runs both without publishing (found by the review)."""
     out, _ = tuned
     assert [p.relative_to(out) for p in out.rglob("release")] == [Path("release")]
 
