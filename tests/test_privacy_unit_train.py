@@ -100,6 +100,11 @@ def test_a_unit_level_run_reports_the_unit_and_never_prints_an_id(
     assert report["sampling_rate"] == pytest.approx(40 / unit["units"])
     assert 100 < unit["units"] < 200  # the training side of 200 patients
     assert "each person (unit column `patient_id`), whatever number of rows they have" in report["covers"]
+    # The dataset's budget is stated on the unit the registry records, in both reports (revD F3).
+    released = json.loads((out / "release" / "report.json").read_text())
+    for budget in (report["dataset_budget"], released["dataset_budget"]):
+        assert budget["privacy_unit"] == "patient_id" and budget["unit"] == "privacy unit (patient_id)"
+        assert budget["neighbouring"] == "add_or_remove_one_unit"
     html = (out / "report.html").read_text()
     assert "each person (unit column `patient_id`), whatever number of rows they have" in html
     for path in out.rglob("*"):
@@ -376,7 +381,9 @@ def test_tune_with_a_privacy_unit_trains_and_scores_units(
         extra={"table_schema": schema, "privacy_unit": "patient_id"},
     )
     units = load_dataset(f"csv:{files['csv']}", schema=schema, privacy_unit="patient_id").n_units
-    assert report["privacy_unit"] == "patient_id" and report["n_train"] + report["n_validation"] == units
+    exact = report["non_private"]
+    assert report["privacy_unit"] == "patient_id" and exact["n_train"] + exact["n_validation"] == units
+    assert report["n_records"] == units
     # The statement names the person (review of issue 24: it said "add/remove-one neighbouring").
     statement = report["guarantee"]["statement"]
     assert "each person (unit column `patient_id`), whatever number of rows they have" in statement
@@ -385,7 +392,7 @@ def test_tune_with_a_privacy_unit_trains_and_scores_units(
     assert public["guarantee"]["statement"] == statement
     trial = json.loads((tmp_path / "tune" / "trials" / "1" / "report.json").read_text())
     assert trial["neighbouring"] == "add_or_remove_one_unit"
-    assert trial["privacy_unit"]["units"] == report["n_train"]
+    assert trial["privacy_unit"]["units"] == exact["n_train"]
 
 
 def test_synth_weights_move_each_marginal_by_at_most_one_per_person() -> None:

@@ -121,8 +121,8 @@ def test_space_draws_from_the_lists() -> None:
 
 def test_only_the_tune_itself_has_a_release_folder(tuned: tuple[Path, dict]) -> None:
     """The trials and the preset reference are trained by the train job, which writes a release/
-    folder claiming its own guarantee; the tuning bound covers only the chosen model, and the
-    reference is charged nowhere, so theirs are removed (found by the review)."""
+    folder claiming its own guarantee for every run; the tuning bound covers only the chosen model,
+    and the reference is charged nowhere, so tune runs both without publishing (found by the review)."""
     out, _ = tuned
     assert [p.relative_to(out) for p in out.rglob("release")] == [Path("release")]
 
@@ -264,3 +264,34 @@ def test_the_automatic_plan_is_the_largest_mean_within_its_noise_price() -> None
             except UnreachableTargetError:
                 continue
             assert s.shapes[0].sigma / ref > MAX_NOISE_RATIO
+
+
+def test_the_preset_reference_never_looks_releasable_even_when_the_tune_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reference is trained at the target ε and charged nowhere (review revD F5): it writes no
+    ``release/`` folder at any time, and its weights are deleted also when the tune fails right after
+    it trained (here: an error raised once its run folder is written)."""
+    import veil.training.execute as execute
+
+    real = execute.execute_run
+    seen: list[tuple[bool, bool]] = []
+
+    def fails_after_the_reference(plan, run_dir, ledger, *args, **kwargs):  # type: ignore[no-untyped-def]
+        report = real(plan, run_dir, ledger, *args, **kwargs)
+        if ledger.header.get("job") == "tune-reference":
+            seen.append(((run_dir / "release").exists(), (run_dir / "model.pt").is_file()))
+            raise RuntimeError("the tune fails after the reference trained")
+        return report
+
+    monkeypatch.setattr(execute, "execute_run", fails_after_the_reference)
+    monkeypatch.setattr(TrialCount, "sample", lambda self: 1)
+    out = tmp_path / "run"
+    argv = ["tune", "--dataset", "breast-cancer", "--epsilon", "3", "--out", str(out), "--epochs", "1",
+            "--batch-size", "128", "--model", "logreg", "--lr", "1.0", "--max-grad-norm", "1",
+            "--preset-share", "0", "--trials-mean", "2", "--score-noise", "10"]  # fmt: skip
+    with pytest.raises(RuntimeError, match="after the reference"):
+        main(argv)
+    assert seen == [(False, True)]  # trained and written, with no release/ of its own at any time
+    reference = out / "reference"
+    assert reference.is_dir() and not list(reference.rglob("*.pt")) and not list(reference.rglob("release"))

@@ -44,7 +44,8 @@ def test_scoring_on_the_training_rows_is_charged_as_one_procedure_on_every_row(
     assert code == 0
     r = json.loads((out / "report.json").read_text())
     n = load_builtin("breast-cancer", test_fraction=0.2, seed=0).n_train  # loaded apart from the job
-    assert r["n_train"] == n and r["n_validation"] == 0 and "no hold-out" in r["score_rows"]
+    assert r["n_records"] == n and r["validation_fraction"] == 0 and "no hold-out" in r["score_rows"]
+    assert r["non_private"]["n_train"] == n and r["non_private"]["n_validation"] == 0
     ledger = Ledger.open(out / "trials" / "1" / "ledger.jsonl")
     (score,) = [rec for rec in ledger.records if rec["kind"] == "score"]
     assert score["n_validation"] == n  # every training row scored
@@ -66,3 +67,37 @@ def test_scoring_on_the_training_rows_is_charged_as_one_procedure_on_every_row(
     # The secure lattice's correction makes veil's own events a hair more conservative.
     assert r["epsilon"] == pytest.approx(reference, rel=2e-3)
     assert r["epsilon"] >= reference * (1 - 1e-9) and r["epsilon"] <= 3.0
+
+
+def test_a_held_out_share_releases_public_sizes_and_a_score_over_a_public_number(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``--validation-fraction F`` the exact sizes of the two parts are private (a record's side
+    is a keyed hash with a public key: the exact count says which side the one differing record fell
+    on; review revD F6): the release holds N, F and F·N only, and the noisy accuracy is the noisy count
+    over F·N, a public number, never over the exact count."""
+    from veil.accounting.tuning import TrialCount
+    from veil.data.builtin import load_builtin
+
+    monkeypatch.setattr(TrialCount, "sample", lambda self: 1)
+    out, fraction = tmp_path / "tune", 0.3
+    code = main(["tune", "--dataset", "breast-cancer", "--epsilon", "3", "--out", str(out),
+                 "--validation-fraction", str(fraction), "--trials-mean", "2", "--score-noise", "10",
+                 "--epochs", "1", "--batch-size", "128", "--model", "logreg", "--lr", "1.0",
+                 "--max-grad-norm", "1", "--preset-share", "0", "--no-compare-preset"])  # fmt: skip
+    assert code == 0
+    r = json.loads((out / "report.json").read_text())
+    n = load_builtin("breast-cancer", test_fraction=0.2, seed=0).n_train
+    assert r["n_records"] == n and r["validation_fraction"] == fraction
+    assert r["score_over"] == pytest.approx(fraction * n)
+    exact = r["non_private"]["n_validation"]
+    assert 0 < exact < n and r["non_private"]["n_train"] == n - exact
+    released = json.loads((out / "release" / "report.json").read_text())
+    for key in ("n_train", "n_validation"):
+        assert key not in released and key not in released["tune"]
+    ledger = Ledger.open(out / "trials" / "1" / "ledger.jsonl")
+    (score,) = [rec for rec in ledger.records if rec["kind"] == "score"]
+    assert score["n_validation"] == exact  # the exact count stays in the internal ledger
+    noisy = r["chosen"]["noisy_validation_accuracy"]
+    assert noisy == pytest.approx(score["noisy_correct"] / (fraction * n), rel=1e-12)
+    assert noisy != pytest.approx(score["noisy_correct"] / exact, rel=1e-12)  # F·N is not an integer

@@ -124,7 +124,9 @@ def _release_charged(
                 spent=spent,
                 privacy_unit=privacy_unit,
             )
-            budget = {"budget_run_id": run_id, "budget_dataset_id": account.dataset_id}
+            # the schema is shared: it names the dataset by its released id, never by the SHA-256
+            # of the private file (the registry's key, which anyone knowing all rows but one inverts)
+            budget = {"budget_run_id": run_id, "budget_dataset_id": account.released_id()}
             schema = dataclasses.replace(result.schema, dp={**result.schema.dp, **budget})
             write_schema(schema, path, result.header, result.notes)
         finally:

@@ -98,6 +98,12 @@ class PrivateAccount:
     def run_id(self) -> str | None:
         return self.charge.run_id
 
+    def released_id(self) -> str:
+        """The id a released artefact names the dataset by: the registry's random id for a content
+        fingerprint (never the fingerprint, a function of every private row), else the identity as it
+        is (:func:`veil.registry.public_ids.released_id`)."""
+        return self.charge.registry.released_id(self.dataset_id)
+
     def reserve(
         self,
         events: Sequence[PrivacyEvent],

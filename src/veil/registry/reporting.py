@@ -28,6 +28,7 @@ __all__ = [
     "budget_section",
     "dataset_status",
     "empty_status",
+    "public_label",
     "run_record",
     "stored_events",
 ]
@@ -210,6 +211,19 @@ def dataset_status(row: Any, run_rows: Sequence[Any], per_run: bool = True) -> D
     )
 
 
+def public_label(label: str, dataset_id: str, released_id: str | None) -> str | None:
+    """A dataset's label as a report may show it: never a content fingerprint.
+
+    A dataset the registry does not know (``veil audit`` on a new file) is labelled by its id, which
+    for a file read without ``--dataset-id`` is the SHA-256 of its bytes: a function of every private
+    row (:mod:`veil.registry.public_ids`). Such a label, or one that contains the digest, is replaced
+    by ``released_id`` (the registry's random id for it; None: withheld)."""
+    digest = dataset_id.split(":", 1)[-1] if dataset_id.startswith(FINGERPRINT_KINDS) else None
+    if label.startswith(FINGERPRINT_KINDS) or (digest is not None and digest in label):
+        return released_id
+    return label
+
+
 def budget_section(
     status: DatasetStatus,
     run_id: str | None = None,
@@ -227,6 +241,12 @@ def budget_section(
     ``released_id`` is the id ``release/`` names the dataset by
     (:func:`veil.registry.public_ids.released_id`); without it, the dataset's own id unless that is a
     content fingerprint (a function of the private rows), in which case the release withholds it.
+    ``label`` is never a fingerprint where a released id is given (:func:`public_label`).
+
+    ``unit`` / ``neighbouring`` are the dataset's as the registry records them
+    (:mod:`veil.registry.units`): ``row`` / the dataset's row relation, or, on a dataset with a
+    recorded privacy unit, that unit and the relation on units (``add_or_remove_one_unit``: one unit
+    with all its rows), which is what every run charged there protects.
     """
     relation = Neighbouring(status.neighbouring)
     runs = [r for r in status.runs if r.charged]
@@ -263,12 +283,16 @@ def budget_section(
         )
     if released_id is None and not status.dataset_id.startswith(FINGERPRINT_KINDS):
         released_id = status.dataset_id
+    unit = status.privacy_unit
     return {
         "dataset_id": status.dataset_id,
         "released_id": released_id,
-        "label": status.label,
-        "unit": "row",
-        "neighbouring": status.neighbouring,
+        # without a released id (no registry at hand) the internal section keeps its label, as it
+        # keeps its dataset_id; the public view withholds both (veil.report.schema.public_view)
+        "label": public_label(status.label, status.dataset_id, released_id) or status.label,
+        "unit": "row" if unit is None else f"privacy unit ({unit})",
+        "privacy_unit": unit,
+        "neighbouring": status.neighbouring if unit is None else f"{status.neighbouring}_unit",
         "accountant": status.accountant,
         "budget_epsilon": status.epsilon_budget,
         "budget_delta": status.delta_budget,

@@ -299,7 +299,10 @@ def public_view(report: Mapping[str, Any]) -> dict[str, Any]:
     run's wall time (``duration_s``: it grows with the sampled batches' sizes), without
     the users and report folders of the dataset's runs, and with the dataset named by its released id
     (``dataset_budget.released_id``: never the content fingerprint, which is a function of the private
-    rows; :mod:`veil.registry.public_ids`), or :data:`WITHHELD_ID` when the section names none."""
+    rows; :mod:`veil.registry.public_ids`), or :data:`WITHHELD_ID` when the section names none; a
+    ``label`` that is or holds that fingerprint is replaced by the same released id."""
+    from veil.registry.reporting import public_label
+
     out = copy.deepcopy(dict(report))
     labelled = (out.pop("non_private", None) or {}).get("labelled_elsewhere") or {}
     job = out.get("job")
@@ -319,7 +322,12 @@ def public_view(report: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(budget, dict):
         # The registry's id of a file read without --dataset-id is its SHA-256, a function of every
         # private row: the release names the dataset by the registry's random id for it instead.
+        key = str(budget.get("dataset_id"))
         budget["dataset_id"] = budget.pop("released_id", None) or WITHHELD_ID
+        label = budget.get("label")
+        hidden = not isinstance(label, str) or public_label(label, key, None) is None
+        if key != budget["dataset_id"] and hidden:
+            budget["label"] = budget["dataset_id"]  # nor through the label (:func:`public_label`)
         # who ran what, and where on this machine: for the DPO only
         budget["runs"] = [{k: v for k, v in r.items() if k not in ("user", "report")} for r in budget["runs"]]
     return out

@@ -63,7 +63,12 @@ def execute_run(
     t0: float,
     progress: bool | None,
     curve: list[tuple[int, float]] | None = None,
+    release: bool = True,
 ) -> Report:
+    """Train ``plan`` to its step limit and write the run folder (:func:`write_outputs`).
+
+    ``release=False``: no ``release/`` folder (the run is not published on its own: a tuning trial,
+    covered only through the tuning bound, or the tune's preset reference, charged nowhere)."""
     from veil.progress import TrainingProgress, progress_enabled
 
     cfg = plan.cfg
@@ -107,7 +112,7 @@ def execute_run(
         clipping=clipping_section(cfg, s.optimizer),
         dropped_not_finite=s.optimizer.clipper.dropped_not_finite,
     )
-    write_outputs(report, run_dir, s.full, curve, plan.data.encoder, ledger)
+    write_outputs(report, run_dir, s.full, curve, plan.data.encoder, ledger, release)
     return report
 
 

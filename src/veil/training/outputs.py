@@ -24,10 +24,12 @@ def write_outputs(
     curve: list[tuple[int, float]],
     encoder: Any = None,
     ledger: Ledger | None = None,
+    release: bool = True,
 ) -> None:
     """``model.pt`` (and a table's ``encoder.json``), the plots, ``report.html`` and last ``report.json``,
     each written atomically; then ``release/`` (the model and the public report) and the folder sealed
-    owner-only (:func:`veil.report.publish.publish`)."""
+    owner-only (:func:`veil.report.publish.publish`). ``release=False``: the folder is sealed with no
+    ``release/`` in it (a run that is not published on its own, see :func:`execute_run`)."""
     import json
 
     from veil.registry.charge import budget_section_for
@@ -66,4 +68,9 @@ def write_outputs(
             "report.json": json.dumps(full, indent=2, allow_nan=False) + "\n",
         },
     )
-    publish(run_dir, full, {"model.pt": weights, **extra})
+    if release:
+        publish(run_dir, full, {"model.pt": weights, **extra})
+    else:
+        from veil.pipeline.run_folder import seal
+
+        seal(run_dir)

@@ -101,13 +101,22 @@ def write_report(
     target: float,
     duration: float,
     privacy_unit: str | None = None,
+    n_records: int | None = None,
+    validation_fraction: float = 0.0,
 ) -> dict[str, Any]:
     """Write ``report.json`` and ``report.html`` to ``out``; return the report.
 
-    ``privacy_unit``: the unit column every trial and the score protect (``n_train`` and
-    ``n_validation`` then count units); None: rows. ``n_validation`` 0: no row held out, each trial
-    scored on the rows it trained on. ``reference``: ``veil train``'s preset run on the
-    whole training split (:func:`veil.tune.trial.run_reference`), compared in ``non_private`` only."""
+    ``privacy_unit``: the unit column every trial and the score protect (``n_records``, ``n_train``
+    and ``n_validation`` then count units); None: rows. ``n_validation`` 0: no row held out, each
+    trial scored on the rows it trained on.
+
+    Public: ``n_records`` (N, the training split's size, public under DP-SGD's convention as in every
+    plan), ``validation_fraction`` F and ``score_over`` (F·N, or N without a hold-out: the public
+    number the noisy score is divided by). The exact ``n_train`` and ``n_validation`` are only in
+    ``non_private``: a record's side of the split is a keyed hash with a public key, so the exact count
+    of either part tells whether the one record that differs between neighbours fell on that side.
+    ``reference``: ``veil train``'s preset run on the whole training split
+    (:func:`veil.tune.trial.run_reference`), compared in ``non_private`` only."""
     import veil
     from veil.report.publish import publish
     from veil.report.render import render_page
@@ -119,9 +128,12 @@ def write_report(
         {
             "veil_version": veil.__version__,
             "dataset": dataset,
-            "n_train": n_train,
-            "n_validation": n_validation,
-            "score_rows": "held-out validation part" if n_validation else "the training rows (no hold-out)",
+            "n_records": n_train + n_validation if n_records is None else n_records,
+            "validation_fraction": validation_fraction,
+            "score_over": plan.n_validation,
+            "score_rows": (
+                "held-out validation part" if validation_fraction else "the training rows (no hold-out)"
+            ),
             "epsilon": split.epsilon,
             "target_epsilon": target,
             "delta": split.delta,
@@ -141,6 +153,8 @@ def write_report(
             "noisy_validation_accuracy": chosen["noisy_score"],
         },
         {
+            "n_train": n_train,  # exact: which side each record fell on (see the docstring)
+            "n_validation": n_validation,
             "trials_run": len(trials),
             "duration_s": duration,  # grows with the number of trials K: releasing it voids the bound
             "n_test": n_test,
@@ -257,7 +271,9 @@ def _envelope(
         statement=GUARANTEE.format(
             eps=split.epsilon,
             delta=split.delta,
-            parts="training and validation parts together" if settings["n_validation"] else "every row",
+            parts="training and validation parts together"
+            if settings["validation_fraction"]
+            else "every row",
             law=law,
             mean=split.count.mean,
             who=_who(settings),

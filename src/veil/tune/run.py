@@ -205,7 +205,8 @@ def tune(
 
     k = split.count.sample()
     account.start(out_dir)
-    trials = _run_trials(k, base, space, split, (mask, validation_fraction == 0), plan.score_noise, out_dir)
+    scoring = (mask, validation_fraction == 0, plan.n_validation)
+    trials = _run_trials(k, base, space, split, scoring, plan.score_noise, out_dir)
     chosen = max(trials, key=lambda t: t["noisy_score"]) if trials else None
     if chosen is not None:
         shutil.copyfile(out_dir / "trials" / str(chosen["trial"]) / "model.pt", out_dir / "model.pt")
@@ -220,6 +221,8 @@ def tune(
         dataset=full.data.name,
         n_train=n_train,
         n_validation=records_outside(~mask, full.data.units_train) if validation_fraction else 0,
+        n_records=n_public,
+        validation_fraction=validation_fraction,
         n_test=full.data.n_test,
         split=split,
         plan=plan,
@@ -277,14 +280,15 @@ def _run_trials(
     base: dict[str, Any],
     space: SearchSpace,
     split: BudgetSplit,
-    scoring: tuple[np.ndarray, bool],
+    scoring: tuple[np.ndarray, bool, float],
     score_noise: float,
     out_dir: Path,
 ) -> list[dict[str, Any]]:
     """``k`` trials, each a candidate drawn from the space and trained at its shape's σ; each records
-    whether its spent RDP curve stayed under the planned one. ``scoring``: the validation mask, and
-    whether the score is on the training rows instead (no row held out)."""
-    mask, on_training = scoring
+    whether its spent RDP curve stayed under the planned one. ``scoring``: the validation mask,
+    whether the score is on the training rows instead (no row held out), and the public number the
+    noisy count is divided by (the expected number of scored records, F·N or N)."""
+    mask, on_training, score_over = scoring
     trials: list[dict[str, Any]] = []
     planned = split.trial_curve()
     for i in range(k):
@@ -292,7 +296,8 @@ def _run_trials(
         shape = split.shape(cand.epochs, cand.batch_size)
         own = split.trial_epsilon(shape.events(split.prefix, split.score_event))
         cfg = trial_config(base, cand, shape, own * 1.05 + 0.01, out_dir / "trials" / str(i + 1))
-        result = run_trial(cfg, mask, shape, score_noise, out_dir / "trials" / str(i + 1), on_training)
+        folder = out_dir / "trials" / str(i + 1)
+        result = run_trial(cfg, mask, shape, score_noise, folder, on_training, score_over)
         spent = trial_rdp(result.pop("events"), ORDERS)
         result["within_plan"] = bool(np.all(spent <= planned + 1e-12))
         trials.append({"trial": i + 1, **cand.to_dict(), **result})

@@ -115,16 +115,10 @@ def _checked_plan(prepared: Any, out: Path) -> RunPlan:
     return plan
 
 
-def withdraw_release(out: Path) -> None:
-    """Remove the ``release/`` folder the train job wrote inside a trial's (or the reference's) folder.
-
-    A trial's model and report claim their own guarantee, which the tuning bound does not give when
-    more than the chosen model is published (the reference is charged nowhere at all): nothing under
-    a tune's folder but its own top-level ``release/`` may look releasable. The trial's ``model.pt``
-    stays in its owner-only folder, for the chosen one to be copied out."""
-    import shutil
-
-    shutil.rmtree(out / "release", ignore_errors=True)
+def remove_weights(out: Path) -> None:
+    """Delete every weight file under the reference's folder (its ``model.pt`` and checkpoints)."""
+    for weights in out.rglob("*.pt"):
+        weights.unlink(missing_ok=True)
 
 
 def run_trial(
@@ -134,8 +128,15 @@ def run_trial(
     score_noise: float,
     out: Path,
     score_on_training: bool = False,
+    score_over: float = 1.0,
 ) -> dict[str, Any]:
     """Train one candidate (every step charged to ``out/ledger.jsonl``), then release its noisy score.
+
+    The released score is the noisy count divided by ``score_over``, a public number (the expected
+    number of scored records, F·N with the validation share F, or N when scoring on the training rows:
+    :attr:`veil.tune.plan.TrialPlan.n_validation`), never by the exact count of scored records, which
+    is a function of the private rows (a record's side of the keyed-hash split): post-processing of
+    the noisy count alone. The exact count stays in the trial's internal ledger.
 
     ``score_on_training``: no row is held out (``validation`` is all False); the score counts the
     correct predictions on the rows the trial trained on. Privacy is the same: given the released
@@ -168,8 +169,10 @@ def run_trial(
         ledger = Ledger.create(out / LEDGER, {**run_header(plan), "job": "tune-trial"})
         try:
             write_config(cfg, out / CONFIG)
-            report = execute_run(plan, out, ledger, t0, False)
-            withdraw_release(out)
+            # no release/: a trial's own report claims its own guarantee, which the tuning bound does
+            # not give when more than the chosen model is published; its model.pt stays in the
+            # owner-only folder, for the chosen one to be copied out
+            report = execute_run(plan, out, ledger, t0, False, release=False)
             model = assemble(plan.prep, plan.data.input_shape, build_net(cfg, plan.data, cfg.seed))
             model.load_state_dict(torch.load(out / "model.pt", weights_only=True))
             model.eval()
@@ -192,7 +195,7 @@ def run_trial(
         finally:
             ledger.close()
     return {
-        "noisy_score": float(noisy.value) / max(n_val, 1),
+        "noisy_score": float(noisy.value) / max(score_over, 1.0),  # a public denominator
         "sigma": steps.sigma,
         "steps": ledger.steps,
         "sampling_rate": steps.q,
@@ -206,9 +209,12 @@ def run_reference(cfg: TrainConfig, out: Path) -> dict[str, Any]:
     """``veil train`` with the preset on the whole training split at the tuning target ε (its own σ
     calibration and ledger, ``job: tune-reference``), for the report's non-private comparison only.
 
-    Not covered by the tuning guarantee and never released: the model trained here is deleted and
-    only its test accuracy is kept, in the report's ``non_private`` section (as ``veil train``'s
-    non-private baseline is)."""
+    Not covered by the tuning guarantee, charged nowhere and never released: it writes no
+    ``release/`` folder at all (:func:`veil.training.execute.execute_run` with ``release=False``),
+    and its weights (``model.pt``, checkpoints) are deleted when it ends, also when it fails
+    (``finally``); only its test accuracy is kept, in the report's ``non_private`` section (as
+    ``veil train``'s non-private baseline is). A process killed outright (SIGKILL) may leave
+    checkpoints in the owner-only ``reference/`` folder, never a folder that looks releasable."""
     from veil.training.execute import execute_run
     from veil.training.prepare import run_header
 
@@ -217,16 +223,16 @@ def run_reference(cfg: TrainConfig, out: Path) -> dict[str, Any]:
     cfg = prepared.cfg
     plan = _checked_plan(prepared, out)
     out.mkdir(parents=True, exist_ok=False)
-    with RunLock(out):
-        ledger = Ledger.create(out / LEDGER, {**run_header(plan), "job": "tune-reference"})
-        try:
-            write_config(cfg, out / CONFIG)
-            report = execute_run(plan, out, ledger, t0, False)
-        finally:
-            ledger.close()
-    withdraw_release(out)
-    for weights in out.rglob("*.pt"):  # never released: only its test accuracy is reported
-        weights.unlink()
+    try:
+        with RunLock(out):
+            ledger = Ledger.create(out / LEDGER, {**run_header(plan), "job": "tune-reference"})
+            try:
+                write_config(cfg, out / CONFIG)
+                report = execute_run(plan, out, ledger, t0, False, release=False)
+            finally:
+                ledger.close()
+    finally:
+        remove_weights(out)  # never released: only its test accuracy is reported
     return {
         "lr": cfg.lr,
         "epochs": cfg.epochs,
