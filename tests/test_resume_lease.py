@@ -14,10 +14,15 @@ from pathlib import Path
 
 import pytest
 
+import veil.training.run as training_run
 from _budget_cli import cli, show
 from veil.registry.resume_lease import ResumeLease
 
 ARGS = ["--dataset", "digits", "--epsilon", "2", "--epochs", "2", "--batch-size", "128", "--no-baseline"]
+
+
+def _no_read(*args: object, **kwargs: object) -> None:
+    raise AssertionError("the private data was read before the refusal")
 
 
 def _interrupted_run(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, out: Path) -> None:
@@ -62,6 +67,7 @@ def test_a_copy_of_a_folder_another_copy_resumed_is_refused(
     code, _, err = cli(capsys, "train", "--resume", str(tmp_path / "run"), "--json")
     assert code == 0, err
     before = show(capsys, "digits")
+    monkeypatch.setattr(training_run, "prepare_run", _no_read)  # refused before a row is read (revE)
     code, out, err = cli(capsys, "train", "--resume", str(tmp_path / "copy"), "--json")
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
     assert "another copy of this run folder" in err
@@ -70,7 +76,7 @@ def test_a_copy_of_a_folder_another_copy_resumed_is_refused(
 
 
 def test_an_older_ledger_of_a_finished_run_is_refused(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """F1's variant: every prefix of the unkeyed hash chain is a valid ledger, so a finished run's
     ledger cut to its header (checkpoints removed) looked like a run to train again for no charge."""
@@ -82,6 +88,7 @@ def test_an_older_ledger_of_a_finished_run_is_refused(
     ledger.write_text(ledger.read_text().splitlines()[0] + "\n")
     shutil.rmtree(run / "checkpoints", ignore_errors=True)
     (run / "model.pt").unlink()
+    monkeypatch.setattr(training_run, "prepare_run", _no_read)
     code, _, err = cli(capsys, "train", "--resume", str(run), "--json")
     assert code == 2 and "older than the one the run was settled with" in err, err
     assert show(capsys, "digits") == before

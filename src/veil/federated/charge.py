@@ -267,6 +267,8 @@ class FederatedCharge:
         from veil.federated.files import SILOS
 
         run_id = s.budget_run_id or uuid.uuid4().hex
+        # A copy of the folder that cannot continue the run is refused before a row is read.
+        self.charge.check_resume(run_id, run_dir, _ledger_records(run_dir))
         if s.mode == "record-level" and not (run_dir / SILOS).exists():  # no silo ran: the whole plan
             events = planned_events(s, _silo_sizes(s))
         else:

@@ -201,6 +201,15 @@ class DatasetCharge:
         self.reading()
         self.resume(self.run_id, events, delta)
 
+    def check_resume(self, run_id: str, folder: Path, ledger_records: int) -> None:
+        """Refuse, before a private row is read, a folder that :meth:`resume` would refuse (another copy
+        resumed the run since, or its ledger is older than the settled one); read-only."""
+        if self.registry.run(run_id) is None:
+            return
+        from veil.registry import resume_lease, transactions
+
+        transactions.check_lease(self.registry.db, run_id, resume_lease.held(folder, run_id, ledger_records))
+
     def resume(
         self,
         run_id: str,

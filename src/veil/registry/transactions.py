@@ -41,6 +41,7 @@ from veil.registry.resume_lease import ResumeLease
 from veil.registry.schema import datasets, resumes, runs
 
 __all__ = [
+    "check_lease",
     "check_run_id",
     "commit",
     "dataset_key",
@@ -317,10 +318,29 @@ def reopen(
     return str(record.dataset_id)
 
 
+def check_lease(db: Database, run_id: str, lease: ResumeLease) -> None:
+    """The folder's claim against the run's record, read-only: what :func:`reopen` will refuse, told
+    before the job reads a private row (the job calls this first; ``reopen`` checks again atomically)."""
+    with db.reading() as conn:
+        stored = conn.execute(select(resumes).where(resumes.c.run_id == run_id)).one_or_none()
+    _refuse_claim(run_id, stored, lease)
+
+
 def _advance_lease(conn: Connection, run_id: str, lease: ResumeLease) -> None:
     """Within the reopen's transaction: check the folder's claim against the run's record, then hand
     the run to this continuation (generation + 1). Raises before anything is written."""
     stored = conn.execute(select(resumes).where(resumes.c.run_id == run_id)).one_or_none()
+    _refuse_claim(run_id, stored, lease)
+    generation = 0 if stored is None else stored.generation
+    values = {"generation": generation + 1, "ledger_records": lease.ledger_records, "updated_at": now()}
+    if stored is None:
+        conn.execute(resumes.insert().values(run_id=run_id, **values))
+    else:
+        conn.execute(resumes.update().where(resumes.c.run_id == run_id).values(**values))
+
+
+def _refuse_claim(run_id: str, stored: Any, lease: ResumeLease) -> None:
+    """Raise when ``lease`` is not the run's current continuation or its ledger is older."""
     generation, records = (0, 0) if stored is None else (stored.generation, stored.ledger_records)
     if lease.generation != generation:
         raise RegistryError(
@@ -339,11 +359,6 @@ def _advance_lease(conn: Connection, run_id: str, lease: ResumeLease) -> None:
             "what was already charged; nothing was charged",
             "continue the run's own folder, or start a new run",
         )
-    values = {"generation": generation + 1, "ledger_records": lease.ledger_records, "updated_at": now()}
-    if stored is None:
-        conn.execute(resumes.insert().values(run_id=run_id, **values))
-    else:
-        conn.execute(resumes.update().where(resumes.c.run_id == run_id).values(**values))
 
 
 def grant_lease(db: Database, run_id: str, lease: ResumeLease) -> None:

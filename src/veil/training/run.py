@@ -103,6 +103,9 @@ def _resume(run_dir: Path, overrides: Mapping[str, Any], progress: bool | None, 
         charge = _open_charge(cfg, refuse_if_spent=False)  # its own reservation is part of the spend
         resumed = False
         try:
+            # A copy of the folder that cannot continue the run is refused before a row is read.
+            if ledger.header.get("budget_run_id"):
+                charge.check_resume(ledger.header["budget_run_id"], run_dir, len(ledger.records))
             plan = prepare_run(cfg, run_dir, check=False)
             ckpt.check_header(ledger.header, run_header(plan))
             state = ckpt.load_checkpoint(run_dir, ledger)
