@@ -21,7 +21,8 @@ sensitivity stays C, and averages the two views' logits at evaluation; ``mean`` 
 evaluates the head on the mean of the two views' features, a fixed flip-invariant map),
 ``--extra j1[,pixels]`` (veil's J = 1 scattering and/or x/255 concatenated with the J = 2 features,
 each part group-normalised on its own, one linear layer on all: ``--extra j1`` is ``veil train``'s
-default head), ``--smooth S`` (label smoothing of the training loss; a change of the loss only).
+default head; ``j1pool``: the J = 1 maps average-pooled 2 × 2), ``--smooth S`` (label smoothing of
+the training loss; a change of the loss only).
 
 Usage::
 
@@ -77,12 +78,19 @@ def feats():
     ]
 
 
-EXTRA_SHAPES = {"pixels": (1, 28, 28), "j1": (9, 14, 14)}
+EXTRA_SHAPES = {"pixels": (1, 28, 28), "j1": (9, 14, 14), "j1pool": (9, 7, 7)}
 
 
 def extra_feats(kind):
-    """Features to concatenate with the J = 2 ones (cached like :func:`feats`): ``pixels`` (x/255)
-    or ``j1`` (veil's Scattering2d with J = 1, L = 8: 9 channels of 14 × 14)."""
+    """Features to concatenate with the J = 2 ones (cached like :func:`feats`): ``pixels`` (x/255),
+    ``j1`` (veil's Scattering2d with J = 1, L = 8: 9 channels of 14 × 14) or ``j1pool`` (those maps
+    average-pooled 2 × 2 to 9 × 7 × 7: a fixed per-example map, a quarter of the inputs)."""
+    if kind == "j1pool":
+        pooled = []
+        for part in extra_feats("j1"):
+            maps = torch.from_numpy(np.ascontiguousarray(part)).reshape(-1, 9, 14, 14)
+            pooled.append(torch.nn.functional.avg_pool2d(maps, 2).reshape(len(maps), -1).numpy())
+        return pooled
     if not os.path.exists(f"{C}/{kind}_test.npy"):
         d = load_idx_dataset("fashion-mnist", "/usr/share/datasets/fashion-mnist")
         for s, x in (("train", d.x_train), ("test", d.x_test)):
