@@ -164,9 +164,14 @@ def train_lora(
     for _ in range(args.epochs):
         for xb, yb in loader:
             optimizer.zero_grad()
-            with autocast("cpu", args.precision):
-                logits = model(xb)
-            F.cross_entropy(logits.float(), yb).backward()
+            # without the engine a logical batch is cut into --physical chunks here and the mean
+            # gradient accumulated (the same update; memory only), as the engine does for DP
+            chunk = len(xb) if engine is not None else args.physical
+            for start_row in range(0, len(xb), chunk):
+                xc, yc = xb[start_row : start_row + chunk], yb[start_row : start_row + chunk]
+                with autocast("cpu", args.precision):
+                    logits = model(xc)
+                (F.cross_entropy(logits.float(), yc, reduction="sum") / len(xb)).backward()
             optimizer.step()
             steps += 1
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - start_cpu
