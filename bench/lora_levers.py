@@ -20,13 +20,21 @@ Two parts:
   ``--max-length`` tokens in bf16, one thread; ``--lora-batch`` and ``--lora-sigma`` keep σ/B at the
   full run's value (0.636/256) with a batch small enough to screen (sampling noise is then larger
   than in the full run: a pessimistic proxy, the same for every setting). One seed: the spread on
-  2,000 validation tweets is about ±1 point.
+  2,000 validation tweets is about ±1 point. Levers: ``--warmup N --schedule linear|cosine`` (the
+  learning rate per logical step), ``--rank``/``--alpha``, and ``--lpft N`` (LP-FT inside the same
+  run: the first N of ``--steps`` steps train the pooled head alone on the frozen features, with the
+  same expected batch, σ and clip, so the whole run keeps the same ε; then LoRA for the rest).
 
 Usage::
 
     python bench/tweets_csv.py runs/tweets.csv
     python bench/lora_levers.py head --csv runs/tweets.csv
     python bench/lora_levers.py lora --csv runs/tweets.csv 5e-3/5e-3 1e-3/5e-3 1e-2/5e-3
+    # the stand-in for 2 epochs at expected batch 512 with a warm-up and a linear decay, or LP-FT
+    python bench/lora_levers.py lora 1e-2/1e-2 --csv runs/tweets.csv --lora-batch 128 \
+        --lora-sigma 0.186 --warmup 10 --schedule linear
+    python bench/lora_levers.py lora 5e-3/5e-3 --csv runs/tweets.csv --lora-batch 128 \
+        --lora-sigma 0.186 --lpft 30 --lpft-lr 1e-2
 """
 
 from __future__ import annotations
