@@ -256,7 +256,7 @@ def part_lora(args: argparse.Namespace) -> None:
             optimizer=optimizer,
             data_loader=loader,
             noise_multiplier=args.lora_sigma,
-            max_grad_norm=1.0,
+            max_grad_norm=args.clip,
             physical_batch_size=args.lora_batch,
         )
         lora_steps = args.steps - args.lpft
@@ -294,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lora-sigma", type=float, default=0.159, help="σ/B = 0.636/256 at batch 64")
     p.add_argument("--max-length", type=int, default=48)
     p.add_argument("--lora-targets", default="query,value")
+    p.add_argument("--clip", type=float, default=1.0, help="lora: C (noise std is σC; 1e6 with σ 0: no clip)")
     p.add_argument("--rank", type=int, default=8, help="lora: LoRA rank")
     p.add_argument("--alpha", type=float, default=16.0, help="lora: LoRA alpha")
     p.add_argument("--warmup", type=int, default=0, help="lora: linear warm-up steps")
