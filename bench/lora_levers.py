@@ -20,13 +20,21 @@ Two parts:
   ``--max-length`` tokens in bf16, one thread; ``--lora-batch`` and ``--lora-sigma`` keep σ/B at the
   full run's value (0.636/256) with a batch small enough to screen (sampling noise is then larger
   than in the full run: a pessimistic proxy, the same for every setting). One seed: the spread on
-  2,000 validation tweets is about ±1 point.
+  2,000 validation tweets is about ±1 point. Levers: ``--warmup N --schedule linear|cosine`` (the
+  learning rate per logical step), ``--rank``/``--alpha``, and ``--lpft N`` (LP-FT inside the same
+  run: the first N of ``--steps`` steps train the pooled head alone on the frozen features, with the
+  same expected batch, σ and clip, so the whole run keeps the same ε; then LoRA for the rest).
 
 Usage::
 
     python bench/tweets_csv.py runs/tweets.csv
     python bench/lora_levers.py head --csv runs/tweets.csv
     python bench/lora_levers.py lora --csv runs/tweets.csv 5e-3/5e-3 1e-3/5e-3 1e-2/5e-3
+    # the stand-in for 2 epochs at expected batch 512 with a warm-up and a linear decay, or LP-FT
+    python bench/lora_levers.py lora 1e-2/1e-2 --csv runs/tweets.csv --lora-batch 128 \
+        --lora-sigma 0.186 --warmup 10 --schedule linear
+    python bench/lora_levers.py lora 5e-3/5e-3 --csv runs/tweets.csv --lora-batch 128 \
+        --lora-sigma 0.186 --lpft 30 --lpft-lr 1e-2
 """
 
 from __future__ import annotations
@@ -139,21 +147,98 @@ def part_head(args: argparse.Namespace) -> None:
         )
 
 
+def lr_factor(step: int, total: int, args: argparse.Namespace) -> float:
+    """The learning rate's factor at logical step ``step`` of ``total``: a linear warm-up over
+    ``--warmup`` steps, then ``--schedule`` (constant, or a linear or cosine decay to 0 at ``total``)."""
+    import math
+
+    if step < args.warmup:
+        return (step + 1) / args.warmup
+    if args.schedule == "constant":
+        return 1.0
+    done = (step - args.warmup) / max(total - args.warmup, 1)
+    return 1.0 - done if args.schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * done))
+
+
+def pooled_features(model: torch.nn.Module, x: np.ndarray) -> torch.Tensor:
+    """The pooled head's input (unit-norm mean-pooled states × √H) of ``model`` at its current
+    adapters, bf16 forward, in chunks."""
+    from veil.precision import autocast
+
+    head, model.head = model.head, torch.nn.Identity()
+    model.eval()
+    out = []
+    with torch.no_grad(), autocast("cpu", "bf16"):
+        for i in range(0, len(x), 256):
+            out.append(model(torch.from_numpy(x[i : i + 256])).float())
+    model.head = head
+    model.train()
+    return torch.cat(out)
+
+
+def head_phase(
+    model: torch.nn.Module, xtr: np.ndarray, ytr: np.ndarray, args: argparse.Namespace, lr: float
+) -> None:
+    """LP-FT's first phase, inside the same run: ``--lpft`` DP-SGD steps on the pooled head alone
+    (adapters at their start, which leaves the encoder frozen: B = 0), with the LoRA phase's
+    expected batch, σ and clip, so the whole run is ``--steps`` steps of one Poisson-sampled
+    Gaussian mechanism (the same ε as a LoRA-only run of ``--steps`` steps). Per-example gradients
+    of the linear softmax head in closed form; Adam at ``lr``."""
+    f = pooled_features(model, xtr)
+    y = torch.from_numpy(ytr)
+    gen = torch.Generator().manual_seed(7)
+    weights = [model.head.weight, model.head.bias]
+    optimizer = torch.optim.Adam(weights, lr=lr)
+    q = args.lora_batch / len(f)
+    for step in range(args.lpft):
+        for g in optimizer.param_groups:
+            g["lr"] = lr * lr_factor(step, args.lpft, args) if args.lpft_schedule else lr
+        take = torch.rand(len(f), generator=gen) < q
+        xb, yb = f[take], y[take]
+        with torch.no_grad():
+            err = torch.softmax(model.head(xb), 1) - F.one_hot(yb, 3).float()
+            gw = err[:, :, None] * xb[:, None, :]
+            norm = (gw.flatten(1).pow(2).sum(1) + err.pow(2).sum(1)).sqrt()
+            scale = (1.0 / norm).clamp(max=1.0)  # C = 1
+            noise_w = args.lora_sigma * torch.randn(gw.shape[1:], generator=gen)
+            noise_b = args.lora_sigma * torch.randn(3, generator=gen)
+            model.head.weight.grad = ((gw * scale[:, None, None]).sum(0) + noise_w) / args.lora_batch
+            model.head.bias.grad = ((err * scale[:, None]).sum(0) + noise_b) / args.lora_batch
+        optimizer.step()
+    for w in weights:
+        w.grad = None
+
+
 def part_lora(args: argparse.Namespace) -> None:
     from torch.utils.data import DataLoader, TensorDataset
 
-    from finetune import accuracy, lora_model, make_engine, minilm_folder
-    from veil.hf import inspect_folder
+    from finetune import accuracy, make_engine, minilm_folder
+    from veil.hf import LoraSettings, build_text_classifier, inspect_folder
     from veil.precision import autocast
 
     x, y = training_subset(args, args.max_length)
     xtr, ytr, xva, yva = x[: args.train], y[: args.train], x[args.train :], y[args.train :]
     folder = inspect_folder(minilm_folder())
+    print(
+        f"rank {args.rank}, alpha {args.alpha:g}, targets {args.lora_targets}, warm-up {args.warmup}, "
+        f"schedule {args.schedule}, LP-FT head steps {args.lpft} (head lr {args.lpft_lr or 'the head lr'})\n"
+    )
     print("| adapters' lr | head's lr | σ | steps | validation accuracy | train CPU s |")
     print("|---|---|---|---|---|---|")
     for setting in args.settings:
         adapter_lr, head_lr = (float(v) for v in setting.split("/"))
-        model = lora_model(folder, 0, tuple(args.lora_targets.split(",")))
+        torch.manual_seed(0)
+        model = build_text_classifier(
+            folder,
+            3,
+            "lora",
+            LoraSettings(rank=args.rank, alpha=args.alpha, targets=tuple(args.lora_targets.split(","))),
+        )
+        start = time.process_time()
+        if args.lpft:
+            head_phase(model, xtr, ytr, args, args.lpft_lr or head_lr)
+            head_cpu = time.process_time() - start
+            print(f"head phase: {args.lpft} steps, {head_cpu:.0f} CPU s (features included)", flush=True)
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         optimizer = torch.optim.Adam(
             [
@@ -161,6 +246,7 @@ def part_lora(args: argparse.Namespace) -> None:
                 {"params": [p for n, p in named if "lora_" not in n], "lr": head_lr},
             ]
         )
+        bases = [adapter_lr, head_lr]
         loader = DataLoader(
             TensorDataset(torch.from_numpy(xtr), torch.from_numpy(ytr)), batch_size=args.lora_batch
         )
@@ -170,23 +256,25 @@ def part_lora(args: argparse.Namespace) -> None:
             optimizer=optimizer,
             data_loader=loader,
             noise_multiplier=args.lora_sigma,
-            max_grad_norm=1.0,
+            max_grad_norm=args.clip,
             physical_batch_size=args.lora_batch,
         )
-        start = time.process_time()
-        while engine.steps < args.steps:
+        lora_steps = args.steps - args.lpft
+        while engine.steps < lora_steps:
             for xb, yb in loader:
+                for g, base in zip(optimizer.param_groups, bases, strict=True):
+                    g["lr"] = base * lr_factor(engine.steps, lora_steps, args)
                 optimizer.zero_grad()
                 with autocast("cpu", "bf16"):
                     logits = model(xb)
                 F.cross_entropy(logits.float(), yb).backward()
                 optimizer.step()
-                if engine.steps >= args.steps:
+                if engine.steps >= lora_steps:
                     break
         cpu = time.process_time() - start
         acc = accuracy(model, xva, yva, precision="bf16")
         print(
-            f"| {adapter_lr:g} | {head_lr:g} | {args.lora_sigma:g} | {engine.steps} | {acc:.3f} "
+            f"| {adapter_lr:g} | {head_lr:g} | {args.lora_sigma:g} | {args.lpft}+{engine.steps} | {acc:.3f} "
             f"| {cpu:.0f} |",
             flush=True,
         )
@@ -206,6 +294,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lora-sigma", type=float, default=0.159, help="σ/B = 0.636/256 at batch 64")
     p.add_argument("--max-length", type=int, default=48)
     p.add_argument("--lora-targets", default="query,value")
+    p.add_argument("--clip", type=float, default=1.0, help="lora: C (noise std is σC; 1e6 with σ 0: no clip)")
+    p.add_argument("--rank", type=int, default=8, help="lora: LoRA rank")
+    p.add_argument("--alpha", type=float, default=16.0, help="lora: LoRA alpha")
+    p.add_argument("--warmup", type=int, default=0, help="lora: linear warm-up steps")
+    p.add_argument("--schedule", choices=["constant", "linear", "cosine"], default="constant")
+    p.add_argument("--lpft", type=int, default=0, help="lora: head-only DP steps first (of --steps)")
+    p.add_argument("--lpft-lr", type=float, default=0.0, help="lora: the head phase's lr (0: head lr)")
+    p.add_argument(
+        "--lpft-schedule", action="store_true", help="lora: the head phase follows --warmup/--schedule"
+    )
     args = p.parse_intermixed_args(argv)  # settings may follow the options (as in the usage above)
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
