@@ -102,6 +102,7 @@ def _resume(run_dir: Path, overrides: Mapping[str, Any], progress: bool | None, 
         ledger = Ledger.open(run_dir / LEDGER, repair=True)
         charge = _open_charge(cfg, refuse_if_spent=False)  # its own reservation is part of the spend
         resumed = False
+        report: Report | None = None
         try:
             # A copy of the folder that cannot continue the run is refused before a row is read.
             if ledger.header.get("budget_run_id"):
@@ -119,7 +120,6 @@ def _resume(run_dir: Path, overrides: Mapping[str, Any], progress: bool | None, 
             charge.resume(run_id, planned, cfg.delta, folder=run_dir, ledger_records=len(ledger.records))
             resumed = True
             ledger.append("resume", charged=ledger.steps)
-            report = None
             try:
                 report = execute_run(plan, run_dir, ledger, t0, progress)
                 return report
