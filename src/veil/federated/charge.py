@@ -267,15 +267,16 @@ class FederatedCharge:
         from veil.federated.files import SILOS
 
         run_id = s.budget_run_id or uuid.uuid4().hex
+        records = _ledger_records(run_dir)
         # A copy of the folder that cannot continue the run is refused before a row is read.
-        self.charge.check_resume(run_id, run_dir, _ledger_records(run_dir))
+        self.charge.check_resume(run_id, run_dir, records)
         if s.mode == "record-level" and not (run_dir / SILOS).exists():  # no silo ran: the whole plan
             events = planned_events(s, _silo_sizes(s))
         else:
             events = settled_events(s, run_dir, extra_rounds=remaining)
         # Refused if another copy of this folder resumed the run since, or if its ledger is older than
         # the one the run was settled with (veil.registry.resume_lease).
-        self.charge.resume(run_id, events, s.delta, folder=run_dir, ledger_records=_ledger_records(run_dir))
+        self.charge.resume(run_id, events, s.delta, folder=run_dir, ledger_records=records)
 
     def release(self) -> None:
         """Un-charge the reservation: only when nothing computed from the data was released."""
