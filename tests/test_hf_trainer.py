@@ -412,6 +412,44 @@ def test_logs_and_checkpoints_carry_no_unlabelled_count_of_the_data(tmp_path: Pa
     assert (tmp_path / "hf" / "veil" / "report.json").is_file()
 
 
+def test_what_train_evaluate_and_predict_return_and_save_metrics_writes_is_labelled(
+    tmp_path: Path,
+) -> None:
+    """HF's example-script idiom (``m = trainer.train().metrics; m["train_samples"] = ...;
+    trainer.log_metrics("train", m); trainer.save_metrics("train", m)``, the same for ``evaluate()``
+    and ``predict()``) prints and writes beside the model only public keys (the step, epoch, learning
+    rate, ε, ``total_flos``) or ``non_private_`` ones: the training loss, computed without noise, is
+    not returned under its own name (``TrainOutput.training_loss`` is NaN) (revF F4)."""
+    public = {"epoch", "learning_rate", "epsilon", "total_flos"}
+
+    def labelled(metrics: dict[str, Any]) -> bool:
+        return all(k in public or k.startswith("non_private_") for k in metrics)
+
+    trainer = DPTrainer(
+        model=_model(),
+        args=_args(tmp_path, max_steps=2),
+        train_dataset=_data(20),
+        eval_dataset=_data(4),
+        privacy_args=_privacy(),
+    )
+    result = trainer.train()
+    assert result.global_step == 2 and result.training_loss != result.training_loss  # NaN
+    assert labelled(result.metrics) and "non_private_train_loss" in result.metrics, result.metrics
+    assert result.metrics["epsilon"] == pytest.approx(trainer.report["epsilon_spent"])  # type: ignore[index]
+    evaluated = trainer.evaluate()
+    assert labelled(evaluated) and "non_private_eval_loss" in evaluated, evaluated
+    predicted = trainer.predict(_data(4)).metrics
+    assert predicted is not None and labelled(predicted) and "non_private_test_loss" in predicted
+    for split, metrics in (("train", result.metrics), ("eval", evaluated), ("test", predicted)):
+        metrics = {**metrics, f"{split}_samples": 20}  # the scripts add the dataset's size
+        trainer.log_metrics(split, metrics)
+        trainer.save_metrics(split, metrics)
+    for name in ("train_results.json", "eval_results.json", "test_results.json", "all_results.json"):
+        saved = json.loads((tmp_path / "hf" / name).read_text())
+        assert saved and labelled(saved), (name, saved)
+    assert json.loads((tmp_path / "hf" / "all_results.json").read_text())["non_private_train_samples"] == 20
+
+
 @pytest.mark.parametrize("late", ["early stopping callback", "best model at the end"])
 def test_a_switch_set_after_construction_is_refused_before_reading(tmp_path: Path, late: str) -> None:
     """``train()`` checks again what ``__init__`` refused: a callback added or an argument changed on

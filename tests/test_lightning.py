@@ -206,6 +206,53 @@ def test_refuses_a_noiseless_score_steering_the_run(
         registry.close()
 
 
+class _CountedRows(TensorDataset):
+    """The private rows, counting every read."""
+
+    reads = 0
+
+    def __getitem__(self, index: Any) -> Any:
+        self.reads += 1
+        return super().__getitem__(index)
+
+
+class _OwnLoader(Classifier):
+    """A module that serves its loader and its batch size (what BatchSizeFinder tunes) itself."""
+
+    def __init__(self, rows: _CountedRows) -> None:
+        super().__init__()
+        self.rows, self.batch_size = rows, 16
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.rows, batch_size=self.batch_size)
+
+
+@pytest.mark.parametrize(
+    "tuner",
+    [
+        lambda: pl.callbacks.LearningRateFinder(num_training_steps=5, early_stop_threshold=None),
+        lambda: pl.callbacks.BatchSizeFinder(max_trials=2),
+    ],
+    ids=["lr-finder", "batch-size-finder"],
+)
+def test_refuses_a_tuner_before_it_reads_a_row(tmp_path: Path, tuner: Any) -> None:
+    """Lightning moves its tuner callbacks to the front, and their on_fit_start trains without noise
+    on the private loader (a learning rate or batch size chosen from those steps): refused by name at
+    setup, before any on_fit_start, so no row is read and nothing charged (revF F5)."""
+    dataset = _loader().dataset
+    rows = _CountedRows(*dataset.tensors)  # type: ignore[attr-defined]
+    callback, finder = _dp(), tuner()
+    with pytest.raises(ConfigError, match=type(finder).__name__) as refused:
+        _trainer(tmp_path, callback, callbacks=[callback, finder]).fit(_OwnLoader(rows))
+    assert "veil tune" in str(refused.value)
+    assert rows.reads == 0 and callback.run is None and not (tmp_path / "veil").exists()
+    registry = open_registry()
+    try:
+        assert not registry.status(dataset_identity(dataset_id="toy-table")).runs
+    finally:
+        registry.close()
+
+
 def test_a_plain_checkpoint_is_kept(tmp_path: Path) -> None:
     """ModelCheckpoint without monitor (Lightning's default: the last weights) is not a selection."""
     callback = _dp()

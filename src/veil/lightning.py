@@ -21,9 +21,13 @@ one noise draw across ranks, and the ranks apply the same update. The registry i
 report written, by rank 0 alone.
 
 Guarantee: that of :mod:`veil.pipeline.external` (add/remove-one on the train set's examples).
-Refused before training (at ``on_fit_start``, before the budget is reserved or a row read), with one
-line each: a fit resumed from a checkpoint (``fit(..., ckpt_path=...)``: the accountant would restart
-and the report under-count ε) or a second fit with the same callback, a strategy that restores
+Refused before training, with one line each: at the callback's ``setup`` (called for every callback
+before any ``on_fit_start``) Lightning's tuner callbacks ``LearningRateFinder`` and ``BatchSizeFinder``,
+whose ``on_fit_start`` Lightning runs first and which train without noise on the private loader to
+choose a learning rate or batch size (choose them with ``veil tune``); at ``setup`` or
+``on_fit_start`` (before the budget is reserved or a row read) a fit resumed from a checkpoint
+(``fit(..., ckpt_path=...)``: the accountant would restart and the report under-count ε) or a second
+fit with the same callback, a strategy that restores
 checkpoints only after ``on_fit_start`` (DeepSpeed, FSDP, ModelParallel), a score computed without
 noise steering the run (``EarlyStopping``, ``ModelCheckpoint(monitor=...)``, a ``ReduceLROnPlateau``
 scheduler: the same rule as :class:`veil.hf.DPTrainer`), gradient clipping by the Trainer
@@ -105,7 +109,12 @@ class DifferentialPrivacy(Callback):
         return 0.0 if self.run is None else self.run.epsilon
 
     # -- before the first batch ------------------------------------------------------------------
-    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Refuse what the Trainer's settings and callbacks already show, at the one hook every callback
+        gets before any ``on_fit_start``: Lightning runs its tuner callbacks' ``on_fit_start`` first,
+        and they train on the private loader (revF F5)."""
+        if stage != "fit":
+            return
         if self.run is not None:
             raise ConfigError(
                 "DifferentialPrivacy",
@@ -115,7 +124,10 @@ class DifferentialPrivacy(Callback):
                 "build a new DifferentialPrivacy callback (and module) for another run: its spend is "
                 "charged to the same dataset",
             )
-        _refuse_unsupported(trainer)
+        _refuse_at_setup(trainer)
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        _refuse_at_fit_start(trainer)
         source = trainer.fit_loop._data_source
         loader = source.dataloader()
         dataset = getattr(loader, "dataset", None)
@@ -196,9 +208,10 @@ class DifferentialPrivacy(Callback):
             self.report = report
 
 
-def _refuse_unsupported(trainer: pl.Trainer) -> None:
-    """Everything that breaks the guarantee, refused at ``on_fit_start``: before the budget is
-    reserved and before the engine reads a row (its forward probe)."""
+def _refuse_at_setup(trainer: pl.Trainer) -> None:
+    """What breaks the guarantee and the Trainer's settings and callbacks show at ``setup``: refused
+    before any callback's ``on_fit_start`` (a tuner's reads the private loader), before the budget
+    is reserved and before the engine reads a row (its forward probe)."""
     if trainer.strategy.restore_checkpoint_after_setup:
         raise ConfigError(
             "strategy",
@@ -207,13 +220,6 @@ def _refuse_unsupported(trainer: pl.Trainer) -> None:
             "and rows read, so a resume (which would under-count ε) could not be refused in time; its "
             "sharded layers are not what veil's per-sample clipping sees either",
             'use strategy="ddp" (or one device)',
-        )
-    if trainer.ckpt_path is not None:
-        raise resume_refused(
-            "ckpt_path",
-            str(trainer.ckpt_path),
-            "fit from the start (a new run, charged to the same dataset), or train with veil train, "
-            "whose --resume continues the ledger",
         )
     _refuse_score_feedback(trainer)
     if trainer.gradient_clip_val:
@@ -232,6 +238,28 @@ def _refuse_unsupported(trainer: pl.Trainer) -> None:
             "per step would not be one",
             "drop accumulate_grad_batches and set the loader's batch_size to the expected batch size",
         )
+
+
+def _refuse_at_fit_start(trainer: pl.Trainer) -> None:
+    """What breaks the guarantee and Lightning sets only after ``setup`` (the checkpoint a fit resumes
+    from, the configured optimizers and schedulers): refused at ``on_fit_start``, before the budget is
+    reserved and before the engine reads a row. A tuner, which would read rows first, was refused at
+    ``setup``."""
+    if trainer.ckpt_path is not None:
+        raise resume_refused(
+            "ckpt_path",
+            str(trainer.ckpt_path),
+            "fit from the start (a new run, charged to the same dataset), or train with veil train, "
+            "whose --resume continues the ledger",
+        )
+    for config in trainer.lr_scheduler_configs:
+        if config.reduce_on_plateau:
+            raise noiseless_score_refused(
+                "lr_scheduler",
+                type(config.scheduler).__name__,
+                "setting the learning rate",
+                "use a schedule fixed in advance (StepLR, CosineAnnealingLR, ...)",
+            )
     if len(trainer.optimizers) != 1:
         raise ConfigError(
             "configure_optimizers",
@@ -242,11 +270,28 @@ def _refuse_unsupported(trainer: pl.Trainer) -> None:
 
 
 def _refuse_score_feedback(trainer: pl.Trainer) -> None:
-    """The Lightning switches that feed a score computed without noise back into the run, refused for
+    """The Lightning callbacks that feed a score computed without noise back into the run, refused for
     the reason :class:`veil.hf.DPTrainer` refuses its own
-    (:func:`veil.pipeline.external.noiseless_score_refused`): ``EarlyStopping`` (a stop chosen by the
-    score), ``ModelCheckpoint(monitor=...)`` (the weights kept chosen by it) and a
-    ``ReduceLROnPlateau`` scheduler (the learning rate set by it)."""
+    (:func:`veil.pipeline.external.noiseless_score_refused`): the tuners ``LearningRateFinder`` and
+    ``BatchSizeFinder`` (a learning rate or batch size chosen by noiseless trial steps on the training
+    rows, which they read before any other callback's ``on_fit_start``), ``EarlyStopping`` (a stop
+    chosen by the score) and ``ModelCheckpoint(monitor=...)`` (the weights kept chosen by it). A
+    ``ReduceLROnPlateau`` scheduler (the learning rate set by the score) is refused at ``on_fit_start``,
+    once the optimizers are configured."""
+    from lightning.pytorch.callbacks import BatchSizeFinder, LearningRateFinder
+
+    tuned = {LearningRateFinder: "learning rate", BatchSizeFinder: "batch size"}
+    callbacks: list[Callback] = trainer.callbacks  # type: ignore[attr-defined]  # set by its connector
+    for callback in callbacks:
+        for tuner, setting in tuned.items():
+            if isinstance(callback, tuner):
+                raise noiseless_score_refused(
+                    "callbacks",
+                    type(callback).__name__,
+                    f"setting the {setting} (from noiseless trial steps on the training rows)",
+                    f"drop {tuner.__name__} (Tuner.lr_find / scale_batch_size add it): select the "
+                    f"{setting} among DP runs with veil tune",
+                )
     for stopping in trainer.early_stopping_callbacks:
         raise noiseless_score_refused(
             "EarlyStopping",
@@ -263,14 +308,6 @@ def _refuse_score_feedback(trainer: pl.Trainer) -> None:
                 "choosing which weights are kept",
                 "drop monitor (ModelCheckpoint keeps the last weights), or select among runs with veil "
                 "tune (a DP score)",
-            )
-    for config in trainer.lr_scheduler_configs:
-        if config.reduce_on_plateau:
-            raise noiseless_score_refused(
-                "lr_scheduler",
-                type(config.scheduler).__name__,
-                "setting the learning rate",
-                "use a schedule fixed in advance (StepLR, CosineAnnealingLR, ...)",
             )
 
 

@@ -105,6 +105,12 @@ class PrivacyEngine:
 
     One engine trains one model: call ``make_private`` once. Opacus's ``accountant="prv"``/``"rdp"`` and
     ``secure_mode=`` are accepted (``gdp`` is refused); see ``docs/migrating-from-opacus.md``.
+
+    The budget registry is not consulted: ε here is this engine's alone, and nothing records it against
+    the dataset (the engine is never told which dataset it is, nor when the run ends). A loop that
+    should be charged and refused over its dataset's budget builds its engine through
+    :class:`veil.pipeline.external.ExternalRun`, as the Hugging Face and Lightning adapters do
+    (``docs/budget.md``, "Your own training loop").
     """
 
     def __init__(
@@ -229,6 +235,9 @@ class PrivacyEngine:
         default :func:`veil.units.default_max_rows_per_unit`), the mean of its rows' gradients is
         clipped once to C, and δ is checked against 1/(number of units). ``physical_batch_size``
         counts rows, and a chunk never splits a unit. Poisson sampling in one process only.
+
+        No budget registry is opened or charged (see the class doc): use
+        :class:`veil.pipeline.external.ExternalRun` for a run charged to its dataset.
         """
         self._refuse_second_run()
         opacus_args.check_make_private_args(
@@ -372,7 +381,9 @@ class PrivacyEngine:
         return None if self.plan is None else self.plan.sampling_rate
 
     def get_epsilon(self, delta: float) -> float:
-        """ε at ``delta`` for every step taken so far (∞ if any step was non-private, i.e. σ = 0).
+        """ε at ``delta`` for every step taken so far **by this engine** (∞ if any step was
+        non-private, i.e. σ = 0): not the dataset's total over other runs, which only the budget
+        registry composes, and which this engine does not charge (see the class doc).
 
         δ ≥ 1/N for this run's dataset is refused (an ε there promises nothing)."""
         if self.plan is not None:

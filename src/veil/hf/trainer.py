@@ -26,8 +26,12 @@ Guarantee: that of :mod:`veil.pipeline.external` (add/remove-one on the train se
 Only what depends on the public settings and the step is logged under its own name (``learning_rate``,
 ``epoch``, ``epsilon``, ``total_flos``); everything else is not private and is logged as
 ``non_private_*`` (the training loss, mean per example, as ``non_private_loss``; the evaluation metrics
-as ``non_private_eval_*``; the timings). ``total_flos`` is 0 and checkpoints hold no random generators'
-state: both would count the padded tokens of the Poisson batches.
+as ``non_private_eval_*``; the timings). The same rule labels what ``train()``, ``evaluate()`` and
+``predict()`` return and what ``log_metrics``/``save_metrics`` print and write (``train_results.json``,
+``all_results.json``), so HF's example-script idiom releases nothing unlabelled: ``train()`` returns a
+``TrainOutput`` whose ``training_loss`` is NaN (the loss, computed without noise, is
+``metrics["non_private_train_loss"]``) and whose metrics carry ``epsilon``. ``total_flos`` is 0 and
+checkpoints hold no random generators' state: both would count the padded tokens of the Poisson batches.
 Refused before any row is read, each with one line (:mod:`veil.errors`): ``group_by_length`` or
 any non-random train sampling; a ``compute_loss`` override or ``compute_loss_func`` (a loss veil
 cannot check may mix examples); an evaluation score computed without noise steering the run
@@ -44,6 +48,7 @@ charged (:meth:`veil.pipeline.external.ExternalRun.finish`).
 from __future__ import annotations
 
 import copy
+import math
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +75,7 @@ if TYPE_CHECKING:
 
 require_transformers()  # the extra's one-line error, before the import below fails
 from transformers import Trainer  # noqa: E402
+from transformers.trainer_utils import PredictionOutput, TrainOutput  # noqa: E402
 
 __all__ = ["DPTrainer", "PrivacyArguments"]
 
@@ -210,7 +216,41 @@ class DPTrainer(Trainer):
                 framework="Hugging Face Trainer",
                 non_private={"train_loss_last_logged": losses[-1] if losses else None},
             )
-        return output
+        # HF returns the training loss (mean over the run, computed without noise) under its own name,
+        # and every example script prints and saves what it returns (log_metrics / save_metrics): NaN
+        # in its place, the value in the metrics as non_private_train_loss (revF F4).
+        return TrainOutput(output.global_step, math.nan, self._released(output.metrics))
+
+    def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+        """The Trainer's evaluation, its metrics returned as :meth:`log` releases them
+        (``non_private_eval_*``, and ``epsilon`` once training began)."""
+        return self._released(super().evaluate(*args, **kwargs))
+
+    def predict(self, *args: Any, **kwargs: Any) -> PredictionOutput:
+        """The Trainer's prediction, its metrics returned as :meth:`log` releases them
+        (``non_private_test_*``). The predictions themselves are returned as they are: the model's outputs
+        on data the caller passed, for the caller."""
+        output = super().predict(*args, **kwargs)
+        metrics = None if output.metrics is None else self._released(output.metrics)
+        return PredictionOutput(output.predictions, output.label_ids, metrics)
+
+    def log_metrics(self, split: str, metrics: dict[str, float]) -> None:
+        """HF's printout of ``metrics``, each key labelled by the rule of :meth:`log` (a metric the
+        caller added, such as ``train_samples``, included)."""
+        super().log_metrics(split, _public_or_labelled(metrics))
+
+    def save_metrics(self, split: str, metrics: dict[str, float], combined: bool = True) -> None:
+        """HF's ``{split}_results.json``/``all_results.json``, each key labelled by the rule of
+        :meth:`log`: nothing computed from the data reaches the output folder under its own name."""
+        super().save_metrics(split, _public_or_labelled(metrics), combined)
+
+    def _released(self, metrics: dict[str, float]) -> dict[str, float]:
+        """``metrics`` labelled (:func:`_public_or_labelled`) with ``epsilon``, ε spent so far, once the
+        engine is built: what :meth:`log` logs and what ``train``/``evaluate``/``predict`` return."""
+        released = _public_or_labelled(metrics)
+        if self.privacy.engine is not None:
+            released["epsilon"] = self.privacy.record_epsilon()
+        return released
 
     # -- one logical batch: physical chunks, one noisy step -----------------------------------------
     def training_step(
@@ -282,13 +322,19 @@ class DPTrainer(Trainer):
         relabel everything else as ``non_private_*``: the training loss, every evaluation metric, the
         timings and memory figures (functions of the batches' padded sizes) and whatever a callback
         adds. Private by construction: a key veil does not know is never logged under its own name."""
-        logs = dict(logs)
-        logs.pop("grad_norm", None)  # the gradient before noise: not private, and not the update
-        for key in [k for k in logs if k not in _PUBLIC_LOGS and not k.startswith("non_private_")]:
-            logs[f"non_private_{key}"] = logs.pop(key)  # computed from the data without noise: labelled so
-        if self.privacy.engine is not None:
-            logs["epsilon"] = self.privacy.record_epsilon()
-        super().log(logs, start_time)
+        super().log(self._released(logs), start_time)
+
+
+def _public_or_labelled(metrics: dict[str, float]) -> dict[str, float]:
+    """A copy of ``metrics`` in which only what depends on the public settings and the step alone
+    (``_PUBLIC_LOGS``) keeps its name; the pre-noise ``grad_norm`` is dropped; every other key,
+    computed from the data without noise or unknown to veil, is renamed ``non_private_<key>`` (a key
+    labelled already is kept). The one rule for everything DPTrainer logs, returns, prints or saves."""
+    labelled = dict(metrics)
+    labelled.pop("grad_norm", None)  # the gradient before noise: not private, and not the update
+    for key in [k for k in labelled if k not in _PUBLIC_LOGS and not k.startswith("non_private_")]:
+        labelled[f"non_private_{key}"] = labelled.pop(key)
+    return labelled
 
 
 def _split(inputs: dict[str, Any], size: int) -> list[dict[str, Any]]:

@@ -1,6 +1,8 @@
-"""The pipeline for a training loop veil does not own (the Hugging Face ``Trainer``, Lightning).
+"""The pipeline for a training loop veil does not own (the Hugging Face ``Trainer``, Lightning, a
+library user's own loop around :class:`veil.PrivacyEngine`, which alone never charges the registry).
 
-A framework adapter (:mod:`veil.hf.trainer`, :mod:`veil.lightning`) keeps its framework's loop and
+A framework adapter (:mod:`veil.hf.trainer`, :mod:`veil.lightning`; or a user's loop, as in
+``docs/budget.md``, "Your own training loop") keeps its framework's loop and
 hands veil the three things DP-SGD needs from it — the dataset size N, the expected batch size B and
 the planned number of optimizer steps — then asks :class:`ExternalRun` for everything private, in the
 same order as ``veil train``:
