@@ -347,6 +347,7 @@ _EVAL = {"eval_strategy": "steps", "eval_steps": 1}
         ({"include_num_input_tokens_seen": True}, None, "include_num_input_tokens_seen"),
         ({"include_num_input_tokens_seen": "non_padding"}, None, "include_num_input_tokens_seen"),
         ({"auto_find_batch_size": True}, None, "auto_find_batch_size"),
+        ({"neftune_noise_alpha": 5.0}, None, "neftune_noise_alpha"),
     ],
     ids=[
         "plateau",
@@ -358,6 +359,7 @@ _EVAL = {"eval_strategy": "steps", "eval_steps": 1}
         "tokens-seen",
         "tokens-seen-non-padding",
         "auto-batch",
+        "neftune",
     ],
 )
 def test_refuses_a_data_dependent_switch_before_reading(
@@ -522,3 +524,19 @@ def test_a_users_own_early_stop_is_not_release_ready_and_keeps_the_plan_charged(
     # The plan (4 steps) is charged for both; the stopped run's own ε is one step's.
     assert spent["stopped"] == pytest.approx(spent["complete"], rel=1e-6)
     assert stopped["epsilon_spent"] < complete["epsilon_spent"]
+
+
+def test_refuses_hyperparameter_search(tmp_path: Path) -> None:
+    """HF's ``hyperparameter_search`` picks among runs by a noiseless evaluation score: refused when
+    called, before a run starts (nothing charged, no run folder)."""
+    trainer = DPTrainer(
+        model=_model(), args=_args(tmp_path), train_dataset=_data(20), privacy_args=_privacy()
+    )
+    with pytest.raises(ConfigError, match="hyperparameter_search"):
+        trainer.hyperparameter_search(n_trials=2)
+    registry = open_registry()
+    try:
+        assert not registry.status(dataset_identity(dataset_id="toy-tweets")).runs
+    finally:
+        registry.close()
+    assert not (tmp_path / "hf" / "veil").exists()

@@ -221,6 +221,16 @@ class DPTrainer(Trainer):
         # in its place, the value in the metrics as non_private_train_loss (revF F4).
         return TrainOutput(output.global_step, math.nan, self._released(output.metrics))
 
+    def hyperparameter_search(self, *args: Any, **kwargs: Any) -> Any:
+        """Refused: it picks among runs by an evaluation score computed without noise, a selection
+        on the private data that no run's ε covers."""
+        raise noiseless_score_refused(
+            "hyperparameter_search",
+            "called",
+            "choosing the run's hyperparameters",
+            "select among DP runs with veil tune, whose score is released with noise and charged",
+        )
+
     def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """The Trainer's evaluation, its metrics returned as :meth:`log` releases them
         (``non_private_eval_*``, and ``epsilon`` once training began)."""
@@ -388,6 +398,15 @@ def _refuse_unsupported(trainer: Any) -> None:
             "a retry with a smaller batch after running out of memory changes the sampling rate mid-run "
             "and depends on the private batches' padded sizes",
             "drop auto_find_batch_size and set per_device_train_batch_size (the physical batch) to fit",
+        )
+    if getattr(args, "neftune_noise_alpha", None):
+        raise ConfigError(
+            "neftune_noise_alpha",
+            args.neftune_noise_alpha,
+            "NEFTune scales its embedding noise by the padded length of the whole batch, so one text's "
+            "length changes the other examples' gradients: per-sample clipping no longer bounds one "
+            "example's influence",
+            "drop neftune_noise_alpha (DP-SGD's own noise is what protects the data)",
         )
     if getattr(args, "torch_compile", False):
         raise ConfigError(
