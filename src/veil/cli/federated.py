@@ -14,7 +14,7 @@ import typer
 from veil.accounting.defaults import DEFAULT_DELTA
 from veil.cli import _training_options as opts
 from veil.cli._mlflow import MLFLOW, log_if_asked
-from veil.cli._output import emit
+from veil.cli._output import emit, resume_hint
 from veil.cli._privacy_args import DELTA_HELP, REGISTRY_DB
 from veil.errors import ConfigError
 
@@ -200,7 +200,7 @@ def register(app: typer.Typer) -> None:
 
         if reproducible and seed < 0:  # research mode without a seed of its own: seed 0
             options["seed"] = 0
-        with registry_location(db):
+        with resume_hint(db), registry_location(db):  # Ctrl-C, SIGTERM: one line, how to continue
             report = run_federated_command(options)
         log_if_asked(report, mlflow, "federated")
         if json_output:
