@@ -137,6 +137,9 @@ def run_simulation_engine(s: FederatedSettings, cpus: int = 2) -> None:
     # Ray kills workers when the machine as a whole is above 95% memory, whoever uses it; a client
     # needs little, so leave the kernel to judge real shortages.
     os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
+    # Ray's C++ failure-signal handler takes SIGTERM for a crash (stack dump on stderr, the process
+    # aborted): SIGTERM stops the run as Ctrl-C does here (sigterm_interrupts), so leave it to Python.
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     from flwr.simulation import run_simulation
 
     from veil.federated.apps import make_client_app, make_server_app
