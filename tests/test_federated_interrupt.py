@@ -123,8 +123,9 @@ def test_sigterm_stops_the_simulation_as_ctrl_c_does(
     _check_stopped(out, code, err, capsys)
 
 
+@pytest.mark.parametrize("when", ["while round 2's replies are awaited", "between rounds 2 and 3"])
 def test_a_stopped_server_charges_no_further_round_saves_no_cut_round_and_records_no_error(
-    tmp_path: Path,
+    tmp_path: Path, when: str
 ) -> None:
     from veil.federated.apps import make_client_app
     from veil.federated.run import plan
@@ -134,12 +135,17 @@ def test_a_stopped_server_charges_no_further_round_saves_no_cut_round_and_record
 
     stop = ServerStop()
 
-    class Interrupted(InProcessGrid):  # the caller stops the run while round 2's replies are awaited
+    class Interrupted(InProcessGrid):  # the caller stops the run (no Flower run on this grid: the switch)
         def send_and_receive(self, messages, *, timeout=None):
             replies = super().send_and_receive(messages, timeout=timeout)
-            if len([m for m in self.sent if m]) == 2:
-                assert stop.stop(timeout=0)  # no Flower run to stop on this grid: only the switch
+            if when.startswith("while") and len([m for m in self.sent if m]) == 2:
+                assert stop.stop(timeout=0)
             return replies
+
+        def get_node_ids(self):  # the strategy asks for the nodes to sample as a round starts
+            if when.startswith("between") and len([m for m in self.sent if m]) == 2:
+                assert stop.stop(timeout=0)
+            return super().get_node_ids()
 
     s = plan(FederatedSettings(mode="client-level", dataset="digits", clients=3, rounds=5, epsilon=8.0,
                                delta=1e-3, model="logreg", seed=1, out=str(tmp_path / "fl")))  # fmt: skip
@@ -149,5 +155,6 @@ def test_a_stopped_server_charges_no_further_round_saves_no_cut_round_and_record
     ledger = [json.loads(line) for line in (tmp_path / "fl" / "ledger.jsonl").read_text().splitlines()]
     assert [r.get("round") for r in ledger if r.get("kind") == "step"] == [1, 2]  # round 3 never charged
     history = json.loads((tmp_path / "fl" / "history.json").read_text())["rounds"]
-    assert [h["round"] for h in history] == [0, 1]  # round 2, cut short, not saved
+    saved = [0, 1] if when.startswith("while") else [0, 1, 2]  # a round the stop cut short: not saved
+    assert [h["round"] for h in history] == saved
     assert not (tmp_path / "fl" / "error.txt").exists() and not (tmp_path / "fl" / "model.npz").exists()
