@@ -12,6 +12,8 @@ from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 
+from veil.federated.settings import FederatedSettings
+
 
 class InProcessGrid(Grid):
     def __init__(self, client_app: ClientApp, partitions: int, first_node: int = 101) -> None:
@@ -68,3 +70,12 @@ class InProcessGrid(Grid):
             except Exception as exc:
                 replies.append(Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=m))
         return replies
+
+
+def in_process_engine(s: FederatedSettings, cpus: int = 2) -> None:
+    """In place of ``veil.federated.run.run_simulation_engine``: the job's ServerApp and ClientApp code
+    on an :class:`InProcessGrid` (no Ray start-up)."""
+    from veil.federated.apps import make_client_app
+    from veil.federated.server import serve
+
+    serve(InProcessGrid(make_client_app(s), s.clients), s)

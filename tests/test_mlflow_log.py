@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 from pathlib import Path
@@ -58,20 +59,30 @@ def test_train_run_read_back_from_mlflow(
     assert len(history) > 2 and history[0].step == 0 and history[0].value == 0
     assert history[-1].step == report["steps"]
     assert history[-1].value == pytest.approx(report["epsilon_spent"], rel=1e-3)
-    assert run.data.metrics["non_private.test_accuracy"] == pytest.approx(
-        report["non_private"]["test_accuracy"]
-    )
-    assert "non_private.test_accuracy" in run.data.tags["non_private_metrics"]
+    assert set(run.data.metrics) == {"epsilon"}  # no non-private number unless asked, even labelled
+    assert run.data.tags["veil.non_private"] == "false"
+    assert len(client.search_runs([run.info.experiment_id])) == 1  # and no child run
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "release")}
     assert artifacts == {"release/report.html", "release/report.json"}
     local = Path(client.download_artifacts(run.info.run_id, "release/report.json", str(tmp_path / "back")))
     assert json.loads(local.read_text())["epsilon_spent"] == report["epsilon_spent"]
 
 
+def _numbers(values: Any) -> set[float]:
+    """The values that read as numbers (MLflow keeps params and tags as text)."""
+    out = set()
+    for v in values:
+        with contextlib.suppress(TypeError, ValueError):
+            out.add(float(v))
+    return out
+
+
 def test_mlflow_receives_the_public_report_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Review revA, finding 6: the artifacts are ``release/``'s public report (no ``non_private``
-    section, no fingerprint of the private file), the parameters the public report's; what is not
-    private is a metric named ``non_private.*`` and listed in the run's tags."""
+    section, no fingerprint of the private file), the parameters the public report's. Asked for with
+    ``--mlflow-non-private``, the non-private numbers are metrics ``non_private.*`` of a child run
+    labelled non-private by its tags, and no number of the report's ``non_private`` section is in the
+    release run, under any name."""
     import hashlib
 
     monkeypatch.chdir(tmp_path)  # a store given by URI keeps artifacts under ./mlruns
@@ -83,12 +94,14 @@ def test_mlflow_receives_the_public_report_only(tmp_path: Path, monkeypatch: pyt
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     argv = ["train", "--dataset", f"csv:{tmp_path / 'd.csv'}", "--target", "y", "--classes", "0,1",
             "--model", "logreg", "--epochs", "1", "--no-baseline", "--delta", "1e-4", "--out",
-            str(tmp_path / "run"), "--mlflow", store]  # fmt: skip
+            str(tmp_path / "run"), "--mlflow", store, "--mlflow-non-private"]  # fmt: skip
     assert main(argv) == 0
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert report["dataset_budget"]["dataset_id"] == f"sha256:{digest}"  # the operator's report has it
     client = mlflow.MlflowClient(tracking_uri=store)
-    (run,) = client.search_runs([client.get_experiment_by_name("veil").experiment_id])
+    runs = client.search_runs([client.get_experiment_by_name("veil").experiment_id])
+    (run,) = [r for r in runs if r.data.tags["veil.non_private"] == "false"]
+    (child,) = [r for r in runs if r.data.tags["veil.non_private"] == "true"]
     back = Path(client.download_artifacts(run.info.run_id, "", str(tmp_path / "back")))
     files = sorted(p.relative_to(back).as_posix() for p in back.rglob("*") if p.is_file())
     assert files == ["release/report.html", "release/report.json"]
@@ -99,9 +112,33 @@ def test_mlflow_receives_the_public_report_only(tmp_path: Path, monkeypatch: pyt
     logged = [*run.data.params.values(), *run.data.tags.values()]
     assert not any(digest[:16] in str(v) for v in logged)
     assert run.data.tags["veil.release_ready"] == str(report["guarantee"]["release_ready"])
-    private = {k for k in run.data.metrics if k != "epsilon"}
+    # The release run: the ε curve and the public parameters; no non-private number, by name or value.
+    assert set(run.data.metrics) == {"epsilon"}
+    exact = _numbers(v for v in report["non_private"].values() if not isinstance(v, bool))
+    assert exact  # the exact test accuracy
+    curve = [m.value for m in client.get_metric_history(run.info.run_id, "epsilon")]
+    released = _numbers([*curve, *run.data.params.values(), *run.data.tags.values()])
+    assert not exact & released
+    assert not any("non_private" in k for k in [*run.data.params, *run.data.tags] if k != "veil.non_private")
+    # The child run: the non-private numbers, labelled by its tags and names, nested under the release.
+    assert child.data.tags["mlflow.parentRunId"] == run.info.run_id
+    assert child.data.tags["veil.release_ready"] == "false" and child.data.tags["veil.job"] == "train"
+    private = set(child.data.metrics)
     assert private and all(k.startswith("non_private.") for k in private)
-    assert set(run.data.tags["non_private_metrics"].split(",")) == private
+    assert set(child.data.tags["non_private_metrics"].split(",")) == private
+    assert child.data.metrics["non_private.test_accuracy"] == report["non_private"]["test_accuracy"]
+    assert not child.data.params and not client.list_artifacts(child.info.run_id)
+
+
+def test_mlflow_non_private_without_mlflow_is_refused_before_the_job(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["train", "--dataset", "digits", "--model", "logreg", "--epochs", "1", "--no-baseline", "--out",
+            str(tmp_path / "run"), "--mlflow-non-private"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--mlflow" in err
+    assert not (tmp_path / "run").exists()
 
 
 def test_params_and_curve_of_an_external_run_report() -> None:

@@ -54,11 +54,12 @@ class RunInterrupted(KeyboardInterrupt):
     """Ctrl-C during a run whose folder can be continued: a KeyboardInterrupt that knows the folder.
 
     Raised only after the run folder and its ledger exist (every step taken is in the ledger), so
-    ``veil train --resume RUN_DIR`` continues it; before that, a plain KeyboardInterrupt leaves nothing."""
+    ``veil COMMAND --resume RUN_DIR`` continues it (``train``, ``federated``); before that, a plain
+    KeyboardInterrupt leaves nothing."""
 
-    def __init__(self, run_dir: str) -> None:
+    def __init__(self, run_dir: str, command: str = "train") -> None:
         self.run_dir = run_dir
-        super().__init__(f"interrupted; continue with: veil train --resume {run_dir}")
+        super().__init__(f"interrupted; continue with: veil {command} --resume {run_dir}")
 
 
 class InvalidParameterError(VeilError, ValueError):

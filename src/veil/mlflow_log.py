@@ -2,8 +2,7 @@
 
 Called once per job, after its ``report.json`` and ``report.html`` are written (the report is the one
 source: nothing is recomputed from the data). A tracking store is shared and outlives the run folder,
-so it receives what ``release/`` may publish, and nothing of the internal report but its labelled
-``non_private`` numbers. What is logged:
+so the job's MLflow run — the *release run* — holds only what ``release/`` may publish:
 
 * parameters — the privacy settings as the *public* report states them
   (:func:`veil.report.schema.public_view`): target ε, δ, σ, C, q, planned and taken steps,
@@ -11,26 +10,28 @@ so it receives what ``release/`` may publish, and nothing of the internal report
 * the metric ``epsilon`` against the step — the public report's own curve when it has one, else the
   curve of its DP-SGD plan (:func:`veil.accounting.calibrate.epsilon_curve`, after its preprocessing
   release) up to the steps taken, else the one ε the report states;
-* every number of the report's ``non_private`` section as a metric ``non_private.<name>`` — the
-  prefix is added here to every one of them and to nothing else, so such a metric is labelled by its
-  name; the run's tag ``non_private_metrics`` lists them, and ``veil.non_private`` explains they are
-  not covered;
 * ``release/report.html`` and ``release/report.json`` (the public report, without the ``non_private``
-  section or the dataset's fingerprint) as artifacts under ``release/``; the internal report, the
-  ledger and the model are not logged.
+  section or the dataset's fingerprint) as artifacts under ``release/``;
+* the tags ``veil.job``, ``veil.release_ready`` (the public report's) and ``veil.non_private=false``.
+
+The report's ``non_private`` numbers (exact accuracies, counts: computed from the data without
+privacy) never reach the release run. Only when asked (``non_private=True``, the flag
+``--mlflow-non-private``) are they logged, each as a metric ``non_private.<name>``, in a *child run*
+of their own, nested under the release run by MLflow's parent tag and labelled by construction: tags
+``veil.non_private=true`` and ``veil.release_ready=false``, its name ``<run> (non-private)``. The
+internal report, the ledger and the model are never logged.
 
 Tracking location: ``TRACKING_URI`` as MLflow understands it (``http://host:5000``,
 ``sqlite:///path.db``, ...); ``local`` (a bare ``--mlflow``) is a SQLite store ``mlflow.db`` with
 artifacts under ``mlartifacts/``, both in the run folder's parent (so every run under ``runs/`` lands
 in one store). Privacy: the parameters, the curve, the tag ``veil.release_ready`` and the artifacts
-come from the public report, so they are covered by its guarantee; what is not is labelled
-``non_private``.
+come from the public report, so they are covered by its guarantee; the child run is not, and says so.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -78,8 +79,9 @@ def tracking_location(uri: str, run_dir: Path) -> tuple[str, str | None]:
     return f"sqlite:///{parent / 'mlflow.db'}", (parent / "mlartifacts").as_uri()
 
 
-def log_report(report: Mapping[str, Any], uri: str, *, job: str) -> str:
-    """Log the job whose report is ``report`` (its ``out_dir`` holds the files); returns the MLflow run id."""
+def log_report(report: Mapping[str, Any], uri: str, *, job: str, non_private: bool = False) -> str:
+    """Log the job whose report is ``report`` (its ``out_dir`` holds the files); returns the release
+    run's id. ``non_private``: also log the report's non-private numbers, in a child run (module doc)."""
     from veil.pipeline.run_folder import RELEASE
     from veil.report.schema import public_view
 
@@ -94,19 +96,36 @@ def log_report(report: Mapping[str, Any], uri: str, *, job: str) -> str:
         if experiment is not None
         else client.create_experiment(EXPERIMENT, artifact_location=artifacts)
     )
-    metrics = non_private_metrics(report)
-    run = client.create_run(experiment_id, run_name=run_dir.name, tags=_tags(public, job, metrics))
-    run_id: str = run.info.run_id
-    try:
+
+    def log_release(run_id: str) -> None:
         for key, value in params_of(public, job).items():
             client.log_param(run_id, key, value)
         for step, eps in epsilon_points(public):
             client.log_metric(run_id, "epsilon", eps, step=step)
-        for key, value in metrics.items():
-            client.log_metric(run_id, key, value)
         for name in ("report.html", "report.json"):
             if (run_dir / RELEASE / name).is_file():
                 client.log_artifact(run_id, str(run_dir / RELEASE / name), artifact_path=RELEASE)
+
+    release_id = _logged_run(client, experiment_id, run_dir.name, _release_tags(public, job), log_release)
+    if non_private:
+        metrics = non_private_metrics(report)
+
+        def log_non_private(run_id: str) -> None:
+            for key, value in metrics.items():
+                client.log_metric(run_id, key, value)
+
+        tags = _non_private_tags(job, metrics, parent=release_id)
+        _logged_run(client, experiment_id, f"{run_dir.name} (non-private)", tags, log_non_private)
+    return release_id
+
+
+def _logged_run(
+    client: Any, experiment_id: str, name: str, tags: dict[str, str], log: Callable[[str], None]
+) -> str:
+    """A new run with ``tags``, filled by ``log(run_id)``, ended (FAILED if ``log`` raised)."""
+    run_id: str = client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
+    try:
+        log(run_id)
     except BaseException:
         client.set_terminated(run_id, status="FAILED")
         raise
@@ -183,12 +202,23 @@ def non_private_metrics(report: Mapping[str, Any]) -> dict[str, float]:
     }
 
 
-def _tags(public: Mapping[str, Any], job: str, metrics: Mapping[str, float]) -> dict[str, str]:
-    names = sorted(metrics)
+def _release_tags(public: Mapping[str, Any], job: str) -> dict[str, str]:
     return {
         "veil.job": job,
         "veil.release_ready": str(_flat(public).get("release_ready")),
-        "non_private_metrics": ",".join(names),
-        "veil.non_private": "metrics named non_private.* are computed from the data without privacy and "
-        "are not covered by the run's (ε, δ) guarantee",
+        "veil.non_private": "false",
+    }
+
+
+def _non_private_tags(job: str, metrics: Mapping[str, float], *, parent: str) -> dict[str, str]:
+    from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+
+    return {
+        MLFLOW_PARENT_RUN_ID: parent,  # nested under the release run, as mlflow.start_run(nested=True)
+        "veil.job": job,
+        "veil.non_private": "true",
+        "veil.release_ready": "false",
+        "non_private_metrics": ",".join(sorted(metrics)),
+        "veil.note": "computed from the data without privacy: not covered by the release run's (ε, δ) "
+        "guarantee; do not share with the release",
     }

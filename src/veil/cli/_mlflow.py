@@ -1,4 +1,5 @@
-"""``--mlflow [TRACKING_URI]``, shared by every job that writes a run folder (see :mod:`veil.mlflow_log`)."""
+"""``--mlflow [TRACKING_URI]`` and ``--mlflow-non-private``, shared by every job that writes a run folder
+(see :mod:`veil.mlflow_log`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from typing import Any
 
 import typer
 
-__all__ = ["MLFLOW", "log_if_asked", "with_default_uri"]
+from veil.errors import ConfigError
+
+__all__ = ["MLFLOW", "MLFLOW_NON_PRIVATE", "check_mlflow_flags", "log_if_asked", "with_default_uri"]
 
 FLAG = "--mlflow"
 
@@ -15,8 +18,16 @@ MLFLOW = typer.Option(
     None,
     FLAG,
     metavar="[TRACKING_URI]",
-    help="Log the run to MLflow: parameters, the ε curve, non-private metrics (labelled), report files. "
-    "Without a URI: a local SQLite store (mlflow.db) next to the run folder.",
+    help="Log the run to MLflow, release-safe: parameters, the ε curve, the release readiness, the public "
+    "report files. Without a URI: a local SQLite store (mlflow.db) next to the run folder.",
+)
+
+MLFLOW_NON_PRIVATE = typer.Option(
+    False,
+    "--mlflow-non-private",
+    help="With --mlflow: also log the report's non-private numbers (exact accuracies, counts; not covered "
+    "by the guarantee) in a child run of their own, tagged veil.non_private=true and "
+    "veil.release_ready=false; never in the release run.",
 )
 
 
@@ -32,10 +43,22 @@ def with_default_uri(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def log_if_asked(report: Mapping[str, Any], uri: str | None, job: str) -> None:
-    """Log the finished job's report to MLflow when ``--mlflow`` was given."""
+def check_mlflow_flags(uri: str | None, non_private: bool) -> None:
+    """Refuse ``--mlflow-non-private`` without ``--mlflow`` (before the job runs: nothing charged)."""
+    if non_private and uri is None:
+        raise ConfigError(
+            "mlflow-non-private",
+            True,
+            "it says what to log to MLflow, and --mlflow (where to log) is not given",
+            "add --mlflow [TRACKING_URI], or drop --mlflow-non-private",
+        )
+
+
+def log_if_asked(report: Mapping[str, Any], uri: str | None, job: str, non_private: bool = False) -> None:
+    """Log the finished job's report to MLflow when ``--mlflow`` was given (its non-private numbers too,
+    in a child run, with ``--mlflow-non-private``)."""
     if uri is None:
         return
     from veil.mlflow_log import log_report
 
-    log_report(report, uri, job=job)
+    log_report(report, uri, job=job, non_private=non_private)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 
@@ -13,6 +14,19 @@ class CommandInterrupted(Exception):
     """Ctrl-C caught by a subcommand that has something to say about it (e.g. how to resume): the
     entry point prints ``veil: MESSAGE`` as the one line and exits 130. A plain Exception, so that the
     command-line framework passes it on instead of turning it into a bare exit status."""
+
+
+@contextlib.contextmanager
+def resume_hint(db: str | None) -> Iterator[None]:
+    """An interrupted run that can be continued (:class:`~veil.errors.RunInterrupted`) as the one line
+    that says how: its ``--resume`` command, with the same ``--db``."""
+    from veil.errors import RunInterrupted
+
+    try:
+        yield
+    except RunInterrupted as exc:
+        again = f" --db {db}" if db else ""
+        raise CommandInterrupted(f"{exc}{again}") from None
 
 
 def _jsonable(value: Any) -> Any:

@@ -13,8 +13,8 @@ import typer
 
 from veil.accounting.defaults import DEFAULT_DELTA
 from veil.cli import _training_options as opts
-from veil.cli._mlflow import MLFLOW, log_if_asked
-from veil.cli._output import emit
+from veil.cli._mlflow import MLFLOW, MLFLOW_NON_PRIVATE, check_mlflow_flags, log_if_asked
+from veil.cli._output import emit, resume_hint
 from veil.cli._privacy_args import DELTA_HELP, REGISTRY_DB
 from veil.errors import ConfigError
 
@@ -191,18 +191,22 @@ def register(app: typer.Typer) -> None:
         ),
         json_output: bool = typer.Option(False, "--json", help="Print the report JSON on stdout."),
         mlflow: str = MLFLOW,
+        mlflow_non_private: bool = MLFLOW_NON_PRIVATE,
     ) -> None:
         """Train a model over clients that keep their data, with differential privacy (Flower)."""
         options = {
-            k: v for k, v in locals().items() if k not in ("json_output", "mlflow", "reproducible", "db")
+            k: v
+            for k, v in locals().items()
+            if k not in ("json_output", "mlflow", "mlflow_non_private", "reproducible", "db")
         }
+        check_mlflow_flags(mlflow, mlflow_non_private)
         from veil.registry.location import registry_location  # after locals(): options are parameters
 
         if reproducible and seed < 0:  # research mode without a seed of its own: seed 0
             options["seed"] = 0
-        with registry_location(db):
+        with resume_hint(db), registry_location(db):  # Ctrl-C, SIGTERM: one line, how to continue
             report = run_federated_command(options)
-        log_if_asked(report, mlflow, "federated")
+        log_if_asked(report, mlflow, "federated", mlflow_non_private)
         if json_output:
             emit(report, True)
             return

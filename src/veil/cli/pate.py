@@ -11,7 +11,7 @@ from typing import Any
 
 import typer
 
-from veil.cli._mlflow import MLFLOW, log_if_asked
+from veil.cli._mlflow import MLFLOW, MLFLOW_NON_PRIVATE, check_mlflow_flags, log_if_asked
 from veil.cli._output import emit
 from veil.cli._privacy_args import DELTA_HELP, REGISTRY_DB
 
@@ -25,7 +25,7 @@ def run_pate_command(config_file: str | None, flags: dict[str, Any]) -> dict[str
     return run_pate(cfg).to_dict()
 
 
-_NOT_CONFIG = ("config", "json_output", "mlflow", "db")
+_NOT_CONFIG = ("config", "json_output", "mlflow", "mlflow_non_private", "db")
 
 
 def register(app: typer.Typer) -> None:
@@ -93,16 +93,18 @@ def register(app: typer.Typer) -> None:
         db: str = REGISTRY_DB,
         json_output: bool = typer.Option(False, "--json", help="Print the report JSON on stdout."),
         mlflow: str = MLFLOW,
+        mlflow_non_private: bool = MLFLOW_NON_PRIVATE,
     ) -> None:
         """Label public data with a noisy vote of teachers trained on disjoint private partitions (PATE)."""
         # Every flag parameter is named as its config key.
         flags: dict[str, Any] = {k: v for k, v in locals().items() if k not in _NOT_CONFIG}
         flags["progress"] = None if json_output else True
+        check_mlflow_flags(mlflow, mlflow_non_private)
         from veil.registry.location import registry_location  # after locals(): flags are parameters
 
         with registry_location(db):
             report = run_pate_command(config, flags)
-        log_if_asked(report, mlflow, "pate")
+        log_if_asked(report, mlflow, "pate", mlflow_non_private)
         if json_output:
             emit(report, True)
             return

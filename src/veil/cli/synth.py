@@ -9,7 +9,7 @@ import typer
 
 from veil.accounting.defaults import DEFAULT_DELTA
 from veil.cli import _training_options as opts
-from veil.cli._mlflow import MLFLOW, log_if_asked
+from veil.cli._mlflow import MLFLOW, MLFLOW_NON_PRIVATE, check_mlflow_flags, log_if_asked
 from veil.cli._output import emit
 from veil.cli._privacy_args import DELTA_HELP, REGISTRY_DB, secure_randomness
 
@@ -55,8 +55,10 @@ def register(app: typer.Typer) -> None:
         ),
         json_output: bool = typer.Option(False, "--json", help="Print the report JSON on stdout."),
         mlflow: str = MLFLOW,
+        mlflow_non_private: bool = MLFLOW_NON_PRIVATE,
     ) -> None:
         """Write a synthetic table whose release is (ε, δ)-DP, with its report."""
+        check_mlflow_flags(mlflow, mlflow_non_private)
         from veil.registry.location import registry_location
         from veil.synth.run import run_synth
         from veil.synth.settings import SynthSettings
@@ -72,7 +74,7 @@ def register(app: typer.Typer) -> None:
         )  # fmt: skip
         with registry_location(db):
             report = run_synth(settings)
-        log_if_asked(report, mlflow, "synth")
+        log_if_asked(report, mlflow, "synth", mlflow_non_private)
         if json_output:
             emit(report, True)
             return

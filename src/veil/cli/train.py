@@ -9,10 +9,9 @@ from typing import Any
 import typer
 
 from veil.cli import _training_options as opts
-from veil.cli._mlflow import MLFLOW, log_if_asked
-from veil.cli._output import CommandInterrupted, emit
+from veil.cli._mlflow import MLFLOW, MLFLOW_NON_PRIVATE, check_mlflow_flags, log_if_asked
+from veil.cli._output import emit, resume_hint
 from veil.cli._privacy_args import DELTA_HELP, REGISTRY_DB
-from veil.errors import RunInterrupted
 
 
 def run_train(
@@ -173,8 +172,10 @@ def register(app: typer.Typer) -> None:
             None, "--augment-flip", help="Also mirror the --augment copies left-right."
         ),
         mlflow: str = MLFLOW,
+        mlflow_non_private: bool = MLFLOW_NON_PRIVATE,
     ) -> None:
         """Train a model with differential privacy and write a report a data-protection officer can file."""
+        check_mlflow_flags(mlflow, mlflow_non_private)
         flags: dict[str, Any] = {
             "dataset": dataset,
             "table_schema": schema,
@@ -221,17 +222,13 @@ def register(app: typer.Typer) -> None:
         }
         from veil.registry.location import registry_location
 
-        try:
-            with registry_location(db):
-                report = run_train(
-                    config, flags, resume=resume, json_output=json_output, nproc_per_node=nproc_per_node
-                )
-        except RunInterrupted as exc:  # one line: the command that continues the run
-            again = f" --db {db}" if db else ""
-            raise CommandInterrupted(f"{exc}{again}") from None
+        with resume_hint(db), registry_location(db):  # an interrupt: one line, how to continue
+            report = run_train(
+                config, flags, resume=resume, json_output=json_output, nproc_per_node=nproc_per_node
+            )
         if report is None:  # a rank other than 0 of a distributed run: rank 0 speaks for the run
             return
-        log_if_asked(report, mlflow, "train")
+        log_if_asked(report, mlflow, "train", mlflow_non_private)
         if json_output:
             emit(report, True)
             return

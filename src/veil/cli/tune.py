@@ -9,7 +9,7 @@ from typing import Any
 import typer
 
 from veil.accounting.defaults import DEFAULT_DELTA
-from veil.cli._mlflow import MLFLOW, log_if_asked
+from veil.cli._mlflow import MLFLOW, MLFLOW_NON_PRIVATE, check_mlflow_flags, log_if_asked
 from veil.cli._output import emit
 from veil.cli._privacy_args import DELTA_HELP, REGISTRY_DB
 from veil.errors import InvalidParameterError
@@ -128,8 +128,10 @@ def register(app: typer.Typer) -> None:
         db: str = REGISTRY_DB,
         json_output: bool = typer.Option(False, "--json", help="Print the report JSON on stdout."),
         mlflow: str = MLFLOW,
+        mlflow_non_private: bool = MLFLOW_NON_PRIVATE,
     ) -> None:
         """Tune hyperparameters privately: a random number of DP runs, the best by a DP score, accounted."""
+        check_mlflow_flags(mlflow, mlflow_non_private)
         from veil.registry.location import registry_location
 
         with registry_location(db):
@@ -159,7 +161,7 @@ def register(app: typer.Typer) -> None:
                     "max_rows_per_unit": max_rows_per_unit,
                 }
             )
-        log_if_asked(report, mlflow, "tune")
+        log_if_asked(report, mlflow, "tune", mlflow_non_private)
         if json_output:
             emit(report, True)
             return

@@ -19,6 +19,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from veil.federated.settings import FederatedSettings
+from veil.federated.stop import ServerStop
 
 __all__ = ["client_app", "make_client_app", "make_server_app", "server_app"]
 
@@ -121,15 +122,20 @@ def make_client_app(settings: FederatedSettings | None = None) -> ClientApp:
     return app
 
 
-def make_server_app(settings: FederatedSettings | None = None) -> ServerApp:
-    """The ServerApp: :func:`veil.federated.server.serve` with the run's settings."""
+def make_server_app(settings: FederatedSettings | None = None, stop: ServerStop | None = None) -> ServerApp:
+    """The ServerApp: :func:`veil.federated.server.serve` with the run's settings. ``stop``: the
+    switch by which an in-process caller (the simulation engine) ends it (:mod:`veil.federated.stop`)."""
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         from veil.federated.server import serve
 
-        serve(grid, _settings(settings, context))
+        if stop is None:
+            serve(grid, _settings(settings, context))
+            return
+        with stop.serving(grid):
+            serve(grid, _settings(settings, context), stop)
 
     return app
 

@@ -11,6 +11,12 @@ removed at the end; :mod:`veil.federated.features`) → Flower (the simulation e
 SuperLink/SuperNodes on loopback with :mod:`veil.federated.deploy`) → the registry settled with
 what the ledger charged → the report, computed from the run folder. What is charged and why:
 :mod:`veil.federated.charge`.
+
+Ctrl-C (SIGINT) or SIGTERM during a simulated run stops it: Flower stops its SuperNodes, veil stops
+the ServerApp thread (:mod:`veil.federated.stop`) before the registry settles, and once the run's
+ledger exists the job raises :class:`~veil.errors.RunInterrupted` (``veil federated --resume DIR``
+continues it). The registry keeps the whole plan charged (:meth:`FederatedCharge.settle
+<veil.federated.charge.FederatedCharge.settle>`); nothing is written to ``release/``.
 """
 
 from __future__ import annotations
@@ -19,12 +25,14 @@ import contextlib
 import json
 import logging
 import os
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from veil.errors import ConfigError
+from veil.errors import ConfigError, RunInterrupted
 from veil.federated.settings import FederatedRunError, FederatedSettings
 
 __all__ = [
@@ -95,25 +103,63 @@ def quiet_flower() -> Iterator[None]:
         logger.setLevel(level)
 
 
+STOP_TIMEOUT_S = 60.0
+"""How long an interrupted simulation waits for its ServerApp thread to return."""
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """For the block, SIGTERM stops the job as Ctrl-C does (a KeyboardInterrupt in the main thread);
+    after it, SIGTERM's handler from before is back (also over the one ``ray.init`` installs)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
+
+
 def run_simulation_engine(s: FederatedSettings, cpus: int = 2) -> None:
-    """Flower's simulation engine (Ray): one virtual SuperNode per client, the ServerApp in-process."""
+    """Flower's simulation engine (Ray): one virtual SuperNode per client, the ServerApp in-process.
+
+    Whatever ends the engine's call early (Ctrl-C, SIGTERM, a crash), Flower stops its SuperNodes on
+    the way out but not the ServerApp thread: it is stopped here (:mod:`veil.federated.stop`) before
+    the exception goes on, so that the ledger is final when the registry settles and the process
+    can exit."""
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     # Ray kills workers when the machine as a whole is above 95% memory, whoever uses it; a client
     # needs little, so leave the kernel to judge real shortages.
     os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
+    # Ray's C++ failure-signal handler takes SIGTERM for a crash (stack dump on stderr, the process
+    # aborted): SIGTERM stops the run as Ctrl-C does here (sigterm_interrupts), so leave it to Python.
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     from flwr.simulation import run_simulation
 
     from veil.federated.apps import make_client_app, make_server_app
+    from veil.federated.stop import ServerStop
 
     backend: dict[str, Any] = {
         "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
         "init_args": {"num_cpus": cpus, "num_gpus": 0, "log_to_driver": False, "logging_level": "error"},
     }
+    stop = ServerStop()
     with quiet_flower():
-        run_simulation(
-            make_server_app(s), make_client_app(s), num_supernodes=s.clients, backend_config=backend
-        )
+        try:
+            run_simulation(
+                make_server_app(s, stop), make_client_app(s), num_supernodes=s.clients, backend_config=backend
+            )
+        except BaseException as exc:
+            stop.stop(STOP_TIMEOUT_S)
+            if isinstance(exc, SystemExit) and exc.code == signal.SIGTERM:
+                raise KeyboardInterrupt from exc  # ray.init's SIGTERM handler: sys.exit(SIGTERM)
+            raise
 
 
 def raise_if_failed(run_dir: Path) -> None:
@@ -248,9 +294,16 @@ def simulate(s: FederatedSettings, *, resume: bool = False, cpus: int = 2) -> di
         (run_dir / "error.txt").unlink(missing_ok=True)
         run_dir.mkdir(parents=True, exist_ok=True)
         start = time.monotonic()
+        from veil.federated.files import LEDGER
         from veil.federated.local import shared_features
 
-        with shared_features(s):  # a fixed front's features: computed once, read by every client
-            run_simulation_engine(s, cpus=cpus)
+        # a fixed front's features: computed once, read by every client
+        with sigterm_interrupts(), shared_features(s):
+            try:
+                run_simulation_engine(s, cpus=cpus)
+            except KeyboardInterrupt as exc:
+                if (run_dir / LEDGER).exists():  # resumable: every charged round is in the ledger
+                    raise RunInterrupted(str(run_dir), "federated") from exc
+                raise
     raise_if_failed(run_dir)
     return report_files(run_dir, time.monotonic() - start)

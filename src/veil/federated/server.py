@@ -14,6 +14,10 @@ Run folder (``settings.out``), written as the run goes:
 * ``silos.json`` (record level) — each silo's q, σ and size (treated as public, as DP-SGD's q = B/n);
 * ``model.npz`` and an ``end`` ledger record when the planned rounds are done;
 * ``error.txt`` — the one-line reason when the server stopped on a refusal.
+
+A run stopped from outside (:class:`~veil.federated.stop.ServerStop`: the simulation's caller was
+interrupted) charges no further round and saves no round the stop cut short; it writes no
+``error.txt``: the folder is left as a crash leaves it, for ``--resume``.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from veil.errors import ConfigError, VeilError
 from veil.federated.files import CHECKPOINT, ERROR, HISTORY, LEDGER, MODEL, SILOS
 from veil.federated.privacy import round_event
 from veil.federated.settings import FederatedSettings
+from veil.federated.stop import ServerStop
 from veil.mechanisms.rng import RandomSource, make_source
 
 __all__ = ["serve", "wait_for_nodes"]
@@ -53,10 +58,12 @@ def _sources(s: FederatedSettings, done: int) -> tuple[RandomSource, RandomSourc
     )
 
 
-def wait_for_nodes(grid: Grid, s: FederatedSettings) -> list[int]:
+def wait_for_nodes(grid: Grid, s: FederatedSettings, stop: ServerStop | None = None) -> list[int]:
     """Every expected client connected (the population the accountant's q refers to), or a refusal."""
     deadline = time.monotonic() + s.node_timeout
     while True:
+        if stop is not None:
+            stop.check()
         nodes = sorted(int(n) for n in grid.get_node_ids())
         if len(nodes) == s.clients:
             return nodes
@@ -118,9 +125,10 @@ def _register_silos(grid: Grid, nodes: list[int], s: FederatedSettings) -> dict[
 class _Run:
     """The server's view of one run folder: ledger, checkpoint, history."""
 
-    def __init__(self, s: FederatedSettings, run_dir: Path) -> None:
+    def __init__(self, s: FederatedSettings, run_dir: Path, stop: ServerStop) -> None:
         self.s = s
         self.dir = run_dir
+        self.stop = stop
         self.history: list[dict[str, Any]] = []
         if (run_dir / HISTORY).exists():
             self.history = json.loads((run_dir / HISTORY).read_text())["rounds"]
@@ -138,11 +146,13 @@ class _Run:
 
     def charge_clients(self, r: int, sampled: list[int]) -> None:
         assert self.ledger is not None
+        self.stop.check()  # a stopped run charges no further round
         # The count of sampled clients (never which): the report's participation check reads it.
         self.ledger.append("step", round=r, event=self.ledger.header["step_event"], sampled=len(sampled))
 
     def charge_silos(self, r: int, node_ids: list[int]) -> None:
         assert self.ledger is not None
+        self.stop.check()
         for name, silo in self.silos.items():
             event = SelfComposed(
                 round_event(silo["sampling_rate"], silo["noise_multiplier"]), silo["steps_per_round"]
@@ -177,23 +187,26 @@ def _evaluator(s: FederatedSettings) -> Any:
     return evaluate, local.get_arrays(head)
 
 
-def serve(grid: Grid, s: FederatedSettings) -> None:
-    """Run (or resume) the federation described by ``s`` into the folder ``s.out``."""
+def serve(grid: Grid, s: FederatedSettings, stop: ServerStop | None = None) -> None:
+    """Run (or resume) the federation described by ``s`` into the folder ``s.out``; ``stop``: the
+    switch by which the caller may end the run (see the module doc)."""
     run_dir = Path(s.out)
+    stop = stop or ServerStop()
     lock = RunLock(run_dir).acquire()  # a refused lock leaves the other run's folder untouched
     try:
-        _serve(grid, s, run_dir)
+        _serve(grid, s, run_dir, stop)
     except VeilError as exc:
+        stop.check()  # a refusal the stop caused (no silo answered) is not the run's error
         atomic_write_text(run_dir / ERROR, str(exc) + "\n")
         raise
     finally:
         lock.release()
 
 
-def _serve(grid: Grid, s: FederatedSettings, run_dir: Path) -> None:
-    run = _Run(s, run_dir)
+def _serve(grid: Grid, s: FederatedSettings, run_dir: Path, stop: ServerStop) -> None:
+    run = _Run(s, run_dir, stop)
     evaluate, initial = _evaluator(s)
-    nodes = wait_for_nodes(grid, s)
+    nodes = wait_for_nodes(grid, s, stop)
     header: dict[str, Any] = {"mode": s.mode, "settings": s.to_run_config()}
     if s.budget_run_id:  # the budget registry's record of this run (veil.federated.charge)
         header |= {"budget_run_id": s.budget_run_id, "budget_dataset_id": s.budget_dataset_id}
@@ -204,6 +217,7 @@ def _serve(grid: Grid, s: FederatedSettings, run_dir: Path) -> None:
             run.silos = json.loads((run_dir / SILOS).read_text())
         else:
             run.silos = _register_silos(grid, nodes, s)
+            stop.check()  # the answers of a stopped run are not the silos'
             atomic_write_text(run_dir / SILOS, json.dumps(run.silos, indent=1))
         worst = max(run.silos.values(), key=lambda v: v["sampling_rate"] / v["noise_multiplier"])
         header["step_event"] = SelfComposed(
@@ -267,6 +281,7 @@ def _rounds(
     def after(server_round: int, record: ArrayRecord) -> MetricRecord | None:
         if server_round == 0:
             return None
+        run.stop.check()  # a round the stop cut short is not saved
         r = server_round + done
         current = record.to_numpy_ndarrays()
         latest[0] = current
