@@ -28,7 +28,10 @@ _FENCE = re.compile(r"^```([\w+-]*)[^\n]*\n(.*?)^```", re.M | re.S)
 _INLINE_FROM = re.compile(r"from\s+(veil(?:\.\w+)*)\s+import\s+\(?\s*([\w\s,]+?)\s*\)?\s*(?:`|$|;|\n)", re.M)
 _INLINE_IMPORT = re.compile(r"(?<![\w.])import\s+(veil(?:\.\w+)*)\b")
 _DOTTED = re.compile(r"`(veil(?:\.[A-Za-z_]\w*)+)")
-NOT_PYTHON = {"veil.unit": "docs/privacy-unit.md: the domain string of the unit-id hash, not a module"}
+NOT_PYTHON = {
+    "veil.unit": "docs/privacy-unit.md: the domain string of the unit-id hash, not a module",
+    "veil.non_private": "docs/integrations.md: an MLflow tag key in a search filter, not a module",
+}
 """Backticked dotted words that are not Python names, each with what it is."""
 
 
