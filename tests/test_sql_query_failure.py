@@ -19,10 +19,10 @@ import pytest
 pytest.importorskip("sqlalchemy")
 pytest.importorskip("pyarrow")
 
-from veil.cli.main import main  # noqa: E402
-from veil.errors import DataError  # noqa: E402
-from veil.tables.sources import sql_reader  # noqa: E402
-from veil.tables.sources.common import TableSource  # noqa: E402
+from veil.cli.main import main
+from veil.errors import DataError
+from veil.tables.sources import sql_reader
+from veil.tables.sources.common import TableSource
 
 SCHEMA = (
     'reviewed = true\n[columns.age]\ntype = "numeric"\nbounds = [18.0, 100.0]\n'
@@ -53,7 +53,9 @@ def _error(url: str, query: str) -> str:
     return str(caught.value)
 
 
-def test_a_query_failing_on_one_record_gives_one_message_whichever_record_and_wherever(tmp_path: Path) -> None:
+def test_a_query_failing_on_one_record_gives_one_message_whichever_record_and_wherever(
+    tmp_path: Path,
+) -> None:
     messages = set()
     for i, bad in enumerate(BAD):
         for at in (0, 60, 120):
@@ -68,7 +70,7 @@ def test_a_query_failing_on_one_record_gives_one_message_whichever_record_and_wh
 
 def test_the_column_check_shows_the_databases_text_before_any_row(tmp_path: Path) -> None:
     url = _database(tmp_path / "d.db", None, 0)
-    with pytest.raises(DataError, match="refused it .*no such column"):
+    with pytest.raises(DataError, match=r"refused it .*no such column"):
         sql_reader.read_table(TableSource("sql", url, query="SELECT nope FROM t"), limit=0)
     # the same query over the rows: the column check names the problem; a full read never quotes
     assert "no such column" not in _error(url, "SELECT nope FROM t")

@@ -214,8 +214,9 @@ def probe_forward(module: nn.Module, loader: DataLoader) -> Problem | str:
     while ``self.training``, as BatchNorm does, is found even when handed over in eval mode; every
     submodule's own mode is restored afterwards) with dropout off (:func:`_without_dropout`), under
     ``no_grad``, from the same RNG state each time, buffers restored afterwards, on a batch of ≤ 3
-    of ``loader``'s items (public inputs only: the caller's duty, see the module's docstring), then on the same batch with the first and with the last item replaced (inputs of
-    the same shapes: :func:`_variants`), and compares the outputs of the unchanged examples. A batch
+    of ``loader``'s items (public inputs only: the caller's duty, see the module's docstring), then
+    on the same batch with the first and with the last item replaced (inputs of the same shapes:
+    :func:`_variants`), and compares the outputs of the unchanged examples. A batch
     that is a dict of tensors (a Hugging Face batch) is passed as keywords. Returns a
     :class:`Problem` if they move (or a floating-point buffer changed), else a string saying it
     passed or why it was skipped (fewer than 2 examples, no tensor input first in the batch, a
