@@ -121,6 +121,10 @@ def test_public_loader_keeps_shapes_and_dtypes_never_values() -> None:
     assert set(batch["input_ids"].unique().tolist()) <= {0, 1}  # valid indices, none of the 900s
     assert bool((batch["attention_mask"] == 1).all())
     assert isinstance(public_loader(DataLoader(["a text", "another"])), str)  # no stand-in for text
+    listed = public_loader(DataLoader([{"input_ids": [900] * 6, "attention_mask": [1] * 6}] * 3))
+    assert not isinstance(listed, str)
+    rows = [item["input_ids"] for item in listed.dataset]  # type: ignore[attr-defined]
+    assert all(set(r) <= {0, 1} for r in rows) and len({tuple(r) for r in rows}) > 1  # items differ
 
 
 def _files(tmp_path: Path, first: str | None) -> tuple[Path, Path]:

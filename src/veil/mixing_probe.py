@@ -89,16 +89,16 @@ _PROBE_ITEMS = 4
 
 
 def _synthetic_like(value: Any, generator: torch.Generator, key: str = "") -> Any:
-    """A random value with ``value``'s structure, shapes and dtypes, none of its values: floats
-    standard normal, integers 0 or 1 (valid token ids and labels for any vocabulary or label set;
-    a field whose name ends in ``mask`` all ones), booleans random. Strings and other leaves: None
-    (the probe cannot make a public stand-in for them)."""
+    """A random value with ``value``'s structure, shapes and dtypes, none of its values (tensors,
+    arrays, Python numbers and lists of them alike): floats standard normal, integers 0 or 1 (valid
+    token ids and labels for any vocabulary or label set; a field whose name ends in ``mask`` all
+    ones), booleans random. Strings and other leaves: None (no public stand-in for them)."""
     if isinstance(value, Mapping):
         return {k: _synthetic_like(v, generator, str(k)) for k, v in value.items()}
     if isinstance(value, tuple):
-        return tuple(_synthetic_like(v, generator) for v in value)
+        return tuple(_synthetic_like(v, generator, key) for v in value)
     if isinstance(value, list):
-        return [_synthetic_like(v, generator) for v in value]
+        return [_synthetic_like(v, generator, key) for v in value]
     if isinstance(value, np.ndarray):
         value = torch.from_numpy(np.ascontiguousarray(value))
     if isinstance(value, torch.Tensor):
@@ -111,11 +111,11 @@ def _synthetic_like(value: Any, generator: torch.Generator, key: str = "") -> An
             return torch.ones(shape, dtype=dtype)
         return torch.randint(0, 2, shape, generator=generator).to(dtype)
     if isinstance(value, bool):
-        return False
+        return bool(torch.rand((), generator=generator) < 0.5)
     if isinstance(value, int):
-        return 0
+        return 1 if key.endswith("mask") else int(torch.randint(0, 2, (), generator=generator))
     if isinstance(value, float):
-        return 0.0
+        return float(torch.randn((), generator=generator, dtype=torch.float64))
     return None
 
 
