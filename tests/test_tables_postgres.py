@@ -148,3 +148,29 @@ def test_json_array_and_zoned_columns_read_each_row_as_alone(postgres: PostgresS
     assert together[1]["docb"] == "[1, 2.5]" and together[0]["nums"] == "[1,2]"
     assert together[1]["day"] == "infinity" and together[2]["day"] == "12345-06-07"
     assert together[2]["docb"] == "9" * 5000
+
+
+def test_a_cast_failing_on_one_stored_value_never_prints_it(postgres: PostgresServer, tmp_path: Path) -> None:
+    """PostgreSQL's error quotes the cell (``invalid input syntax for type integer: "<value>"``): the
+    reader's message is the same for two different failing records, wherever they sit, and holds no
+    cell text (review revF, F2)."""
+    from veil.errors import DataError
+    from veil.tables.sources import sql_reader
+    from veil.tables.sources.common import TableSource
+
+    query = "SELECT CAST(age_text AS INTEGER) AS age, y FROM t_{}"
+    engine = sqlalchemy.create_engine(postgres.url())
+    messages = set()
+    for i, (bad, at) in enumerate((("41 (approx, SECRET-HIV+)", 0), ("SECRET-other 7", 150))):
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"CREATE TABLE t_{i} (age_text text, y text)")
+            rows = [{"a": str(18 + (j * 7) % 70), "y": "ab"[j % 2]} for j in range(300)]
+            rows.insert(at, {"a": bad, "y": "a"})
+            conn.execute(sqlalchemy.text(f"INSERT INTO t_{i} VALUES (:a, :y)"), rows)
+        with pytest.raises(DataError) as caught:
+            sql_reader.read_table(TableSource("sql", postgres.url(), query=query.format(i)))
+        text = str(caught.value)
+        assert "SECRET" not in text and "invalid input" not in text, text
+        messages.add(text.replace(query.format(i), "<query>"))
+    engine.dispose()
+    assert len(messages) == 1 and "not shown" in messages.pop()

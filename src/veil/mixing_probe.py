@@ -2,9 +2,16 @@
 
 Per-sample clipping bounds one example's influence only if every example's output is computed from
 that example alone. Batch statistics (BatchNorm in training mode, ``x.mean(0)``, attention across the
-batch dimension) break this silently, so the engine runs this probe on a few real batch items before
-training, and jobs run it on a whole model (fixed front included) before any part is used alone.
+batch dimension) break this silently, so the engine runs this probe before training, and jobs run it
+on a whole model (fixed front included) before any part is used alone.
 A passing probe is evidence, not a proof: static validation (:func:`veil.validate`) runs first.
+
+The probe never sees a private value: its verdict (and so whether a run is refused) must not depend
+on any record. Jobs pass synthetic inputs drawn from the data's public description
+(:func:`veil.pipeline.public_inputs.synthetic_inputs`); the engine, which knows only a user's
+DataLoader, probes random values with the shape and dtype of the dataset's items
+(:func:`public_loader`). Probing the first private rows let a mixing model pass when those rows
+coincided and be refused when one record was added.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from torch.utils.data import DataLoader
 
 from veil.errors import ModelNotSupportedError, Problem
 
-__all__ = ["probe_forward", "refuse_example_mixing"]
+__all__ = ["probe_forward", "public_loader", "refuse_example_mixing"]
 
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:
@@ -63,18 +70,85 @@ def _call(module: nn.Module, x: Any) -> Any:
     return module(**x) if isinstance(x, Mapping) else module(x)
 
 
-def refuse_example_mixing(module: nn.Module, x: np.ndarray, y: np.ndarray) -> None:
+def refuse_example_mixing(module: nn.Module, x: torch.Tensor) -> None:
     """Raise :class:`~veil.errors.ModelNotSupportedError` if ``module``'s forward lets one example
-    move another's output, or updates float buffers, probed on the first few ``(x, y)``.
+    move another's output, or updates float buffers, probed on ``x``: at least 4 PUBLIC inputs (never
+    private rows: :func:`veil.pipeline.public_inputs.synthetic_inputs`), so the verdict depends on
+    no record.
 
     For a whole model before any of its parts is used on its own (e.g. a fixed front whose features
     are precomputed, which ``make_private`` on the head alone would never see)."""
     from torch.utils.data import TensorDataset
 
-    sample = TensorDataset(torch.from_numpy(np.asarray(x[:4])), torch.from_numpy(np.asarray(y[:4])))
-    probe = probe_forward(module, DataLoader(sample))
+    probe = probe_forward(module, DataLoader(TensorDataset(torch.as_tensor(x[:4]))))
     if isinstance(probe, Problem):
         raise ModelNotSupportedError([probe])
+
+
+_PROBE_ITEMS = 4
+
+
+def _synthetic_like(value: Any, generator: torch.Generator, key: str = "") -> Any:
+    """A random value with ``value``'s structure, shapes and dtypes, none of its values (tensors,
+    arrays, Python numbers and lists of them alike): floats standard normal, integers 0 or 1 (valid
+    token ids and labels for any vocabulary or label set; a field whose name ends in ``mask`` all
+    ones), booleans random. Strings and other leaves: None (no public stand-in for them)."""
+    if isinstance(value, Mapping):
+        return {k: _synthetic_like(v, generator, str(k)) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_synthetic_like(v, generator, key) for v in value)
+    if isinstance(value, list):
+        return [_synthetic_like(v, generator, key) for v in value]
+    if isinstance(value, np.ndarray):
+        value = torch.from_numpy(np.ascontiguousarray(value))
+    if isinstance(value, torch.Tensor):
+        shape, dtype = tuple(value.shape), value.dtype
+        if dtype.is_floating_point or dtype.is_complex:
+            return torch.randn(shape, generator=generator, dtype=torch.float64).to(dtype)
+        if dtype == torch.bool:
+            return torch.rand(shape, generator=generator) < 0.5
+        if key.endswith("mask"):
+            return torch.ones(shape, dtype=dtype)
+        return torch.randint(0, 2, shape, generator=generator).to(dtype)
+    if isinstance(value, bool):
+        return bool(torch.rand((), generator=generator) < 0.5)
+    if isinstance(value, int):
+        return 1 if key.endswith("mask") else int(torch.randint(0, 2, (), generator=generator))
+    if isinstance(value, float):
+        return float(torch.randn((), generator=generator, dtype=torch.float64))
+    return None
+
+
+def _leaves_ok(value: Any) -> bool:
+    if isinstance(value, Mapping):
+        return all(_leaves_ok(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return all(_leaves_ok(v) for v in value)
+    return value is not None
+
+
+def public_loader(loader: DataLoader) -> DataLoader | str:
+    """A probe loader of :data:`_PROBE_ITEMS` synthetic items shaped like ``loader``'s dataset items
+    (with its ``collate_fn``), or a string saying why none can be made.
+
+    The engine knows nothing public about a user's data but its items' structure, shapes and dtypes:
+    those are taken as public (read from the first item), its values never are. Values are drawn by
+    :func:`_synthetic_like` from a fixed seed (floats standard normal, integer inputs such as token ids
+    0 or 1, valid indices for any embedding), so the probe's verdict is the same for any two datasets
+    whose items share a shape. Items holding strings (raw text collated by the loader) get no probe."""
+    dataset = loader.dataset
+    try:
+        n = len(dataset)  # type: ignore[arg-type]
+    except TypeError:
+        return "skipped: the dataset has no length"
+    if n < 2:
+        return "skipped: fewer than 2 examples"
+    generator = torch.Generator().manual_seed(0)
+    template = dataset[0]
+    items = [_synthetic_like(template, generator) for _ in range(_PROBE_ITEMS)]
+    if not all(_leaves_ok(item) for item in items):
+        return "skipped: the dataset's items are not tensors (no public stand-in for their values)"
+    return DataLoader(items, collate_fn=loader.collate_fn)  # type: ignore[arg-type]
 
 
 def _without_dropout() -> Any:
@@ -140,8 +214,9 @@ def probe_forward(module: nn.Module, loader: DataLoader) -> Problem | str:
     while ``self.training``, as BatchNorm does, is found even when handed over in eval mode; every
     submodule's own mode is restored afterwards) with dropout off (:func:`_without_dropout`), under
     ``no_grad``, from the same RNG state each time, buffers restored afterwards, on a batch of ≤ 3
-    dataset items, then on the same batch with the first and with the last item replaced (inputs of
-    the same shapes: :func:`_variants`), and compares the outputs of the unchanged examples. A batch
+    of ``loader``'s items (public inputs only: the caller's duty, see the module's docstring), then
+    on the same batch with the first and with the last item replaced (inputs of the same shapes:
+    :func:`_variants`), and compares the outputs of the unchanged examples. A batch
     that is a dict of tensors (a Hugging Face batch) is passed as keywords. Returns a
     :class:`Problem` if they move (or a floating-point buffer changed), else a string saying it
     passed or why it was skipped (fewer than 2 examples, no tensor input first in the batch, a

@@ -99,7 +99,7 @@ def fit(
     import torch.nn.functional as F
     from torch.utils.data import DataLoader, TensorDataset
 
-    from veil.engine import refuse_example_mixing
+    from veil.pipeline.public_inputs import refuse_mixing_on_public_inputs
 
     cfg = setup.cfg
     assert cfg.batch_size is not None and cfg.epochs is not None and cfg.max_grad_norm is not None
@@ -108,7 +108,7 @@ def fit(
     t0 = time.perf_counter()  # the fixed features count as training time
     view = trainable(model)
     if view.front is not None:  # make_private sees only the head: probe the whole model first
-        refuse_example_mixing(model, x, y)
+        refuse_mixing_on_public_inputs(model, setup.data, seed)
     inputs = view.inputs(x, device)
     engine = make_engine(cfg, seed)
     dataset = TensorDataset(

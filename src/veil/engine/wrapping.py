@@ -19,7 +19,7 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
 from veil.errors import InvalidParameterError, ModelNotSupportedError, Problem
-from veil.mixing_probe import probe_forward
+from veil.mixing_probe import probe_forward, public_loader
 from veil.optimizer import DPOptimizer
 from veil.per_example_loss import LoopLossGuard
 from veil.plan import PrivacyPlan
@@ -122,11 +122,13 @@ def check_optimizer(module: nn.Module, optimizer: Optimizer) -> None:
 
 
 def check_model(module: nn.Module, data_loader: DataLoader) -> str:
-    """The validator's problems and the example-mixing probe; returns the probe's verdict."""
+    """The validator's problems and the example-mixing probe on synthetic items shaped like the
+    loader's (:func:`~veil.mixing_probe.public_loader`); returns the probe's verdict."""
     problems = validate(module)
     if problems:
         raise ModelNotSupportedError(problems)
-    probe = probe_forward(module, data_loader)
+    loader = public_loader(data_loader)  # the items' shapes, never their values
+    probe = loader if isinstance(loader, str) else probe_forward(module, loader)
     if isinstance(probe, Problem):
         raise ModelNotSupportedError([probe])
     return probe

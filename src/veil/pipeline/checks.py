@@ -14,6 +14,7 @@ import numpy as np
 
 from veil.accounting.calibrate import dpsgd_event
 from veil.accounting.events import event_from_dict
+from veil.pipeline.public_inputs import synthetic_inputs
 from veil.pipeline.seeds import Purpose, derive_seed
 from veil.report import NON_PRIVATE_FIELDS, Check
 
@@ -87,15 +88,7 @@ def clipping_check(model: nn.Module, data: Dataset, seed: int, criterion: nn.Mod
     from veil.clipping import PerSampleClipper
 
     gen = torch.Generator().manual_seed(derive_seed(seed, Purpose.CLIP_CHECK))
-    shape = (_CLIP_CHECK_EXAMPLES, *data.input_shape)
-    if data.kind == "text":
-        from veil.text.features import synthetic_tokens
-
-        x = synthetic_tokens(model, shape, gen)
-    elif data.kind == "image" and data.pixel_max:
-        x = torch.rand(shape, generator=gen, dtype=torch.float64) * data.pixel_max
-    else:
-        x = torch.randn(shape, generator=gen, dtype=torch.float64) * 3.0
+    x = synthetic_inputs(model, data, _CLIP_CHECK_EXAMPLES, gen)
     y = torch.randint(0, data.num_classes, (_CLIP_CHECK_EXAMPLES,), generator=gen)
     reference = copy.deepcopy(model).double()
     named = [(n, p) for n, p in reference.named_parameters() if p.requires_grad]

@@ -29,6 +29,8 @@ class Purpose(enum.IntEnum):
     """The non-private baseline's shuffled batches."""
     CLIP_CHECK = 7
     """The synthetic inputs of the report's per-sample clipping check."""
+    MIXING_PROBE = 8
+    """The synthetic inputs of the example-mixing probe (:mod:`veil.pipeline.public_inputs`)."""
     AUDIT = 11
     """Canary design and LiRA's shadow splits."""
     AUGMENT = 12

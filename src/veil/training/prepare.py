@@ -30,7 +30,7 @@ __all__ = ["max_rows", "prepare_run", "refuse_unsupported_augment", "run_header"
 
 
 def prepare_run(cfg: TrainConfig, out: Path | None, check: bool = True) -> RunPlan:
-    from veil.engine import refuse_example_mixing
+    from veil.pipeline.public_inputs import refuse_mixing_on_public_inputs
     from veil.precision import autocast
 
     autocast(cfg.device, cfg.precision)  # a precision the device lacks is refused before anything is written
@@ -38,6 +38,10 @@ def prepare_run(cfg: TrainConfig, out: Path | None, check: bool = True) -> RunPl
     refuse_private_preprocessing(prepared.prep.public)  # across ranks: one release is not yet supported
     cfg, data = prepared.cfg, prepared.data
     net = build_net(cfg, data, cfg.seed)
+    # The whole model (a fixed feature front included, which the engine never sees) must compute each
+    # example's output from that example alone: probed on synthetic inputs of the public input shape,
+    # never the private rows, so the verdict depends on no record.
+    refuse_mixing_on_public_inputs(assemble(prepared.prep, data.input_shape, net), data, cfg.seed)
     if cfg.stream:
         from veil.pipeline.streaming import refuse_fixed_front
 
@@ -60,9 +64,6 @@ def prepare_run(cfg: TrainConfig, out: Path | None, check: bool = True) -> RunPl
     if check:
         check_out(out_dir)
     prepared.cfg = cfg.model_copy(update={"out": str(out_dir)})
-    # Before anything is written: the whole model (a fixed feature front included, which the
-    # engine never sees) must compute each example's output from that example alone.
-    refuse_example_mixing(assemble(prepared.prep, data.input_shape, net), data.x_train, data.y_train)
     return RunPlan(prepared, net, steps, allowed, out_dir)
 
 

@@ -214,7 +214,9 @@ def _settle(charge: DatasetCharge, ledger: Ledger, *, completed: bool) -> None:
 
 def _check_public(cfg: TrainConfig) -> None:
     """The checks that need no private row (the privacy unit's combinations, the device's precision,
-    the output folder), run before the run is charged: such bad input is refused for free."""
+    the output folder, a model that mixes examples where the schema describes the data), run before
+    the run is charged: such bad input is refused for free."""
+    from veil.pipeline.public_inputs import refuse_mixing_before_reading
     from veil.pipeline.units import check_unit_request
     from veil.precision import autocast
 
@@ -226,6 +228,7 @@ def _check_public(cfg: TrainConfig) -> None:
         check_model_folder(cfg.model, cfg.fine_tune, cfg.device, cfg.max_length)
     autocast(cfg.device, cfg.precision)
     check_out(Path(cfg.out or default_out(cfg.dataset)))
+    refuse_mixing_before_reading(cfg)  # a model that mixes examples, told from the schema alone
 
 
 def _refuse_augment_without_images(cfg: TrainConfig) -> None:

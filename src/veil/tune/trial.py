@@ -102,16 +102,14 @@ def trial_config(
 def _checked_plan(prepared: Any, out: Path) -> RunPlan:
     """The train job's step plan, network and example-mixing check for a trial or the reference, as
     ``veil train`` makes them (the same functions), before anything is written."""
-    from veil.engine import refuse_example_mixing
+    from veil.pipeline.public_inputs import refuse_mixing_on_public_inputs
 
     cfg = prepared.cfg
     steps = plan_steps(cfg, prepared.data.n_records, prepared.pre_events)
     allowed = allowed_steps(cfg, steps.sigma, steps.q, steps.steps_planned, prepared.pre_events)
     net = build_net(cfg, prepared.data, cfg.seed)
     plan = RunPlan(prepared, net, steps, allowed, out)
-    refuse_example_mixing(
-        assemble(plan.prep, plan.data.input_shape, net), plan.data.x_train, plan.data.y_train
-    )
+    refuse_mixing_on_public_inputs(assemble(plan.prep, plan.data.input_shape, net), plan.data, cfg.seed)
     return plan
 
 

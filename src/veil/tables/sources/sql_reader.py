@@ -100,14 +100,38 @@ def _connect_error(source: TableSource, exc: BaseException) -> DataError:
     )
 
 
+#: The one message of a full read that fails once the query runs over the rows: the same whichever
+#: record failed and wherever it sits (the database's own text can quote the stored value).
+_RESULT_FAILED = (
+    "the database could not compute or convert the result over the stored rows (the database's "
+    "message is not shown: it may quote a stored value)"
+)
+_RESULT_FIX = (
+    "make --query total: no cast or parse that can fail on a stored value; select the column as "
+    "stored (CAST(col AS TEXT) where the driver cannot convert it) and let the schema's cell rules "
+    "convert it (see docs/tables.md)"
+)
+
+
 def read_table(source: TableSource, limit: int | None = None) -> pa.Table:
-    """Run the table read or query; ``limit=0`` fetches the column names only."""
+    """Run the table read or query; ``limit=0`` fetches the column names only.
+
+    ``limit=0`` runs the statement under ``WHERE 1 = 0`` (no row is evaluated): the query's syntax,
+    tables and columns are checked there, and only there is the database's own error text shown.
+    :func:`veil.tables.sources.read_source` runs it before every full read. In a full read an
+    error at or after ``execute`` (a ``CAST`` or ``json_extract`` that fails on one stored value, a
+    value the driver cannot convert) is one fixed message, :data:`_RESULT_FAILED`, whatever record
+    caused it and wherever it sits: the database's text can quote the cell (PostgreSQL's ``invalid
+    input syntax for type integer: "<value>"``). Such a failure cannot become a per-record rule, as
+    the database computes the query: the caller's reservation is kept, nothing released."""
     import pyarrow as pa
 
     sqlalchemy = need("sqlalchemy", source.describe())
     from sqlalchemy import exc as sa_exc
 
     engine = _engine(source)
+    field = "query" if source.query else "table"
+    value = source.query or source.table
     try:
         try:
             conn = engine.connect()
@@ -117,10 +141,12 @@ def read_table(source: TableSource, limit: int | None = None) -> pa.Table:
             statement = _statement(sqlalchemy, conn, source, limit)
             try:
                 result = conn.execution_options(stream_results=True).execute(statement)
-            except sa_exc.SQLAlchemyError as exc:
+            except Exception as exc:
+                if limit != 0 or not isinstance(exc, sa_exc.SQLAlchemyError):
+                    raise DataError(field, value, _RESULT_FAILED, _RESULT_FIX) from None
                 raise DataError(
-                    "query" if source.query else "table",
-                    source.query or source.table,
+                    field,
+                    value,
                     f"the database refused it ({first_line(getattr(exc, 'orig', None) or exc)})",
                     "check the SQL and the table and column names",
                 ) from None
@@ -136,16 +162,9 @@ def read_table(source: TableSource, limit: int | None = None) -> pa.Table:
             try:
                 parts = [_partition(names, rows) for rows in result.partitions(SQL_PARTITION_ROWS)]
             except Exception:
-                # A driver that cannot convert a cell names the cell's value in its error (a date it
-                # cannot hold, a JSON number too long): the run has read rows by now, so the message
-                # carries nothing of the driver's text. The usual conversions are avoided upstream
-                # (`_text_loaders`, `_statement`); this is the backstop.
-                raise DataError(
-                    "query" if source.query else "table",
-                    source.query or source.table,
-                    "the database driver could not convert a value of the result (the value is not shown)",
-                    "cast the column to text in --query (e.g. CAST(col AS TEXT)) or fix the stored value",
-                ) from None
+                # The usual driver conversions are avoided upstream (`_text_loaders`, `_statement`);
+                # this is the backstop, with the same message as a failure at execute.
+                raise DataError(field, value, _RESULT_FAILED, _RESULT_FIX) from None
     finally:
         engine.dispose()
     if not parts:
