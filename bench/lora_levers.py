@@ -298,7 +298,8 @@ def per_example_gradients(model: torch.nn.Module, x: np.ndarray, y: np.ndarray) 
         with autocast("cpu", "bf16"):
             logits = model(torch.from_numpy(x[i : i + 1]))
         F.cross_entropy(logits.float(), torch.from_numpy(y[i : i + 1])).backward()
-        rows.append(torch.cat([p.grad.flatten() for p in trained]))
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in trained]
+        rows.append(torch.cat([g.flatten() for g in grads]))
     model.train()
     return torch.stack(rows)
 
