@@ -32,7 +32,12 @@ def _rows() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def _private(
-    *, batch_size: int = 12, physical: int | None = None, sigma: float = 1.0, clip: float = 1.0, lr: float = 0.1
+    *,
+    batch_size: int = 12,
+    physical: int | None = None,
+    sigma: float = 1.0,
+    clip: float = 1.0,
+    lr: float = 0.1,
 ) -> tuple[PrivacyEngine, nn.Module, Any, Any]:
     torch.manual_seed(1)
     model = nn.Linear(FEATURES, CLASSES).double()

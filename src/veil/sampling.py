@@ -11,8 +11,10 @@ Two kinds of batch:
 
 :class:`PrivateDataLoader` is the loader :meth:`veil.PrivacyEngine.make_private` returns: it yields
 physical batches in order and tells the optimizer (through a :class:`StepSignal`) whether the batch
-it just yielded closes its logical batch. It also remembers the sampler state *as consumed by the
-training loop* (not as prefetched by workers), so a checkpoint resumes on the exact next batch.
+it just yielded closes its logical batch, and how many chunks and logical batches it has handed out
+(the optimizer takes one step per chunk, so one release per logical batch). It also remembers the
+sampler state *as consumed by the training loop* (not as prefetched by workers), so a checkpoint
+resumes on the exact next batch.
 """
 
 from __future__ import annotations
