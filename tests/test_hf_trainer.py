@@ -269,6 +269,8 @@ def test_empty_poisson_batch_is_a_noise_only_step_and_no_step_past_the_plan(tmp_
         "labels": torch.zeros(0, dtype=torch.long),
     }
     before = [p.detach().clone() for p in trainer.dp_optimizer.clipper.parameters]
+    assert trainer._dp_loader is not None
+    trainer._dp_loader.signal.hand_out(first=True, last=True)  # as the private loader yields it
     assert float(trainer.training_step(trainer.model, dict(empty))) == 0.0
     trainer.optimizer.step()
     assert trainer.privacy.steps == 1
