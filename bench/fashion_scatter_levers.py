@@ -24,6 +24,15 @@ each part group-normalised on its own, one linear layer on all: ``--extra j1`` i
 default head; ``j1pool``: the J = 1 maps average-pooled 2 × 2), ``--smooth S`` (label smoothing of
 the training loss; a change of the loss only).
 
+Second-moment levers (the head's fixed inputs z: every part group-normalised at GroupNorm's initial
+affine, flattened, scaled to norm √(1 − b²), then a constant coordinate b = ``--ssp-bias``, so
+‖z‖ = 1 for every record): ``--solver ssp`` releases Σ z zᵀ and Σ z (α·onehot(y))ᵀ with one
+Gaussian mechanism (sensitivity √(1 + α²)) spending the whole ``--eps`` and fits the linear layer by
+ridge least squares (``--ridge``, several values from the same release); ``--whiten S`` releases
+Σ z zᵀ alone (one ``Gaussian(S)`` event, sensitivity 1, composed before the DP-SGD steps), takes
+P = (max(G̃, 0)/n + λI)^(-1/2) (λ = ``--whiten-ridge``), and trains a linear layer by DP-SGD on the
+rows z P scaled to norm ``--whiten-norm`` (public per-record maps once P is released).
+
 Usage::
 
     OMP_NUM_THREADS=1 python bench/fashion_scatter_levers.py --epochs 40 --batch 8192 --lr 8 \
@@ -255,6 +264,7 @@ def ssp_release(model, x, y, bias, label_scale, sigma, generator, chunk=2048):
     d = None
     for i in range(0, len(y), chunk):
         z = unit_rows(model, x[i : i + chunk], bias)
+        assert float(z.norm(dim=1).max()) <= 1 + 1e-5, "a row above norm 1: the sensitivity would be wrong"
         t = nn.functional.one_hot(y[i : i + chunk].long(), 10).float() * label_scale
         if d is None:
             d = z.shape[1]
@@ -289,11 +299,12 @@ def whitener(gram, n, ridge):
 
 
 def whitened_rows(model, x, bias, w, norm, chunk=4096):
-    """The fixed per-example map of ``--whiten``: :func:`unit_rows`, times the public matrix P, scaled
-    to L2 norm ``norm`` (a public per-record rule)."""
+    """The fixed per-example map of ``--whiten``: :func:`unit_rows`, times the public matrix P (none:
+    ``--unit-rows``), scaled to L2 norm ``norm`` (a public per-record rule)."""
     out = []
     for i in range(0, len(x), chunk):
-        z = unit_rows(model, x[i : i + chunk], bias) @ w
+        z = unit_rows(model, x[i : i + chunk], bias)
+        z = z if w is None else z @ w
         out.append(z * (norm / z.norm(dim=1, keepdim=True).clamp_min(1e-12)))
     return torch.cat(out)
 
@@ -412,6 +423,12 @@ def main():
         default=0.0,
         help="σ of a Gaussian release of the unit rows' Gram matrix; DP-SGD on the rows whitened by it",
     )
+    p.add_argument(
+        "--unit-rows",
+        dest="unit_rows",
+        action="store_true",
+        help="the --whiten rows without P (no release): the ablation of the whitening",
+    )
     p.add_argument("--whiten-ridge", dest="whiten_ridge", type=float, default=0.01)
     p.add_argument("--whiten-norm", dest="whiten_norm", type=float, default=60.0)
     p.add_argument("--ridge", default="100,300,1000", help="ssp: ridge λ values (post-processing)")
@@ -444,14 +461,17 @@ def main():
     steps = round(a.epochs * spe)
     q = a.batch / n
     prefix = [Gaussian(a.bn_sigma)] if a.bn_sigma > 0 else []
-    if a.whiten > 0:  # one Gaussian release of the unit rows' Gram matrix (Δ = 1), before the steps
-        prefix.append(Gaussian(a.whiten))
+    rows = a.whiten > 0 or a.unit_rows
+    if rows:  # --whiten: one Gaussian release of the unit rows' Gram matrix (Δ = 1), before the steps
         t0 = time.time()
         front = head(a.head, a.groups, None, a.extra)
-        g = torch.Generator().manual_seed(a.seed + 4000)
-        gram, _ = ssp_release(front, xtr_t, ytr_t, a.ssp_bias, 0.0, a.whiten, g)
-        w = whitener(gram, n, a.whiten_ridge)
-        del gram
+        w = None
+        if a.whiten > 0:
+            prefix.append(Gaussian(a.whiten))
+            g = torch.Generator().manual_seed(a.seed + 4000)
+            gram, _ = ssp_release(front, xtr_t, ytr_t, a.ssp_bias, 0.0, a.whiten, g)
+            w = whitener(gram, n, a.whiten_ridge)
+            del gram
         xtr_t, xva_t, xte_t = (
             whitened_rows(front, t, a.ssp_bias, w, a.whiten_norm) for t in (xtr_t, xva_t, xte_t)
         )
@@ -463,7 +483,7 @@ def main():
     if a.bn_sigma > 0:
         g = torch.Generator().manual_seed(a.seed + 2000)
         stats = dp_channel_stats(xtr_t, a.bn_clip, a.bn_sigma, g)
-    model = nn.Linear(xtr_t.shape[1], 10) if a.whiten > 0 else head(a.head, a.groups, stats, a.extra)
+    model = nn.Linear(xtr_t.shape[1], 10) if rows else head(a.head, a.groups, stats, a.extra)
     opt = (
         torch.optim.Adam(model.parameters(), lr=a.lr)
         if a.opt == "adam"
@@ -550,7 +570,7 @@ def main():
             if done >= steps:
                 break
     tt = time.time() - t0
-    ev = nn.Linear(xtr_t.shape[1], 10) if a.whiten > 0 else head(a.head, a.groups, stats, a.extra)
+    ev = nn.Linear(xtr_t.shape[1], 10) if rows else head(a.head, a.groups, stats, a.extra)
     res, val = {}, {}
     weights = {str(e): avg[e] for e in emas}
     if tail is not None:
