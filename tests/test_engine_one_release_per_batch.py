@@ -134,6 +134,11 @@ def _rest_of_batch_then_one_batch(model: nn.Module, optimizer: Any, loader: Any,
         _step(model, optimizer, x, y)
         if loader.signal.last_chunk:
             break
+    return _one_logical_batch(model, optimizer, loader, iterator)
+
+
+def _one_logical_batch(model: nn.Module, optimizer: Any, loader: Any, iterator: Any) -> list[int]:
+    """Step on every chunk of the next logical batch; its rows."""
     rows: list[int] = []
     for x, y, i in iterator:
         rows += i.tolist()
@@ -166,12 +171,7 @@ def test_chunks_of_an_abandoned_logical_batch_are_never_released(how: str) -> No
         for _ in iterator:  # the rest of the batch drawn, never stepped on (a `continue`)
             if loader.signal.last_chunk:
                 break
-    rows: list[int] = []
-    for x, y, i in iterator:
-        rows += i.tolist()
-        _step(model, optimizer, x, y)
-        if loader.signal.last_chunk:
-            break
+    rows = _one_logical_batch(model, optimizer, loader, iterator)
     assert engine.steps == steps + 1
     assert model.weight.grad is not None
     torch.testing.assert_close(model.weight.grad * 20, _gradient_sum(model, rows))

@@ -333,6 +333,16 @@ def _plateau(trainer_args: Any) -> dict[str, Any]:
 _EVAL = {"eval_strategy": "steps", "eval_steps": 1}
 
 
+def _nothing_charged_or_written(tmp_path: Path) -> None:
+    """No run in the registry for the toy dataset, no run folder."""
+    registry = open_registry()
+    try:
+        assert not registry.status(dataset_identity(dataset_id="toy-tweets")).runs
+    finally:
+        registry.close()
+    assert not (tmp_path / "hf" / "veil").exists()
+
+
 @pytest.mark.parametrize(
     ("args", "extra", "match"),
     [
@@ -383,12 +393,7 @@ def test_refuses_a_data_dependent_switch_before_reading(
             privacy_args=_privacy(),
             **kwargs,
         )
-    registry = open_registry()
-    try:
-        assert not registry.status(dataset_identity(dataset_id="toy-tweets")).runs
-    finally:
-        registry.close()
-    assert not (tmp_path / "hf" / "veil").exists()
+    _nothing_charged_or_written(tmp_path)
 
 
 def test_logs_and_checkpoints_carry_no_unlabelled_count_of_the_data(tmp_path: Path) -> None:
@@ -536,9 +541,4 @@ def test_refuses_hyperparameter_search(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match="hyperparameter_search"):
         trainer.hyperparameter_search(n_trials=2)
-    registry = open_registry()
-    try:
-        assert not registry.status(dataset_identity(dataset_id="toy-tweets")).runs
-    finally:
-        registry.close()
-    assert not (tmp_path / "hf" / "veil").exists()
+    _nothing_charged_or_written(tmp_path)
