@@ -179,6 +179,19 @@ def _has_sequence(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.dim() == 1 and not value.dtype.is_floating_point
 
 
+def _has_float(value: Any) -> bool:
+    """Whether ``value`` holds a floating-point leaf (a tensor, an array or a Python float)."""
+    if isinstance(value, Mapping):
+        return any(_has_float(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_has_float(v) for v in value)
+    if isinstance(value, np.ndarray):
+        return bool(np.issubdtype(value.dtype, np.floating))
+    if isinstance(value, torch.Tensor):
+        return value.dtype.is_floating_point or value.dtype.is_complex
+    return isinstance(value, float)
+
+
 def public_loaders(loader: DataLoader, module: nn.Module) -> list[DataLoader] | str:
     """Probe loaders of :data:`_PROBE_ITEMS` synthetic items each, built like ``loader``'s dataset items
     (with its ``collate_fn``), or a string saying why none can be made.
@@ -202,9 +215,10 @@ def public_loaders(loader: DataLoader, module: nn.Module) -> list[DataLoader] | 
     tables = [m.num_embeddings for m in module.modules() if isinstance(m, nn.Embedding)]
     int_high = max(2, min(tables)) if tables else 2
     lengths: tuple[int | None, ...] = _SEQUENCE_LENGTHS if _has_sequence(template) else (None,)
+    ranges = ("normal", "unit", "pixel") if _has_float(template) else ("normal",)  # else the same draws
     loaders: list[DataLoader] = []
     for length in lengths:
-        for floats in ("normal", "unit", "pixel"):
+        for floats in ranges:
             draw = _Draw(floats, int_high, length)
             generator = torch.Generator().manual_seed(0)
             items = [_synthetic_like(template, generator, draw) for _ in range(_PROBE_ITEMS)]
