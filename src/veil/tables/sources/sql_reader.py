@@ -150,11 +150,14 @@ def read_table(source: TableSource, limit: int | None = None) -> pa.Table:
 
     engine = _engine(source)
     if limit == 0 and source.query is not None and engine.dialect.name == "sqlite":
-        names = _sqlite_columns_without_rows(engine, source)
-        if names is not None:
+        try:
+            names = _sqlite_columns_without_rows(engine, source)
+        finally:
             engine.dispose()
+        if names is not None:
             _check_unique(names)
             return pa.table({n: pa.array([], pa.null()) for n in names})
+        engine = _engine(source)  # the fallback check below, on a fresh engine
     try:
         try:
             conn = engine.connect()
