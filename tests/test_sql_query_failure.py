@@ -170,3 +170,25 @@ def test_schema_check_and_predict_share_the_message(
     _, err = capsys.readouterr()
     assert code == 2 and "not shown" in err, err
     assert "SECRET" not in err and "malformed" not in err, err
+
+
+@pytest.mark.parametrize(
+    "url", ["mysql+pymysql://u@127.0.0.1:1/db", "mssql+pyodbc://u@dsn", "postgresql+pg8000://u@h/db"]
+)
+def test_a_query_where_no_check_runs_without_rows_is_refused_before_connecting_and_charging(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, url: str
+) -> None:
+    """Only SQLite and PostgreSQL through psycopg check a ``--query``'s columns without evaluating a
+    row: elsewhere the query is refused on its URL alone (no driver loaded, no connection made), by
+    ``veil train`` before the budget is charged."""
+    monkeypatch.setenv("VEIL_BUDGET_DB", str(tmp_path / "reg.db"))
+    code = main(["schema", "infer", f"sql:{url}", "--query", "SELECT age, y FROM t", "--target", "y",
+                 "--out", str(tmp_path / "s.toml")])  # fmt: skip
+    _, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1 and "cannot have its columns checked" in err, err
+    assert not (tmp_path / "s.toml").exists()
+    assert _train(url, "SELECT age, y FROM t", tmp_path, "run") == 2
+    _, err = capsys.readouterr()
+    assert err.count("\n") == 1 and "cannot have its columns checked" in err, err
+    assert main(["budget", "show"]) == 0
+    assert "no dataset recorded" in capsys.readouterr().out  # refused before the charge

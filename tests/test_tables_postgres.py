@@ -174,3 +174,74 @@ def test_a_cast_failing_on_one_stored_value_never_prints_it(postgres: PostgresSe
         messages.add(text.replace(query.format(i), "<query>"))
     engine.dispose()
     assert len(messages) == 1 and "not shown" in messages.pop()
+
+
+#: The query closes the column check's parenthesis: under the old check (``SELECT * FROM (query) AS
+#: veil_q WHERE 1 = 0`` executed) its first SELECT ran over the rows, so the cast decided, on one
+#: stored value, whether the check passed.
+ESCAPING = (
+    "select age, y, cast(p as integer) as j from t) AS v UNION ALL "
+    "SELECT * FROM (select age, y, 1 as j from t"
+)
+
+
+def _neighbours(postgres: PostgresServer) -> list[str]:
+    """Two databases that differ in one record's ``p``: a number in one, text the cast refuses in the
+    other."""
+    admin = sqlalchemy.create_engine(postgres.url(), isolation_level="AUTOCOMMIT")
+    urls = []
+    for name, secret in (("neighbour_a", "7"), ("neighbour_b", "SSN-123-45-6789")):
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name}")
+            conn.exec_driver_sql(f"CREATE DATABASE {name}")
+        engine = sqlalchemy.create_engine(postgres.url(database=name))
+        with engine.begin() as conn:
+            conn.exec_driver_sql("CREATE TABLE t (age real, p text, y text)")
+            conn.exec_driver_sql("INSERT INTO t VALUES (50, %(p)s, 'a')", {"p": secret})
+            conn.exec_driver_sql("INSERT INTO t SELECT 20 + i, '3', 'ab' FROM generate_series(1, 30) AS i")
+        engine.dispose()
+        urls.append(postgres.url(database=name))
+    admin.dispose()
+    return urls
+
+
+def _check_outcome(url: str, query: str) -> str:
+    """What the column check says: the columns it found, or its message."""
+    from veil.errors import DataError
+    from veil.tables.sources import sql_reader
+    from veil.tables.sources.common import TableSource
+
+    try:
+        return repr(sql_reader.read_table(TableSource("sql", url, query=query), limit=0).column_names)
+    except DataError as exc:
+        return str(exc)
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        (ESCAPING, "syntax error"),  # escapes the wrapper: not one statement alone
+        ("select age, y from t; select cast(p as integer) from t", "multiple commands"),
+        ("select age, y, cast(p as integer) as j from t", "['age', 'y', 'j']"),  # fails only when run
+        ("select age, y, cast(p as integer) as j from t union select age, y, 1 from t", "['age', 'y', 'j']"),
+    ],
+)
+def test_the_column_check_of_a_query_runs_no_row_on_neighbouring_databases(
+    postgres: PostgresServer, query: str, expected: str
+) -> None:
+    """The check describes the query without running it: two databases differing in one record give
+    the same outcome and the same message, whatever the query does over the rows."""
+    a, b = (_check_outcome(url, query) for url in _neighbours(postgres))
+    assert a == b, (a, b)
+    assert expected in a and "SSN" not in a, a
+
+
+def test_a_query_that_writes_is_refused_by_the_check_and_never_run(postgres: PostgresServer) -> None:
+    from veil.tables.sources import sql_reader
+    from veil.tables.sources.common import TableSource
+
+    url = _neighbours(postgres)[0]
+    for query in ("select 1; drop table t", "delete from t returning *", "drop table t"):
+        assert "refused the query" in _check_outcome(url, query)
+    count = TableSource("sql", url, query="select count(*) as n from t")
+    assert sql_reader.read_table(count).to_pylist() == [{"n": 31}]

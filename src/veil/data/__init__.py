@@ -341,7 +341,7 @@ def load_dataset(
     declares it; a built-in dataset or a schema declares its own, and a different declaration is
     refused). ``privacy_unit``: a column of a table read through its schema, grouping rows by person
     (refused before reading for any other data); the split is then by unit (:func:`split_by_unit`)."""
-    check_request(name, schema=schema, target=target, classes=classes, privacy_unit=privacy_unit)
+    check_request(name, schema=schema, target=target, classes=classes, privacy_unit=privacy_unit, query=query)
     if schema is not None or name.startswith("sql:"):
         data = _load_with_schema(name, schema, target, table, query, test_fraction, seed, privacy_unit)
     else:
@@ -371,9 +371,11 @@ def check_request(
     classes: list[str] | None = None,
     privacy_unit: str | None = None,
     classes_fix: str = CLASSES_FIX,
+    query: str | None = None,
 ) -> None:
     """Every refusal of :func:`load_dataset` that needs no row of the data: a unit column without a
-    schema, a SQL source without a schema or with a password in its URL, a schema on data that is no
+    schema, a SQL source without a schema or with a password in its URL (or a ``query`` on a database
+    whose column check would run it over the rows), a schema on data that is no
     table, a schema that does not load or is not reviewed (a typo in it), a ``target`` the schema
     does not name, and the user's own file (``csv:``/``parquet:``/``npz:``) missing or without a
     declared label set. :func:`load_dataset` runs it first; a job that charges the budget runs it
@@ -399,7 +401,7 @@ def check_request(
                 raise undeclared_classes(classes_fix)
             check_names(name, target=target)
         return
-    from veil.tables.sources import hide_password, refuse_password_in_url
+    from veil.tables.sources import hide_password, parse_source, refuse_password_in_url
 
     shown = "sql:" + hide_password(name[4:]) if name.startswith("sql:") else name
     if schema is None:
@@ -411,6 +413,10 @@ def check_request(
         )
     if name.startswith("sql:"):
         refuse_password_in_url(name[4:])
+        if query:
+            from veil.tables.sources.sql_reader import refuse_query_without_check
+
+            refuse_query_without_check(parse_source(name, query=query))
     if name.partition(":")[0] not in ("csv", "parquet", "sql"):
         raise ConfigError(
             "dataset",

@@ -65,6 +65,7 @@ def check_request(s: FederatedSettings) -> None:
         target=s.target or None,
         privacy_unit=s.privacy_unit or None,
         classes_fix=SCHEMA_CLASSES_FIX,
+        query=s.query or None,
     )
 
 

@@ -149,6 +149,7 @@ def check_declarations(cfg: TrainConfig, classes_fix: str | None = None) -> None
             classes=cfg.classes,
             privacy_unit=cfg.privacy_unit,
             classes_fix=classes_fix or CLASSES_FIX,
+            query=cfg.query,
         )
     elif cfg.table_schema is not None:
         from veil.tables.schema import load_schema

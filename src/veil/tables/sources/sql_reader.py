@@ -18,7 +18,7 @@ from veil.tables.sources.common import TableSource, first_line, need
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["SQL_PARTITION_ROWS", "read_table"]
+__all__ = ["SQL_PARTITION_ROWS", "read_table", "refuse_query_without_check"]
 
 SQL_PARTITION_ROWS = 65_536
 
@@ -100,11 +100,12 @@ def _connect_error(source: TableSource, exc: BaseException) -> DataError:
     )
 
 
-#: The one message of any failure of a read statement (the column check under ``WHERE 1 = 0`` or the
-#: full read, at ``execute`` or while fetching): the database's own text is never shown, as it can
-#: quote a stored value. A ``--query`` is the user's SQL: text that closes the check's parenthesis
-#: runs a SELECT over the rows outside ``WHERE 1 = 0`` (review revG F1), and a table name can be a
-#: view the database evaluates (MySQL materializes some before the ``WHERE``).
+#: The one message of any failure of a read statement that can evaluate rows (the full read, a
+#: table's column check under ``WHERE false``, SQLite's fallback check under ``WHERE 1 = 0``, at
+#: ``execute`` or while fetching): the database's own text is never shown, as it can quote a stored
+#: value. A ``--query`` is the user's SQL: text that closes a check's parenthesis runs a SELECT over
+#: the rows outside ``WHERE 1 = 0`` (review revG F1), and a table name can be a view the database
+#: evaluates (MySQL materializes some before the ``WHERE``).
 _READ_FAILED = (
     "the database refused {what} or failed while running it (the database's message is not shown: "
     "it may quote a stored value)"
@@ -132,31 +133,43 @@ def _read_failed(source: TableSource) -> DataError:
 def read_table(source: TableSource, limit: int | None = None) -> pa.Table:
     """Run the table read or query; ``limit=0`` fetches the column names only.
 
-    ``limit=0`` runs the statement under ``WHERE 1 = 0`` (for a table or a well-formed query no row
-    is evaluated); :func:`veil.tables.sources.read_source` runs it before every full read.
-    Guarantee: the database's own error text is never shown for a read statement, the column check
-    or the full read, at ``execute`` or while fetching: any failure is one fixed message,
-    :func:`_read_failed`, whatever statement, record or place caused it. The text can quote a stored
-    value (PostgreSQL's ``invalid input syntax for type integer: "<value>"``, SQLite's ``JSON path
-    error near '<value>'``), and veil does not parse the user's SQL: a ``--query`` that closes the
-    check's parenthesis runs a SELECT over the rows outside ``WHERE 1 = 0``. A failure over the rows
-    cannot become a per-record rule, as the database computes the query: the caller's reservation is
-    kept, nothing released. Connection errors keep their text (host, port, database: no stored
-    value)."""
+    ``limit=0`` on a ``--query`` evaluates no row: on SQLite the query runs on a copy of the schema
+    without rows (:func:`_sqlite_columns_without_rows`), on PostgreSQL the server describes it without
+    running it (:func:`_postgres_columns_unexecuted`); a ``--query`` on any other database (or driver)
+    is refused before connecting (:func:`refuse_query_without_check`). A table's check runs
+    ``SELECT`` of its reflected columns under ``WHERE false``. :func:`veil.tables.sources.read_source`
+    runs the check before every full read.
+    Guarantee: the database's own error text is never shown for a statement that runs over the rows,
+    the full read or a table's check, at ``execute`` or while fetching: any failure is one fixed
+    message, :func:`_read_failed`, whatever statement, record or place caused it. The text can quote a
+    stored value (PostgreSQL's ``invalid input syntax for type integer: "<value>"``, SQLite's ``JSON
+    path error near '<value>'``). A failure over the rows cannot become a per-record rule, as the
+    database computes the query: the caller's reservation is kept, nothing released. The query
+    checks that evaluate no row show the database's text (it quotes only the query and the schema),
+    and connection errors keep theirs (host, port, database: no stored value)."""
     import pyarrow as pa
 
     sqlalchemy = need("sqlalchemy", source.describe())
     from sqlalchemy import exc as sa_exc
 
+    if source.query is not None:
+        refuse_query_without_check(source)
     engine = _engine(source)
-    if limit == 0 and source.query is not None and engine.dialect.name == "sqlite":
+    if limit == 0 and source.query is not None and engine.dialect.name == "postgresql":
         try:
-            names = _sqlite_columns_without_rows(engine, source)
+            names = _postgres_columns_unexecuted(engine, source)
         finally:
             engine.dispose()
-        if names is not None:
-            _check_unique(names)
-            return pa.table({n: pa.array([], pa.null()) for n in names})
+        _check_unique(names)
+        return pa.table({n: pa.array([], pa.null()) for n in names})
+    if limit == 0 and source.query is not None and engine.dialect.name == "sqlite":
+        try:
+            sqlite_names = _sqlite_columns_without_rows(engine, source)
+        finally:
+            engine.dispose()
+        if sqlite_names is not None:
+            _check_unique(sqlite_names)
+            return pa.table({n: pa.array([], pa.null()) for n in sqlite_names})
         engine = _engine(source)  # the fallback check below, on a fresh engine
     try:
         try:
@@ -231,6 +244,97 @@ def _sqlite_columns_without_rows(engine: Any, source: TableSource) -> list[str] 
         return [str(d[0]) for d in cursor.description or ()]
     finally:
         empty.close()
+
+
+_QUERY_DIALECTS = {"sqlite": None, "postgresql": "psycopg"}
+"""The databases (and, where it matters, the driver) whose ``--query`` column check evaluates no row:
+SQLite (:func:`_sqlite_columns_without_rows`), PostgreSQL through psycopg 3
+(:func:`_postgres_columns_unexecuted`: libpq's describe, which other drivers do not offer)."""
+
+
+def refuse_query_without_check(source: TableSource) -> None:
+    """Refuse a ``--query`` on a database whose column check could evaluate rows, before connecting.
+
+    Guarantee: the refusal depends on the URL alone (its dialect and driver, public), so it is the
+    same for every database content; elsewhere a check under ``WHERE 1 = 0`` could run a SELECT over
+    the rows (a query that closes its parenthesis), and whether it passed — and so whether a job goes
+    on to charge — could depend on one record. A URL SQLAlchemy cannot parse is left to
+    :func:`_engine`, which refuses it with its own message. Jobs run it before the charge
+    (:func:`veil.data.check_request`); :func:`read_table` runs it again before connecting."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        url = make_url(source.location)
+        backend, driver = url.get_backend_name(), url.get_driver_name()
+    except Exception:
+        return
+    if backend in _QUERY_DIALECTS and _QUERY_DIALECTS[backend] in (None, driver):
+        return
+    use = "postgresql+psycopg://" if backend == "postgresql" else "SQLite or postgresql+psycopg://"
+    raise DataError(
+        "query",
+        source.query,
+        f"a --query on {backend}+{driver} cannot have its columns checked without running it over the rows "
+        "(whether the check passed could depend on one record)",
+        f"read a table or a view with --table instead, or use {use} (see docs/tables.md)",
+    )
+
+
+def _postgres_columns_unexecuted(engine: Any, source: TableSource) -> list[str]:
+    """A PostgreSQL ``--query``'s column names from the server's description of it, never executed.
+
+    On SQLAlchemy's connection, through its psycopg 3 connection's libpq (``PQprepare`` then
+    ``PQdescribePrepared``): the server parses, analyzes and rewrites the statement (names, types,
+    views expanded) but neither plans nor runs it. The query alone must be one statement (libpq
+    refuses a prepared statement of several) that returns rows, and it must read as a subquery
+    (``SELECT * FROM (query) AS veil_q``, also only described): a SELECT, as the full read expects,
+    never a statement that writes. The statement is deallocated and the connection closed after.
+
+    Guarantee: the check evaluates no row, even for a query that closes the wrapper's parenthesis, so
+    its error text is shown (it can quote only the query and the schema) and whether it passes, and
+    so whether a job goes on to charge, depends on no record."""
+    from sqlalchemy import exc as sa_exc
+
+    query = str(source.query).strip()
+    try:
+        conn = engine.connect()
+    except sa_exc.SQLAlchemyError as exc:
+        raise _connect_error(source, exc) from None
+    with conn:
+        dbapi = conn.connection.dbapi_connection
+        names = _describe(dbapi, source, query)
+        _describe(dbapi, source, f"SELECT * FROM ({query.rstrip(';')}) AS veil_q")  # a SELECT
+    if not names:
+        raise DataError(
+            "query",
+            source.query,
+            "the statement returns no rows (checked without running it)",
+            "write one SELECT statement",
+        )
+    return names
+
+
+def _describe(dbapi: Any, source: TableSource, text: str) -> list[str]:
+    """The result columns of ``text`` as the server describes it (prepared, described, deallocated:
+    never executed); a statement the server refuses is :class:`DataError` with its text."""
+    from psycopg import pq
+
+    pgconn, encoding = dbapi.pgconn, dbapi.info.encoding
+    prepared = pgconn.prepare(b"veil_check", text.encode(encoding))
+    if prepared.status != pq.ExecStatus.COMMAND_OK:
+        message = prepared.error_message.decode(encoding, "replace").removeprefix("ERROR:")
+        why = next(iter(message.strip().splitlines()), "no reason given")
+        raise DataError(
+            "query",
+            source.query,
+            f"the database refused the query ({why}; checked without running it)",
+            "write one SELECT statement, and check its tables and columns against the database's schema",
+        )
+    try:
+        described = pgconn.describe_prepared(b"veil_check")
+        return [described.fname(i).decode(encoding) for i in range(described.nfields)]
+    finally:
+        pgconn.exec_(b"DEALLOCATE veil_check")
 
 
 def _partition(names: list[str], rows: Sequence[Sequence[Any]]) -> pa.Table:
