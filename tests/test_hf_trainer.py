@@ -459,6 +459,41 @@ def test_what_train_evaluate_and_predict_return_and_save_metrics_writes_is_label
     assert json.loads((tmp_path / "hf" / "all_results.json").read_text())["non_private_train_samples"] == 20
 
 
+def test_a_users_callback_sees_evaluation_and_prediction_metrics_labelled(tmp_path: Path) -> None:
+    """HF hands ``on_evaluate``/``on_predict`` callbacks the metrics dict before ``evaluate()`` and
+    ``predict()`` return it: the callbacks see it under the same rule (``non_private_eval_*``,
+    ``epsilon``), during training (``eval_strategy="steps"``) and after; what a callback adds to the
+    dict is returned labelled too."""
+    public = {"epoch", "learning_rate", "epsilon", "total_flos"}
+    seen: list[dict[str, Any]] = []
+
+    class Recorder(transformers.TrainerCallback):
+        def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict, **kwargs: Any) -> None:
+            seen.append(dict(metrics))
+            metrics["my_eval_score"] = 0.25  # a user's own figure, computed from the data
+
+        def on_predict(self, args: Any, state: Any, control: Any, metrics: dict, **kwargs: Any) -> None:
+            seen.append(dict(metrics))
+
+    trainer = DPTrainer(
+        model=_model(),
+        args=_args(tmp_path, max_steps=2, eval_strategy="steps", eval_steps=1),
+        train_dataset=_data(20),
+        eval_dataset=_data(4),
+        privacy_args=_privacy(),
+        callbacks=[Recorder()],
+    )
+    trainer.train()
+    evaluated = trainer.evaluate()
+    trainer.predict(_data(4))
+    assert len(seen) == 4, seen  # two evaluations in training, one after, one prediction
+    for metrics in seen:
+        assert metrics and all(k in public or k.startswith("non_private_") for k in metrics), metrics
+    assert "non_private_eval_loss" in seen[0] and "non_private_test_loss" in seen[-1]
+    assert "epsilon" in seen[0]
+    assert evaluated["non_private_my_eval_score"] == 0.25 and "my_eval_score" not in evaluated
+
+
 @pytest.mark.parametrize("late", ["early stopping callback", "best model at the end"])
 def test_a_switch_set_after_construction_is_refused_before_reading(tmp_path: Path, late: str) -> None:
     """``train()`` checks again what ``__init__`` refused: a callback added or an argument changed on

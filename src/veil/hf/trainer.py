@@ -27,7 +27,8 @@ Only what depends on the public settings and the step is logged under its own na
 ``epoch``, ``epsilon``, ``total_flos``); everything else is not private and is logged as
 ``non_private_*`` (the training loss, mean per example, as ``non_private_loss``; the evaluation metrics
 as ``non_private_eval_*``; the timings). The same rule labels what ``train()``, ``evaluate()`` and
-``predict()`` return and what ``log_metrics``/``save_metrics`` print and write (``train_results.json``,
+``predict()`` return, what ``on_evaluate``/``on_predict`` callbacks receive (before any callback sees
+it), and what ``log_metrics``/``save_metrics`` print and write (``train_results.json``,
 ``all_results.json``), so HF's example-script idiom releases nothing unlabelled: ``train()`` returns a
 ``TrainOutput`` whose ``training_loss`` is NaN (the loss, computed without noise, is
 ``metrics["non_private_train_loss"]``) and whose metrics carry ``epsilon``. ``total_flos`` is 0 and
@@ -49,10 +50,11 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -75,6 +77,7 @@ if TYPE_CHECKING:
 
 require_transformers()  # the extra's one-line error, before the import below fails
 from transformers import Trainer  # noqa: E402
+from transformers.trainer_callback import CallbackHandler  # noqa: E402
 from transformers.trainer_utils import PredictionOutput, TrainOutput  # noqa: E402
 
 __all__ = ["DPTrainer", "PrivacyArguments"]
@@ -133,6 +136,8 @@ class DPTrainer(Trainer):
             )
         super().__init__(*args, **kwargs)
         _refuse_unsupported(self)
+        self.callback_handler.__class__ = _ReleasingCallbacks  # the same handler: its callbacks kept
+        cast(_ReleasingCallbacks, self.callback_handler).release = self._released
         self.privacy_args = privacy_args
         # The Trainer sees one logical batch per step; veil cuts it into physical chunks itself.
         given: Any = self.args
@@ -335,6 +340,34 @@ class DPTrainer(Trainer):
         timings and memory figures (functions of the batches' padded sizes) and whatever a callback
         adds. Private by construction: a key veil does not know is never logged under its own name."""
         super().log(self._released(logs), start_time)
+
+
+class _ReleasingCallbacks(CallbackHandler):
+    """HF's callback handler, whose metrics events (``on_evaluate``, ``on_predict``) first relabel the
+    metrics **in place** by DPTrainer's one rule (``release``: :meth:`DPTrainer._released`). HF hands
+    the callbacks the dict its evaluation loop built, before ``evaluate()``/``predict()`` return it
+    (review: a user's ``on_evaluate`` received ``eval_loss`` unlabelled); relabelled in place, no
+    callback sees a metric under its own name, and what a callback adds to the dict is labelled too
+    when ``evaluate()`` returns it. Private by construction: the rule that labels what DPTrainer logs,
+    returns and saves, applied at the one place HF passes metrics to callbacks."""
+
+    release: Callable[[dict[str, float]], dict[str, float]]
+
+    def _relabel(self, metrics: dict[str, float]) -> dict[str, float]:
+        released = self.release(metrics)
+        metrics.clear()
+        metrics.update(released)
+        return metrics
+
+    def on_evaluate(  # type: ignore[override]  # HF's handler adds ``metrics`` to the callback's signature
+        self, args: Any, state: Any, control: Any, metrics: dict[str, float], **kwargs: Any
+    ) -> Any:
+        return super().on_evaluate(args, state, control, self._relabel(metrics), **kwargs)
+
+    def on_predict(
+        self, args: Any, state: Any, control: Any, metrics: dict[str, float], **kwargs: Any
+    ) -> Any:
+        return super().on_predict(args, state, control, self._relabel(metrics), **kwargs)
 
 
 def _public_or_labelled(metrics: dict[str, float]) -> dict[str, float]:
