@@ -7,9 +7,12 @@ stderr with exit status 2: no traceback, nothing half-written.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 import typer
 
@@ -34,6 +37,7 @@ SUBCOMMANDS = (
 )
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
 
 
 def build_app() -> typer.Typer:
@@ -98,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except CommandInterrupted as exc:
         sys.stderr.write(f"veil: {exc}\n")
-        return 130
+        return EXIT_INTERRUPTED
     except Exception as exc:
         # Typer's parser errors (click's, vendored or not, depending on the typer version) are
         # recognised by shape rather than by class so that both layouts work.
@@ -107,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return int(exc.exit_code)
         if kind == "Abort":
             fail("aborted")
-            return 130
+            return EXIT_INTERRUPTED
         if kind == "NoArgsIsHelpError":  # `veil` or `veil schema` alone: the help page was the answer
             sys.stdout.write(exc.format_message() if hasattr(exc, "format_message") else "")
             return 0
@@ -119,15 +123,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise
     except KeyboardInterrupt:
         fail("interrupted")
-        return 130
+        return EXIT_INTERRUPTED
     # Outside standalone mode click *returns* the code of an ``Exit`` (typer turns Ctrl-C into
     # ``Exit(130)``); the commands themselves return None.
     if isinstance(status, int) and not isinstance(status, bool):
-        if status == 130:
+        if status == EXIT_INTERRUPTED:
             fail("interrupted")
         return status
     return 0
 
 
 def run() -> None:  # pragma: no cover - console-script shim
-    sys.exit(main())
+    status = main()
+    if status == EXIT_INTERRUPTED:
+        end_now(status)
+    sys.exit(status)
+
+
+def end_now(status: int) -> NoReturn:
+    """End the process at once with ``status``, veil's output flushed: what an interrupted command
+    does once its one line is printed and the budget registry settled (``main`` has returned).
+
+    Why: after an interrupt, engines that run threads or actors of their own (Ray and Flower under
+    ``veil federated``) go on in the interpreter's teardown — a dying actor's traceback after veil's
+    line, and once a crash beside Ray's threads that changed the exit status. Nothing of veil's is
+    left to run (its registry transaction is committed, its files written atomically), so the
+    teardown is skipped (``os._exit``): the exit status and the output are veil's only. Ray's own
+    processes share the interpreter's fate (they end when it does)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)

@@ -198,13 +198,14 @@ def planned_events(
 
 def settled_events(s: FederatedSettings, run_dir: Path, extra_rounds: int = 0) -> list[PrivacyEvent]:
     """What the run folder's ledger charged, as the registry's events (plus ``extra_rounds`` more
-    rounds, for a resume's plan). No ledger: nothing was released, nothing is charged."""
+    rounds, for a resume's plan). No ledger: nothing was released, nothing is charged (client level:
+    the ``extra_rounds`` alone)."""
     from veil.accounting.calibrate import dpsgd_event
     from veil.accounting.ledger import Ledger
     from veil.federated.files import LEDGER, SILOS
 
     if not (run_dir / LEDGER).exists():
-        return []
+        return client_level_charge(s.sigma, extra_rounds) if s.mode == "client-level" else []
     ledger = Ledger.open(run_dir / LEDGER)
     if s.mode == "client-level":
         rounds = sum(_round_units(e) for e in ledger.events())
@@ -264,14 +265,14 @@ class FederatedCharge:
 
     def resume(self, s: FederatedSettings, run_dir: Path, remaining: int) -> None:
         """Re-admit a stopped run: what its ledger charged plus its ``remaining`` rounds."""
-        from veil.federated.files import SILOS
+        from veil.federated.files import LEDGER, SILOS
 
         run_id = s.budget_run_id or uuid.uuid4().hex
         records = _ledger_records(run_dir)
         # A copy of the folder that cannot continue the run is refused before a row is read.
         self.charge.check_resume(run_id, run_dir, records)
-        if s.mode == "record-level" and not (run_dir / SILOS).exists():  # no silo ran: the whole plan
-            events = planned_events(s, _silo_sizes(s))
+        if s.mode == "record-level" and not ((run_dir / SILOS).exists() and (run_dir / LEDGER).exists()):
+            events = planned_events(s, _silo_sizes(s))  # no round charged: the whole plan
         else:
             events = settled_events(s, run_dir, extra_rounds=remaining)
         # Refused if another copy of this folder resumed the run since, or if its ledger is older than

@@ -5,7 +5,8 @@ registry's account for the dataset, before a row is read (an exhausted dataset i
 the data and its partition (the column present; a client may be empty) → σ for the client-level
 target over the planned rounds → the whole plan reserved in the registry (refused over budget:
 nothing written, nothing charged; record level: a stand-in — the target ε at δ — is reserved before
-the data is read, and the silos' plan replaces it once their sizes are known) → the run folder →
+the data is read, and the silos' plan replaces it once their sizes are known) → the run folder,
+its ``settings.json`` first (:func:`start_folder`) →
 a fixed front's features of every training row computed once into the run folder (internal,
 removed at the end; :mod:`veil.federated.features`) → Flower (the simulation engine here; real
 SuperLink/SuperNodes on loopback with :mod:`veil.federated.deploy`) → the registry settled with
@@ -13,9 +14,11 @@ what the ledger charged → the report, computed from the run folder. What is ch
 :mod:`veil.federated.charge`.
 
 Ctrl-C (SIGINT) or SIGTERM during a simulated run stops it: Flower stops its SuperNodes, veil stops
-the ServerApp thread (:mod:`veil.federated.stop`) before the registry settles, and once the run's
-ledger exists the job raises :class:`~veil.errors.RunInterrupted` (``veil federated --resume DIR``
-continues it). The registry keeps the whole plan charged (:meth:`FederatedCharge.settle
+the ServerApp thread (:mod:`veil.federated.stop`) before the registry settles, and once the plan is
+charged the job raises :class:`~veil.errors.RunInterrupted` (``veil federated --resume DIR``
+continues it): the run folder then holds the run's settings (written as soon as the plan is charged,
+or by the interrupt itself while the data was being read), and every charged round is in its ledger
+if the server began one. The registry keeps the whole plan charged (:meth:`FederatedCharge.settle
 <veil.federated.charge.FederatedCharge.settle>`); nothing is written to ``release/``.
 """
 
@@ -225,8 +228,21 @@ def _rounds_done(run_dir: Path) -> int:
     from veil.accounting.ledger import Ledger
     from veil.federated.files import LEDGER
 
+    if not (run_dir / LEDGER).exists():  # stopped before the server wrote its ledger: no round
+        return 0
     ledger = Ledger.open(run_dir / LEDGER)
     return len({r.get("round") for r in ledger.records if r["kind"] == "step"})
+
+
+def start_folder(s: FederatedSettings, run_dir: Path) -> None:
+    """Create the run folder with its settings (``settings.json``, the admitted run's, its registry
+    run id included): the first thing written once the plan is charged, so that a run stopped before
+    its server wrote the ledger can be continued (:func:`saved_settings` reads it)."""
+    from veil.accounting.ledger import atomic_write_text
+    from veil.federated.files import SETTINGS
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run_dir / SETTINGS, json.dumps(s.to_run_config(), indent=1) + "\n")
 
 
 def _with_sigma(s: FederatedSettings) -> FederatedSettings:
@@ -248,29 +264,37 @@ def charged(s: FederatedSettings, run_dir: Path, *, resume: bool = False) -> Ite
         check_request(s)  # public mistakes (a schema typo, no label set) refused before any charge
     account = FederatedCharge.before_reading(s, resume=resume)  # before a row is read
     try:
-        if resume:
-            account.resume(s, run_dir, max(s.rounds - _rounds_done(run_dir), 0))
-        elif s.mode == "client-level":
-            # The plan needs no data (σ from the clients' count, q and the rounds): reserved before a
-            # row is read; un-charged if the data's checks then refuse the run.
-            s = account.reserve(_with_sigma(s), [])
-            try:
-                check_data(s)  # σ is calibrated already: the search is not run twice
-            except BaseException:
-                account.release()
-                raise
-        else:
-            # The silos' sizes (q = B/n) need the data: as veil train, the stand-in (the target ε at δ)
-            # is reserved before a row is read, and the plan replaces it once the silos are known; a
-            # refusal in between (δ against the smallest silo) stays charged at the stand-in.
-            s = account.reserve_stand_in(s)
-            try:
-                s = plan(s)
-                fed = federation(s)
-                account.replan(s, [fed.records(k) for k in range(len(fed.parts))])
-            except BaseException:
-                account.release()  # rows were read: settled at the stand-in, never un-charged
-                raise
+        try:
+            if resume:
+                account.resume(s, run_dir, max(s.rounds - _rounds_done(run_dir), 0))
+            elif s.mode == "client-level":
+                # The plan needs no data (σ from the clients' count, q and the rounds): reserved
+                # before a row is read; un-charged if the data's checks then refuse the run.
+                s = account.reserve(_with_sigma(s), [])
+                try:
+                    check_data(s)  # σ is calibrated already: the search is not run twice
+                except BaseException:
+                    account.release()
+                    raise
+            else:
+                # The silos' sizes (q = B/n) need the data: as veil train, the stand-in (the target
+                # ε at δ) is reserved before a row is read, and the plan replaces it once the silos
+                # are known; a refusal in between (δ against the smallest silo) stays charged at the
+                # stand-in.
+                s = account.reserve_stand_in(s)
+                try:
+                    s = plan(s)
+                    fed = federation(s)
+                    account.replan(s, [fed.records(k) for k in range(len(fed.parts))])
+                except BaseException:
+                    account.release()  # rows were read: settled at the stand-in, never un-charged
+                    raise
+        except KeyboardInterrupt:
+            if not resume and s.budget_run_id:  # charged, stopped while reading: --resume continues
+                start_folder(s, run_dir)
+            raise
+        if not resume:
+            start_folder(s, run_dir)
         try:
             yield s
         finally:
@@ -286,7 +310,6 @@ def deploy(s: FederatedSettings, timeout: float = 3600.0) -> dict[str, Any]:
     run_dir = Path(s.out)
     check_new_folder(run_dir)
     with charged(s, run_dir) as s:
-        run_dir.mkdir(parents=True, exist_ok=True)
         start = time.monotonic()
         local_deployment(s, run_dir / "deployment", timeout=timeout)
     raise_if_failed(run_dir)
@@ -294,14 +317,16 @@ def deploy(s: FederatedSettings, timeout: float = 3600.0) -> dict[str, Any]:
 
 
 def saved_settings(run_dir: Path) -> FederatedSettings:
-    """The settings a run folder was started with (its ledger header), for ``--resume``."""
-    from veil.federated.files import LEDGER
+    """The settings a run folder was started with, for ``--resume``: its ledger header, or, for a run
+    stopped before its server wrote the ledger, the folder's ``settings.json`` (:func:`start_folder`)."""
+    from veil.federated.files import LEDGER, SETTINGS
 
-    path = run_dir / LEDGER
     try:
-        header = json.loads(path.read_bytes().split(b"\n", 1)[0])
-        return FederatedSettings.from_run_config(header["settings"])
-    except (OSError, ValueError, KeyError, TypeError):
+        if (run_dir / LEDGER).exists():
+            header = json.loads((run_dir / LEDGER).read_bytes().split(b"\n", 1)[0])
+            return FederatedSettings.from_run_config(header["settings"])
+        return FederatedSettings.from_run_config(json.loads((run_dir / SETTINGS).read_text()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         raise ConfigError(
             "resume",
             str(run_dir),
@@ -317,20 +342,21 @@ def simulate(s: FederatedSettings, *, resume: bool = False, cpus: int = 2) -> di
         s = saved_settings(run_dir)
     else:
         check_new_folder(run_dir)
-    with charged(s, run_dir, resume=resume) as s:
-        (run_dir / "error.txt").unlink(missing_ok=True)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        start = time.monotonic()
-        from veil.federated.files import LEDGER
-        from veil.federated.local import shared_features
+    from veil.federated.files import LEDGER, SETTINGS
+    from veil.federated.local import shared_features
 
-        # a fixed front's features: computed once, read by every client
-        with sigterm_interrupts(), shared_features(s):
-            try:
+    try:
+        with charged(s, run_dir, resume=resume) as s:
+            (run_dir / "error.txt").unlink(missing_ok=True)
+            start = time.monotonic()
+            # a fixed front's features: computed once, read by every client
+            with sigterm_interrupts(), shared_features(s):
                 run_simulation_engine(s, cpus=cpus)
-            except KeyboardInterrupt as exc:
-                if (run_dir / LEDGER).exists():  # resumable: every charged round is in the ledger
-                    raise RunInterrupted(str(run_dir), "federated") from exc
-                raise
+    except KeyboardInterrupt as exc:
+        # the registry is settled (the plan stays charged); the folder holds the run's settings and
+        # every charged round is in its ledger, if the server began one: --resume continues it
+        if (run_dir / SETTINGS).exists() or (run_dir / LEDGER).exists():
+            raise RunInterrupted(str(run_dir), "federated") from exc
+        raise
     raise_if_failed(run_dir)
     return report_files(run_dir, time.monotonic() - start)
