@@ -289,12 +289,12 @@ def charged(s: FederatedSettings, run_dir: Path, *, resume: bool = False) -> Ite
                 except BaseException:
                     account.release()  # rows were read: settled at the stand-in, never un-charged
                     raise
+            if not resume:
+                start_folder(s, run_dir)
         except KeyboardInterrupt:
             if not resume and s.budget_run_id:  # charged, stopped while reading: --resume continues
                 start_folder(s, run_dir)
             raise
-        if not resume:
-            start_folder(s, run_dir)
         try:
             yield s
         finally:
