@@ -269,12 +269,13 @@ def charged(s: FederatedSettings, run_dir: Path, *, resume: bool = False) -> Ite
                 account.resume(s, run_dir, max(s.rounds - _rounds_done(run_dir), 0))
             elif s.mode == "client-level":
                 # The plan needs no data (σ from the clients' count, q and the rounds): reserved
-                # before a row is read; un-charged if the data's checks then refuse the run.
+                # before a row is read; the checks then read the data, so a refusal stays charged
+                # (``release`` settles the plan once rows may have been read).
                 s = account.reserve(_with_sigma(s), [])
                 try:
                     check_data(s)  # σ is calibrated already: the search is not run twice
                 except BaseException:
-                    account.release()
+                    account.release()  # settles the plan: reserved as read, never un-charged
                     raise
             else:
                 # The silos' sizes (q = B/n) need the data: as veil train, the stand-in (the target
