@@ -379,7 +379,8 @@ def main() -> None:
                 if r is not None:
                     results.setdefault((config, mode), []).append(r)
 
-    keys = ("step_rate", "epoch_rate", "step_extra_bytes", "epoch_extra_bytes", "peak_bytes", "max_batch", "steps")
+    keys = ("step_rate", "epoch_rate", "step_extra_bytes", "epoch_extra_bytes", "peak_bytes", "max_batch")
+    keys += ("steps",)
     rows = []
     for config in configs:
         plain = results.get((config, "plain"))
@@ -428,9 +429,10 @@ def main() -> None:
     for c in configs:
         print(f"- {c}: {DESCRIPTIONS[c]}")
     print(
-        f"\nMedians over {args.reps} interleaved repetition(s) of the rate over all timed steps (at least "
-        f"{args.steps} steps and {args.min_seconds:g} s after {args.warmup} warm-up; the epoch rate over whole "
-        f"epochs of {args.epoch_steps} expected steps incl. Poisson loading, for at least {args.min_seconds:g} s); "
+        f"\nMedians over {args.reps} interleaved repetition(s) of the rate over all timed steps (at "
+        f"least {args.steps} steps and {args.min_seconds:g} s after {args.warmup} warm-up; the epoch rate "
+        f"over whole epochs of {args.epoch_steps} expected steps incl. Poisson loading, for at least "
+        f"{args.min_seconds:g} s); "
         f"σ = 1, C = 1, SGD. "
         f"Peak memory from a separate run ({args.warmup + 2} steps + the epoch)"
         + (f", glibc mmap threshold fixed at {MMAP_THRESHOLD // 1024} KiB" if args.device == "cpu" else "")
