@@ -8,9 +8,14 @@ machine's load hits every mode alike. Reported: medians over repetitions.
 Metrics per configuration:
 
 * step ex/s — examples per second of ``zero_grad → forward → loss → backward → step`` on a fixed
-  batch (after warm-up);
-* epoch ex/s — examples per second over a whole (short) epoch *including data loading*, with each
-  library's Poisson loader for the private modes and a shuffled loader for plain PyTorch;
+  batch (after warm-up): every timed step's time counted (the total), over at least ``--steps``
+  steps and ``--min-seconds`` (default 2 s). With only 20 steps the MLP's measurement lasted about
+  0.1 s and moved between processes by more than the modes differ; a step that draws several steps'
+  noise at once (``veil.noise_ahead``'s reserve) is counted like any other. The table also gives
+  the range of the repetitions' rates, so the spread is seen beside the median;
+* epoch ex/s — examples per second over whole (short) epochs *including data loading*, with each
+  library's Poisson loader for the private modes and a shuffled loader for plain PyTorch, as many
+  epochs as ``--min-seconds`` takes (at least one);
 * step peak MiB — peak memory over the fixed-batch steps; epoch peak MiB — over the epoch, whose
   Poisson batches vary in size (the largest is shown: activations grow with it, so a DP mode's
   epoch peak reflects the sampling as well as the library). Both come from a separate, shorter
@@ -40,6 +45,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -259,14 +265,27 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
 
     for _ in range(args.warmup):
         step(x, y)
+    # At least --steps steps and --min-seconds: a few tens of milliseconds of steps (the MLP's 20)
+    # measure the process's first moments and whichever step happens to draw several steps' noise
+    # (veil.noise_ahead's reserve) as much as the mode; whole steps only, every one counted.
+    min_seconds = args.min_seconds or 0.0
+    steps, elapsed = 0, 0.0
     with Stopwatch(cuda) as timer:
-        for _ in range(args.steps):
+        begin = time.perf_counter()
+        while steps < args.steps or elapsed < min_seconds:
             step(x, y)
-    seen, seconds = epoch()
+            steps += 1
+            elapsed = time.perf_counter() - begin
+    seen, seconds, epochs = 0, 0.0, 0
+    while epochs == 0 or seconds < min_seconds:  # whole epochs, as many as --min-seconds takes
+        n, t = epoch()
+        seen, seconds, epochs = seen + n, seconds + t, epochs + 1
     return {
-        "step_rate": batch * args.steps / timer.seconds,
+        "step_rate": batch * steps / timer.seconds,
         "epoch_rate": seen / seconds if seconds > 0 else float("nan"),
         "epoch_examples": seen,
+        "steps": steps,
+        "epochs": epochs,
     }
 
 
@@ -294,6 +313,8 @@ def run_one(config: str, mode: str, args: argparse.Namespace) -> dict[str, Any] 
             str(args.warmup),
             "--epoch-steps",
             str(args.epoch_steps),
+            "--min-seconds",
+            str(args.min_seconds),
             *(["--memory"] if memory else []),
         ]
         env = {**os.environ, "PYTHONWARNINGS": "ignore"}
@@ -321,6 +342,12 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3, help="interleaved repetitions per configuration")
     parser.add_argument("--steps", type=int, default=None, help="timed steps per measurement")
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument(
+        "--min-seconds",
+        type=float,
+        default=None,
+        help="time steps (and whole epochs) for at least this long per measurement (default 2; quick 0)",
+    )
     parser.add_argument("--epoch-steps", type=int, default=None, help="expected steps in the measured epoch")
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--modes", default=",".join(MODES))
@@ -337,6 +364,7 @@ def main() -> None:
         args.steps = args.steps or 2
         args.epoch_steps = args.epoch_steps or 2
     args.steps = args.steps or 20
+    args.min_seconds = (0.0 if args.quick else 2.0) if args.min_seconds is None else args.min_seconds
     args.epoch_steps = args.epoch_steps or 10
     configs = [c for c in args.configs.split(",") if c]
     modes = [m for m in args.modes.split(",") if m]
@@ -352,6 +380,7 @@ def main() -> None:
                     results.setdefault((config, mode), []).append(r)
 
     keys = ("step_rate", "epoch_rate", "step_extra_bytes", "epoch_extra_bytes", "peak_bytes", "max_batch")
+    keys += ("steps",)
     rows = []
     for config in configs:
         plain = results.get((config, "plain"))
@@ -359,7 +388,7 @@ def main() -> None:
         for mode in modes:
             runs = results.get((config, mode))
             if not runs:
-                rows.append([config, mode, "failed", *[""] * 10])
+                rows.append([config, mode, "failed", *[""] * 12])
                 continue
             med = {k: statistics.median(r[k] for r in runs) for k in keys}
             rows.append(
@@ -368,6 +397,8 @@ def main() -> None:
                     mode,
                     med["step_rate"],
                     _ratio(med, base, "step_rate"),
+                    "–".join(f"{f(r['step_rate'] for r in runs):,.0f}" for f in (min, max)),
+                    int(med["steps"]),
                     med["epoch_rate"],
                     _ratio(med, base, "epoch_rate"),
                     med["step_extra_bytes"] / 2**20,
@@ -383,6 +414,8 @@ def main() -> None:
         "mode",
         "step ex/s",
         "vs plain",
+        "step ex/s, each repetition (min–max)",
+        "timed steps",
         "epoch ex/s",
         "vs plain",
         "step peak MiB",
@@ -396,8 +429,11 @@ def main() -> None:
     for c in configs:
         print(f"- {c}: {DESCRIPTIONS[c]}")
     print(
-        f"\nMedians over {args.reps} interleaved repetition(s); {args.steps} timed steps after {args.warmup} "
-        f"warm-up; epoch = {args.epoch_steps} expected steps incl. Poisson loading; σ = 1, C = 1, SGD. "
+        f"\nMedians over {args.reps} interleaved repetition(s) of the rate over all timed steps (at "
+        f"least {args.steps} steps and {args.min_seconds:g} s after {args.warmup} warm-up; the epoch rate "
+        f"over whole epochs of {args.epoch_steps} expected steps incl. Poisson loading, for at least "
+        f"{args.min_seconds:g} s); "
+        f"σ = 1, C = 1, SGD. "
         f"Peak memory from a separate run ({args.warmup + 2} steps + the epoch)"
         + (f", glibc mmap threshold fixed at {MMAP_THRESHOLD // 1024} KiB" if args.device == "cpu" else "")
         + ".\n"

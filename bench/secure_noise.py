@@ -1,27 +1,32 @@
 """The cost of secure noise, measured so that a loaded machine still gives usable ratios.
 
-1. One Gaussian noise draw: each source draws ``N(0, 1)`` float32 noise of the sizes below (the CNN
-   and MLP of ``bench/engine.py`` need 54,314 and 92,162 coordinates a step): secure (ChaCha20
-   keystream, the default), the previous secure sampler (``os.urandom``, two draws; see
-   ``legacy_noise.py``) and seeded (``torch.Generator``'s ``normal_``: what ``torch.randn`` runs,
-   so "vs seeded" is the ratio to ``torch.randn``). 10⁷ coordinates with the others; 10⁸ (a
-   full fine-tune's worth) with ``--large-rounds`` rounds and without the previous sampler.
-2. One DP-SGD step of ``bench/engine.py``'s MLP and CNN (batch 256, σ = 1, C = 1, fixed batch) in
-   the modes plain, veil (secure, the default), veil-before (the same engine with the secure release
-   of main 0cf85ea: its host transform, the clipped sum and grid applied by torch ops after the draw;
-   ``legacy_noise.release_of_before``), veil-at-step (the default engine with the small-group reserve
-   of ``veil.noise_ahead`` switched off: every step draws its noise at the step, as before the
-   reserve), veil-conv-before (the default engine with every convolution's per-sample weight
-   gradients from the grouped convolution of main 863f2e4, ``veil.clipping.rules.conv``'s patch matmul
-   off), veil-urandom (the previous secure sampler) and veil-seeded. Each step is timed in wall time
-   and in process CPU time (``time.process_time``: what a loaded machine disturbs least, and with
-   ``--threads 1`` the step's own work; with two threads it also counts threads spinning in wait).
+1. One Gaussian noise draw: each source draws ``N(0, 1)`` float32 noise of the sizes below (the CNN and
+   MLP of ``bench/engine.py`` need 54,314 and 92,162 coordinates a step): secure (ChaCha20 keystream, the
+   default), the previous secure sampler (``os.urandom``, two draws; see ``legacy_noise.py``) and seeded
+   (``torch.Generator``'s ``normal_``: what ``torch.randn`` runs, so "vs seeded" is the ratio to
+   ``torch.randn``). 10⁷ coordinates with the others; 10⁸ (a full fine-tune's worth) with
+   ``--large-rounds`` rounds and without the previous sampler.
+2. One DP-SGD step of ``bench/engine.py``'s MLP and CNN (batch 256, σ = 1, C = 1, fixed batch) in the
+   modes plain, veil (secure, the default), veil-before (the same engine with the secure release of main
+   0cf85ea: its host transform, the clipped sum and grid applied by torch ops after the draw;
+   ``legacy_noise.release_of_before``), veil-at-step (the default engine with the small-group reserve of
+   ``veil.noise_ahead`` switched off: every step draws its noise at the step, as before the reserve),
+   veil-split-refill (not the default: the default engine with host releases of 2¹⁷ coordinates or more
+   split across torch's threads, so the MLP's reserve refill uses both cores; a question for an idle
+   machine), veil-conv-before (the default engine with every convolution's per-sample weight gradients
+   from the grouped convolution of main 863f2e4, ``veil.clipping.rules.conv``'s patch matmul off),
+   veil-urandom (the previous secure sampler) and veil-seeded. Each step is timed in wall time and in process
+   CPU time (``time.process_time``: what a loaded machine disturbs least, and with ``--threads 1`` the
+   step's own work; with two threads it also counts threads spinning in wait). The mean counts every step
+   as a throughput does (a secure step that draws several steps' noise at once, ``veil.noise_ahead``'s
+   reserve, one step in four for the MLP, included); the median and the best pass over such steps, so the
+   mean is the figure comparable to ``bench/engine.py``.
 
-Everything runs in one process with rounds interleaved (one draw, or one step, of every source or
-mode per round), so load drift hits every source alike. Reported: the median and the best of the
-rounds, and each against the seeded draw / the plain step. ``bench/engine.py`` (one process per
-configuration, whole epochs, peak memory) is the reference on an idle machine; this script is the
-one to trust when the machine is shared.
+Everything runs in one process with rounds interleaved (one draw, or one step, of every source or mode per
+round), so load drift hits every source alike. Reported: the median and the best of the rounds (and, for
+steps, the mean), and each against the seeded draw / the plain step. ``bench/engine.py`` (one process per
+configuration, whole epochs, peak memory) is the reference on an idle machine; this script is the one to
+trust when the machine is shared.
 
 Usage::
 
@@ -48,7 +53,16 @@ from common import describe_machine, fixed_batch_drawn, markdown_table, timing_r
 from legacy_noise import UrandomSource, release_of_before
 from veil.mechanisms import SecureSource, SeededSource
 
-MODES = ("plain", "veil", "veil-before", "veil-at-step", "veil-conv-before", "veil-urandom", "veil-seeded")
+MODES = (
+    "plain",
+    "veil",
+    "veil-before",
+    "veil-at-step",
+    "veil-split-refill",
+    "veil-conv-before",
+    "veil-urandom",
+    "veil-seeded",
+)
 BASELINE = "seeded (torch.Generator)"  # torch.randn's sampler, on a generator of its own
 
 
@@ -66,7 +80,8 @@ def step_rows(
     steps = {}
     for mode in modes:
         model, data, loss = build(config)
-        engine_mode = "veil" if mode in ("veil-before", "veil-at-step", "veil-conv-before") else mode
+        variants = ("veil-before", "veil-at-step", "veil-split-refill", "veil-conv-before")
+        engine_mode = "veil" if mode in variants else mode
         model, optimizer, loader, loss = make_mode(
             engine_mode, model.to(dev), data(BATCH[config]), loss, BATCH[config]
         )
@@ -75,6 +90,7 @@ def step_rows(
         context = {
             "veil-before": release_of_before,
             "veil-at-step": _no_reserve,
+            "veil-split-refill": _split_refill,
             "veil-conv-before": _conv_before,
         }.get(mode, contextlib.nullcontext)
 
@@ -106,13 +122,15 @@ def step_rows(
                 times[mode].append(time.perf_counter() - start)
                 cpu[mode].append(time.process_time() - cpu_start)
     plain_med, plain_best = statistics.median(times["plain"]), min(times["plain"])
-    plain_cpu = statistics.median(cpu["plain"])
+    plain_mean, plain_cpu = statistics.mean(times["plain"]), statistics.mean(cpu["plain"])
     rows: list[list[object]] = []
     for mode, ts in times.items():
-        med, best, cpu_med = statistics.median(ts), min(ts), statistics.median(cpu[mode])
-        ratios = [f"{plain_med / med:.2f}×", f"{plain_best / best:.2f}×"]
-        cpu_cols = [cpu_med * 1e3, f"{plain_cpu / cpu_med:.2f}×"]
-        rows.append([config, mode, med * 1e3, best * 1e3, BATCH[config] / med, *ratios, *cpu_cols])
+        med, best, mean = statistics.median(ts), min(ts), statistics.mean(ts)
+        cpu_mean = statistics.mean(cpu[mode])
+        ratios = [f"{plain_med / med:.2f}×", f"{plain_best / best:.2f}×", f"{plain_mean / mean:.2f}×"]
+        cpu_cols = [cpu_mean * 1e3, f"{plain_cpu / cpu_mean:.2f}×"]
+        times_ms = [med * 1e3, best * 1e3, mean * 1e3]
+        rows.append([config, mode, *times_ms, BATCH[config] / med, *ratios, *cpu_cols])
     return rows
 
 
@@ -127,6 +145,21 @@ def _no_reserve() -> Any:
         yield
     finally:
         noise_ahead.RESERVE_COORDINATES = saved
+
+
+@contextlib.contextmanager
+def _split_refill() -> Any:
+    """Not the default, a question for an idle machine: the default engine with a host release of
+    2¹⁷ coordinates or more split across torch's threads (``veil.mechanisms.rng.PARALLEL_PIECE``
+    lowered; a key per piece, a thread pool per draw), so the MLP's reserve refill runs on both cores."""
+    from veil.mechanisms import rng
+
+    saved = rng.PARALLEL_PIECE
+    rng.PARALLEL_PIECE = 1 << 17
+    try:
+        yield
+    finally:
+        rng.PARALLEL_PIECE = saved
 
 
 @contextlib.contextmanager
@@ -199,8 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         modes = tuple(m for m in MODES if m in chosen and not (args.no_urandom and m == "veil-urandom"))
         configs = [c for c in args.configs.split(",") if c]
         rows = [row for config in configs for row in step_rows(config, args.steps, modes)]
-        header = ["model", "mode", "median ms", "best ms", "ex/s (median)", "vs plain (median)"]
-        header += ["vs plain (best)", "CPU ms (median)", "CPU vs plain (median)"]
+        header = ["model", "mode", "median ms", "best ms", "mean ms", "ex/s (median)", "vs plain (median)"]
+        header += ["vs plain (best)", "vs plain (mean)", "CPU ms (mean)", "CPU vs plain (mean)"]
         print(markdown_table(header, rows))
     print(f"\nLoad average (1, 5, 15 min) before: {load_before}; after: {_load()}")
     print("\nMachine:\n")

@@ -46,10 +46,12 @@ def finisher(sums: Sequence[torch.Tensor], alpha: float, grid: float, *, into: b
     finishes the draw with torch ops). Safe to call from several threads on disjoint slices.
 
     ``into``: the callback of :meth:`~veil.mechanisms.rng.RandomSource.host_release32` instead, whose
-    ``out`` is a chunk holding coordinates ``lo … hi − 1``: the release is computed there the same way
-    and then written over ``S`` itself (so the sums become the released gradients, and no second
-    model-sized buffer is held); ``None`` also where a sum is not contiguous (its numpy view would be a
-    copy) or two sums share memory (a rule's views of one tensor: one write would change the other).
+    ``out`` is a chunk holding coordinates ``lo … hi − 1``, only read: the same release is computed in
+    ``S``'s own memory (``S·alpha`` rounded, the noise added, the grid applied there: the same float32
+    operations, since addition commutes), so the sums become the released gradients and no second
+    model-sized buffer, temporary or copy back is needed; ``None`` also where a sum is not contiguous
+    (its numpy view would be a copy) or two sums share memory (a rule's views of one tensor: one
+    write would change the other).
     """
     if into and not all(s.is_contiguous() for s in sums):
         return None
@@ -79,20 +81,26 @@ def finisher(sums: Sequence[torch.Tensor], alpha: float, grid: float, *, into: b
             i += 1
         return found
 
-    def finish(out: np.ndarray, lo: int, hi: int) -> None:
-        base = lo if into else 0  # where coordinate lo sits in `out`
-        parts = slices(lo, hi)
-        for part, a, b in parts:
-            out[a - base : b - base] += np.multiply(part, scale)
-        seg = out[lo - base : hi - base]
+    def to_grid(x: np.ndarray) -> None:
         if exact:  # g a normal power of two with a finite inverse: × 1/g is ÷ g exactly
-            seg *= inverse
+            x *= inverse
         else:
-            np.divide(seg, g, out=seg)
-        np.rint(seg, out=seg)
-        seg *= g
-        if into:  # the release, over the sums it was made from
-            for part, a, b in parts:
-                part[...] = out[a - base : b - base]
+            np.divide(x, g, out=x)
+        np.rint(x, out=x)
+        x *= g
 
-    return finish
+    def finish(out: np.ndarray, lo: int, hi: int) -> None:
+        for part, a, b in slices(lo, hi):
+            out[a:b] += np.multiply(part, scale)
+        to_grid(out[lo:hi])
+
+    def finish_into(chunk: np.ndarray, lo: int, hi: int) -> None:
+        # Computed in the sums' own memory: fl(S·alpha), then + z (float32 addition is commutative:
+        # the same fl(z + fl(S·alpha)) as finish), then the grid. No temporary, no copy back, and
+        # the chunk is only read (five passes over the sums instead of seven with the copy).
+        for part, a, b in slices(lo, hi):
+            part *= scale
+            part += chunk[a - lo : b - lo]
+            to_grid(part)
+
+    return finish_into if into else finish

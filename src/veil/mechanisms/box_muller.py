@@ -268,7 +268,9 @@ def _host_normal_from_words(
         top = radius_words >> (32 - _EXP_BITS)  # 0 … 511: the chunk's one temporary
         pending = np.flatnonzero(top == 0)
         u = top.view(f32)
-        np.copyto(u, top, casting="unsafe")  # float32(top) = 2^(8−z)·(1.f), in its own memory
+        # float32(top) = 2^(8−z)·(1.f), in its own memory; read as int32 (top < 2⁹: the same values),
+        # whose conversion to float32 is one SIMD instruction where uint32's is not
+        np.copyto(u, top.view(np.int32), casting="unsafe")
         bits = u.view(np.int32)
         bits &= _EXPONENT_FIELD
         bits -= _EXP_SHIFT  # the exponent of 2⁻ᶻ·½
@@ -284,7 +286,8 @@ def _host_normal_from_words(
         u *= std
         angle_words >>= 8  # j: the top 24 bits
         theta = radius_words.view(f32)  # the radius words are consumed: their memory holds the angle
-        np.multiply(angle_words, _ANGLE_STEP, out=theta, dtype=f32, casting="unsafe")
+        # j < 2²⁴ read as int32 (the same values; the faster conversion, as for top above)
+        np.multiply(angle_words.view(np.int32), _ANGLE_STEP, out=theta, dtype=f32, casting="unsafe")
         if in_place:  # theta is seg[:m]: the sines first, into the angle words' memory (consumed)
             np.sin(theta, out=seg[m:])
             seg[m:] *= u
