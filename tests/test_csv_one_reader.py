@@ -103,7 +103,9 @@ def test_an_unclosed_quote_makes_only_its_own_line_malformed(tmp_path: Path) -> 
     raw = read_source(parse_source(f"csv:{p}"))
     assert raw.table.num_rows == 100 and raw.malformed == 1
     columns = {"a": {"type": "numeric", "bounds": [0, 10]}, "b": {"type": "text"}}
-    schema = parse_schema({"reviewed": True, "columns": {**columns, "y": {"role": "target", "classes": ["0", "1"]}}})
+    schema = parse_schema(
+        {"reviewed": True, "columns": {**columns, "y": {"role": "target", "classes": ["0", "1"]}}}
+    )
     raw = read_source(parse_source(f"csv:{p}"), schema)
     assert raw.table.num_rows == 100 and raw.malformed == 1
     _, batches = iter_source(parse_source(f"csv:{p}"), schema)
@@ -111,5 +113,11 @@ def test_an_unclosed_quote_makes_only_its_own_line_malformed(tmp_path: Path) -> 
     # Declared: the quote runs to the end of the file (the risk the declaration accepts).
     declared = read_source(parse_source(f"csv:{p}", multiline_values=True)).table.num_rows
     assert declared == 40
-    multiline = parse_schema({"reviewed": True, "csv_multiline_values": True, "columns": {**columns, "y": {"role": "target", "classes": ["0", "1"]}}})
+    multiline = parse_schema(
+        {
+            "reviewed": True,
+            "csv_multiline_values": True,
+            "columns": {**columns, "y": {"role": "target", "classes": ["0", "1"]}},
+        }
+    )
     assert read_source(parse_source(f"csv:{p}"), multiline).table.num_rows == 40

@@ -198,7 +198,14 @@ def test_a_released_model_is_refused_on_its_rows_under_any_path(
     shutil.copy(tmp_path / "first" / "release" / "model.pt", tmp_path / "published" / "weights.pt")
     shutil.copy(data, tmp_path / "copy.npz")
     for name, extra in (("named", ["--dataset-id", "clinic"]), ("by-content", [])):
-        code, _ = _npz_run(tmp_path, name, tmp_path / "copy.npz", *extra, "--init-from", str(tmp_path / "published" / "weights.pt"))
+        code, _ = _npz_run(
+            tmp_path,
+            name,
+            tmp_path / "copy.npz",
+            *extra,
+            "--init-from",
+            str(tmp_path / "published" / "weights.pt"),
+        )
         err = capsys.readouterr().err
         assert code == 2 and "same dataset" in err and "budget registry records" in err, err
         assert not (tmp_path / name).exists()
@@ -210,11 +217,15 @@ def test_a_released_model_is_refused_on_its_rows_under_any_path(
     other = tmp_path / "other.npz"
     with np.load(data) as d:
         np.savez(other, x=d["x"][:300] * 0.5, y=d["y"][:300])
-    code, _ = _npz_run(tmp_path, "other-run", other, "--init-from", str(tmp_path / "published" / "weights.pt"))
+    code, _ = _npz_run(
+        tmp_path, "other-run", other, "--init-from", str(tmp_path / "published" / "weights.pt")
+    )
     assert code == 0, capsys.readouterr().err
 
 
-def test_a_copied_release_folder_names_its_dataset(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_copied_release_folder_names_its_dataset(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A copied ``release/`` folder, used where the registry has no record of its files (another
     registry): its ``report.json`` names the dataset (``dataset_budget.dataset_id``), refused."""
     import shutil
@@ -226,7 +237,9 @@ def test_a_copied_release_folder_names_its_dataset(tmp_path: Path, capsys: pytes
     shutil.copy(data, tmp_path / "copy.npz")
     monkeypatch.setenv("VEIL_BUDGET_DB", str(tmp_path / "another-registry.db"))
     weights = str(tmp_path / "published" / "model.pt")
-    code, _ = _npz_run(tmp_path, "again", tmp_path / "copy.npz", "--dataset-id", "clinic", "--init-from", weights)
+    code, _ = _npz_run(
+        tmp_path, "again", tmp_path / "copy.npz", "--dataset-id", "clinic", "--init-from", weights
+    )
     err = capsys.readouterr().err
     assert code == 2 and "report beside it names dataset name:clinic" in err, err
     assert not (tmp_path / "again").exists()

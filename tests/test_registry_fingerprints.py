@@ -145,7 +145,9 @@ def test_budget_set_with_the_file_and_a_name_moves_the_files_runs_under_the_name
         _run(data, EPS_1, "again")  # without the name: charged to it, and 1 + 1 > 1.5
 
 
-def test_a_refused_budget_set_with_a_unit_writes_nothing(data: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_refused_budget_set_with_a_unit_writes_nothing(
+    data: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     """revH's H12: the file has a row-level run; ``budget set --dataset FILE --dataset-id NAME
     --privacy-unit COL`` is refused (row-level spend cannot compose with unit-level runs) and leaves
     the registry as it was: the file is not linked to the name, its run not moved, no unit, no

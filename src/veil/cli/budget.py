@@ -72,7 +72,13 @@ def set_budget(
         # --dataset FILE --dataset-id NAME records the file for the name; --privacy-unit the unit. One
         # transaction with the budget: a refusal of any part writes nothing (revH's H12).
         status = registry.set_budget(
-            identity, epsilon, delta, accountant, neighbouring, fingerprint=named_file, privacy_unit=privacy_unit
+            identity,
+            epsilon,
+            delta,
+            accountant,
+            neighbouring,
+            fingerprint=named_file,
+            privacy_unit=privacy_unit,
         )
         return {"registry": registry.shown_url, **status.to_dict()}
 

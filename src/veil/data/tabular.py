@@ -141,7 +141,9 @@ def _from_columns(
     )
 
 
-def read_csv_columns(p: Path, encoding: str = "utf-8", multiline_values: bool = False) -> dict[str, list[Any]]:
+def read_csv_columns(
+    p: Path, encoding: str = "utf-8", multiline_values: bool = False
+) -> dict[str, list[Any]]:
     """A CSV as ``{column: [cells as str]}`` (header row required, every row as wide), read by the
     tables' pyarrow reader (:func:`veil.tables.sources.read_csv_text`): one CSV parser for every job,
     so U+0085 or U+2028 inside a cell never cuts a row. One physical line is one record unless

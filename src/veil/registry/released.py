@@ -29,7 +29,9 @@ def record(db: Database, run_id: str, files: Mapping[str, str]) -> None:
     """Record that run ``run_id`` published ``files`` (name → SHA-256 hex); a file recorded already
     for the run is left as it is."""
     with db.errors(), db.engine.begin() as conn:
-        have = set(conn.execute(select(released_files.c.sha256).where(released_files.c.run_id == run_id)).scalars())
+        have = set(
+            conn.execute(select(released_files.c.sha256).where(released_files.c.run_id == run_id)).scalars()
+        )
         for name, sha256 in files.items():
             if sha256 not in have:
                 conn.execute(

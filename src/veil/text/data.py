@@ -80,7 +80,9 @@ def _read_columns(
             "--table/--query", table or query, "only a sql: source has tables", "drop it, or use sql:URL"
         )
     p = data_file(path)
-    columns = read_csv_columns(p, multiline_values=multiline_values) if scheme == "csv" else read_parquet_columns(p)
+    columns = (
+        read_csv_columns(p, multiline_values=multiline_values) if scheme == "csv" else read_parquet_columns(p)
+    )
     return f"{scheme}:{p}", file_sha256(p), columns
 
 

@@ -11,8 +11,9 @@ fetched in partitions and converted to Arrow per partition.
 
 One CSV reader for every job: tables, and the text and tabular loaders of ``veil train``
 (:func:`read_csv_text`, every cell as written) all parse with pyarrow, one physical line per record
-unless the data owner declares multi-line quoted values (:mod:`.csv_reader` says why); only ``\n``/``\r`` end a row, so U+0085 (NEL) or U+2028 inside a cell stays in its row. The
-delimiter (``,``, ``;`` or tab) is read from the header line alone; the text encoding is declared
+unless the data owner declares multi-line quoted values (:mod:`.csv_reader` says why); only
+``\n``/``\r`` end a row, so U+0085 (NEL) or U+2028 inside a cell stays in its row. The delimiter
+(``,``, ``;`` or tab) is read from the header line alone; the text encoding is declared
 (``encoding=``, UTF-8 by default, e.g. ``latin-1``), never guessed from the rows.
 
 These functions only read: they compute no statistic of the data, drop no row and fill no cell.

@@ -7,8 +7,9 @@ malformed "row" (revH's H8: one added line removed half a table), so adding or r
 would change the data by far more than one record. Multi-line quoted values are read only where the
 data owner declares them (``csv_multiline_values = true`` in a schema, ``--csv-multiline-values`` for
 a text run; :attr:`TableSource.multiline_values`), accepting that risk for a file whose quoting they
-trust. Only ``\n``/``\r`` end a row, so U+0085 (NEL) or U+2028 inside a cell stays in its row. The delimiter (``,``, ``;`` or tab) is read from the header line alone; the
-text encoding is declared (UTF-8 by default, e.g. ``latin-1``), never guessed from the rows. A cell of a
+trust. Only ``\n``/``\r`` end a row, so U+0085 (NEL) or U+2028 inside a cell stays in its row. The
+delimiter (``,``, ``;`` or tab) is read from the header line alone; the text encoding is declared
+(UTF-8 by default, e.g. ``latin-1``), never guessed from the rows. A cell of a
 numeric column that is not a number makes the reader read those columns as text (the encoder then
 makes such a cell missing: a per-record rule, never a refusal); a row with the wrong field count is
 skipped and counted, a byte not valid in the encoding is U+FFFD in its cell. Any other parse error
@@ -81,7 +82,9 @@ class _Utf8Stream(io.RawIOBase):
                 self._header = False
             elif '"' in line:
                 try:
-                    next(csv.reader([line.rstrip("\r\n")], delimiter=self._delimiter or ",", strict=True), None)
+                    next(
+                        csv.reader([line.rstrip("\r\n")], delimiter=self._delimiter or ",", strict=True), None
+                    )
                 except csv.Error:
                     self._dropped[0] += 1
                     continue
