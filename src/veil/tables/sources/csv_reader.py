@@ -74,21 +74,25 @@ class _Utf8Stream(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
+    def _closes(self, lines: list[str]) -> bool:
+        """Whether every one of ``lines`` parses as one record of its own (no quote left open)."""
+        stripped = (line.rstrip("\r\n") for line in lines)
+        reader = csv.reader(stripped, delimiter=self._delimiter or ",", strict=True)
+        try:
+            return sum(1 for _ in reader) == len(lines)  # a quote left open would merge two lines
+        except csv.Error:
+            return False
+
     def _closed_lines(self, lines: list[str]) -> str:
-        """``lines`` less each data line whose quote stays open at its end (counted)."""
-        kept = []
-        for line in lines:
-            if self._header:  # checked by header(): passed through as it is
-                self._header = False
-            elif '"' in line:
-                try:
-                    next(
-                        csv.reader([line.rstrip("\r\n")], delimiter=self._delimiter or ",", strict=True), None
-                    )
-                except csv.Error:
-                    self._dropped[0] += 1
-                    continue
-            kept.append(line)
+        """``lines`` less each data line whose quote stays open at its end (counted): all the lines
+        parsed at once, line by line only when one of them fails."""
+        if self._header:  # checked by header(): passed through as it is
+            self._header = False
+            return lines[0] + self._closed_lines(lines[1:])
+        if self._closes(lines):
+            return "".join(lines)
+        kept = [line for line in lines if '"' not in line or self._closes([line])]
+        self._dropped[0] += len(lines) - len(kept)
         return "".join(kept)
 
     def _read(self) -> str:
