@@ -163,6 +163,7 @@ def check_declarations(cfg: TrainConfig, classes_fix: str | None = None) -> None
         from veil.text.data import model_folder
 
         model_folder(cfg.model)
+    if cfg.text_column is not None or cfg.model.startswith("hf:"):  # read by the text loader
         _check_text_request(cfg, classes_fix)
 
 
