@@ -54,6 +54,9 @@ def test_audit_writes_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[s
     )
     for name in ("report.html", "roc.png", "canaries.png"):
         assert (out / name).stat().st_size > 0
+    # revH's H7: an audit releases nothing (its verdict is un-noised): no release/, all owner-only.
+    assert not (out / "release").exists()
+    assert all(p.stat().st_mode & 0o077 == 0 for p in [out, *out.rglob("*")])
     html = (out / "report.html").read_text()
     assert "promised ε" in html and "∞ (no noise)" in html and report["non_private"]["reading"][:40] in html
 

@@ -217,6 +217,9 @@ _HEADER_MISTAKES = {
     "train: text without a pretrained model": [
         *("train", "--target", "y", "--classes", "0,1", "--text-column", "a"),
     ],
+    # revH's H9: a text run's missing label set or target, from the flags (M: a real model folder)
+    "train: text without --classes": ["train", "--target", "y", "--text-column", "a", "--model", "M"],
+    "train: text without --target": ["train", "--classes", "0,1", "--text-column", "a", "--model", "M"],
     "pate: --target not in the header": [
         *("pate", "--target", "yy", "--classes", "0,1", "--epsilon", "20", "--sigma", "1"),
         *("--queries", "5", "--teachers", "5", "--public-data", "P"),
@@ -240,6 +243,10 @@ def test_a_mistake_seen_in_the_header_is_refused_before_anything_is_charged(
     (tmp_path / "s.toml").write_text(_TYPO_SCHEMA)
     np.savez(tmp_path / "pub.npz", x=rng.normal(size=(20, 2)))
     where = {"S": tmp_path / "s.toml", "MISSING": tmp_path / "nosuch.toml", "P": tmp_path / "pub.npz"}
+    if "M" in _HEADER_MISTAKES[case]:
+        from test_hf_minilm_probe import _minilm
+
+        where["M"] = f"hf:{_minilm()}"
     args = [str(where[a]) if a in where else a for a in _HEADER_MISTAKES[case]]
     code = main([*args, "--dataset", f"csv:{data}", "--out", str(tmp_path / "run")])
     err = capsys.readouterr().err

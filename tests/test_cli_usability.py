@@ -241,3 +241,15 @@ def test_an_over_budget_refusal_says_nothing_was_released_not_nothing_read(
     )  # fmt: skip
     assert code == 2 and "nothing was released or recorded" in err and "nothing was read" not in err
     assert "before any row was parsed" in err
+
+
+def test_schema_check_help_says_it_is_not_private_and_refuses_no_value(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """revH's H14: the help was stale ("the first value it does not allow is refused": it counts and
+    drops) and did not say that its exact counts are for the data owner's eyes only."""
+    monkeypatch.setenv("COLUMNS", "240")
+    code, out, _ = cli(capsys, "schema", "check", "--help")
+    flat = " ".join(out.replace("│", " ").split())
+    assert code == 0 and "NOT PRIVATE" in flat and "data owner's eyes only" in flat
+    assert "does not allow is refused" not in flat and "No value is refused" in flat

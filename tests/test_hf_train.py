@@ -118,8 +118,8 @@ def test_folder_without_weights_exits_2(
     empty.mkdir()
     (empty / "config.json").write_text((files / "model" / "config.json").read_text())
     args = ["train", "--model", f"hf:{empty}", "--dataset", f"csv:{files / 'reviews.csv'}"]
-    args += ["--text-column", "review", "--target", "label", "--out", str(tmp_path / "run")]
-    assert main(args) == 2
+    args += ["--text-column", "review", "--target", "label", "--classes", "neg,pos"]
+    assert main([*args, "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "no weights" in err
     assert not (tmp_path / "run").exists()

@@ -162,3 +162,84 @@ def test_bad_checkpoints_exit_2_and_write_nothing(
     code, err = _run(tmp_path / "run", capsys, *[a.format(tmp=tmp_path) for a in args])
     assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
     assert not (tmp_path / "run").exists()
+
+
+def _npz_run(tmp_path: Path, name: str, data: Path, *extra: str) -> tuple[int, str]:
+    """``veil train`` on an npz digits subset (a private file, so the registry charges it)."""
+    args = ["train", "--dataset", f"npz:{data}", "--classes", ",".join(map(str, range(10)))]
+    args += ["--model", "mlp", "--epochs", "1", "--no-baseline", "--reproducible", "--delta", "1e-4"]
+    return main([*args, "--out", str(tmp_path / name), *extra]), ""
+
+
+def _digits_npz(path: Path) -> Path:
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    np.savez(path, x=digits.images[:400, None].astype("float32") / 16, y=digits.target[:400])
+    return path
+
+
+def test_a_released_model_is_refused_on_its_rows_under_any_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """revH's H11: ``release/model.pt`` copied elsewhere (no ledger, no report beside it), used on a
+    byte-identical copy of the data under the same ``--dataset-id``, or on the copy without one (its
+    fingerprint is recorded for the name): refused before a row is read, nothing charged. The same
+    copy on other data is accepted."""
+    import shutil
+
+    from veil.registry.store import BudgetRegistry
+
+    data = _digits_npz(tmp_path / "d.npz")
+    code, _ = _npz_run(tmp_path, "first", data, "--dataset-id", "clinic")
+    assert code == 0, capsys.readouterr().err
+    (tmp_path / "published").mkdir()
+    shutil.copy(tmp_path / "first" / "release" / "model.pt", tmp_path / "published" / "weights.pt")
+    shutil.copy(data, tmp_path / "copy.npz")
+    for name, extra in (("named", ["--dataset-id", "clinic"]), ("by-content", [])):
+        code, _ = _npz_run(
+            tmp_path,
+            name,
+            tmp_path / "copy.npz",
+            *extra,
+            "--init-from",
+            str(tmp_path / "published" / "weights.pt"),
+        )
+        err = capsys.readouterr().err
+        assert code == 2 and "same dataset" in err and "budget registry records" in err, err
+        assert not (tmp_path / name).exists()
+    with BudgetRegistry() as registry:
+        assert len(registry.status("name:clinic").runs) == 1  # the refused runs charged nothing
+    # Other rows: the weights are public for them.
+    import numpy as np
+
+    other = tmp_path / "other.npz"
+    with np.load(data) as d:
+        np.savez(other, x=d["x"][:300] * 0.5, y=d["y"][:300])
+    code, _ = _npz_run(
+        tmp_path, "other-run", other, "--init-from", str(tmp_path / "published" / "weights.pt")
+    )
+    assert code == 0, capsys.readouterr().err
+
+
+def test_a_copied_release_folder_names_its_dataset(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copied ``release/`` folder, used where the registry has no record of its files (another
+    registry): its ``report.json`` names the dataset (``dataset_budget.dataset_id``), refused."""
+    import shutil
+
+    data = _digits_npz(tmp_path / "d.npz")
+    code, _ = _npz_run(tmp_path, "first", data, "--dataset-id", "clinic")
+    assert code == 0, capsys.readouterr().err
+    shutil.copytree(tmp_path / "first" / "release", tmp_path / "published")
+    shutil.copy(data, tmp_path / "copy.npz")
+    monkeypatch.setenv("VEIL_BUDGET_DB", str(tmp_path / "another-registry.db"))
+    weights = str(tmp_path / "published" / "model.pt")
+    code, _ = _npz_run(
+        tmp_path, "again", tmp_path / "copy.npz", "--dataset-id", "clinic", "--init-from", weights
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "report beside it names dataset name:clinic" in err, err
+    assert not (tmp_path / "again").exists()

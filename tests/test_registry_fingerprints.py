@@ -15,6 +15,7 @@ from _budget_cli import cli
 from veil.accounting.events import Laplace
 from veil.errors import BudgetExhaustedError, ConfigError
 from veil.registry.charge import DatasetCharge
+from veil.registry.identity import content_fingerprint
 from veil.registry.store import BudgetRegistry
 from veil.registry.units import unit_of
 
@@ -142,3 +143,21 @@ def test_budget_set_with_the_file_and_a_name_moves_the_files_runs_under_the_name
     assert json.loads(out)["jobs"] == {"train": 1}  # the file's run is the name's now
     with pytest.raises(BudgetExhaustedError, match="name:clinic"):
         _run(data, EPS_1, "again")  # without the name: charged to it, and 1 + 1 > 1.5
+
+
+def test_a_refused_budget_set_with_a_unit_writes_nothing(
+    data: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """revH's H12: the file has a row-level run; ``budget set --dataset FILE --dataset-id NAME
+    --privacy-unit COL`` is refused (row-level spend cannot compose with unit-level runs) and leaves
+    the registry as it was: the file is not linked to the name, its run not moved, no unit, no
+    budget; the Fix no longer suggests the refused command."""
+    _run(data, EPS_1, "early")
+    with BudgetRegistry() as registry:
+        before = [s.to_dict() for s in registry.statuses()]
+    code, _, err = cli(capsys, "budget", "set", "--dataset", data, "--dataset-id", "people",
+                       "--privacy-unit", "pid", "--epsilon", "5", "--delta", "1e-4")  # fmt: skip
+    assert code == 2 and "row-level" in err and "new --dataset-id" not in err, err
+    with BudgetRegistry() as registry:
+        assert [s.to_dict() for s in registry.statuses()] == before
+        assert registry.name_of(content_fingerprint(data)) is None

@@ -103,6 +103,10 @@ class TrainConfig(BaseModel):
     ``hf:DIR`` (a pretrained Hugging Face model folder; needs ``veil[hf]``)."""
     text_column: str | None = None
     """Column of texts (csv, parquet, sql), tokenized by the ``hf:DIR`` model's tokenizer."""
+    csv_multiline_values: bool = False
+    """A text CSV's quoted value may span lines (declared by the data owner). Default: one physical
+    line is one record, so one unbalanced quote makes only its own line malformed; with this set, it
+    can merge every later row into one dropped record (:mod:`veil.tables.sources.csv_reader`)."""
     max_length: int = 128
     """Tokens per text (padded or truncated): declared, never read off the data."""
     fine_tune: Literal["head", "lora", "full", "last-k"] = "head"
@@ -366,6 +370,7 @@ PRIVACY_KEYS = frozenset(
         "center_clip_norm",
         "model",
         "text_column",
+        "csv_multiline_values",
         "max_length",
         "fine_tune",
         "lora_rank",

@@ -76,7 +76,8 @@ RUN_FILES = ("report.json", "config.toml", "model.pt")
 # Report files
 # ---------------------------------------------------------------------------------------------
 def _write(report: AuditReport, out: Path, images: Mapping[str, tuple[str, bytes]]) -> None:
-    """``report.json``, ``report.html`` and the plots, each written atomically."""
+    """``report.json``, ``report.html`` and the plots, each written atomically, owner-only: an audit
+    writes no ``release/`` (nothing in it is released under a guarantee)."""
     from veil.audit.report import render_html
 
     files = {"report.json": "this report, machine-readable", "report.html": "this report as a page"}
@@ -94,9 +95,11 @@ def _write(report: AuditReport, out: Path, images: Mapping[str, tuple[str, bytes
             "report.json": report.to_json(),
         },
     )
-    from veil.report.publish import publish
+    # An audit releases nothing (revH's H7): every figure, its verdict included, is computed from the
+    # private data without noise, so no release/ folder; the whole folder is owner-only.
+    from veil.pipeline.run_folder import seal
 
-    publish(out, full, {})
+    seal(out)
 
 
 def _dataset_budget(cfg: TrainConfig, out: Path) -> dict[str, Any] | None:

@@ -69,11 +69,17 @@ def set_budget(
     check_delta(delta)
     with open_registry(db) as registry:
         identity = registry.resolve(identity)  # a file recorded for a name: the name's budget
-        if named_file is not None:  # --dataset FILE --dataset-id NAME: record the file for the name
-            registry.link(identity, named_file)
-        if privacy_unit is not None:  # a refused unit leaves the budget unchanged
-            registry.set_unit(identity, privacy_unit)
-        status = registry.set_budget(identity, epsilon, delta, accountant, neighbouring)
+        # --dataset FILE --dataset-id NAME records the file for the name; --privacy-unit the unit. One
+        # transaction with the budget: a refusal of any part writes nothing (revH's H12).
+        status = registry.set_budget(
+            identity,
+            epsilon,
+            delta,
+            accountant,
+            neighbouring,
+            fingerprint=named_file,
+            privacy_unit=privacy_unit,
+        )
         return {"registry": registry.shown_url, **status.to_dict()}
 
 

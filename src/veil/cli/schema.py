@@ -141,7 +141,11 @@ def run_check(
 ) -> dict[str, Any]:
     """The work of ``veil schema check``: read and encode the whole table and count what the
     per-record rules did (rows dropped for an undeclared or missing label, or by a ``"drop"`` policy of
-    the schema; cells not a number made missing). No value is refused once reading has begun."""
+    the schema; cells not a number made missing). No value is refused once reading has begun.
+
+    Not private, by design: a tool for the data owner, who may see the rows anyway. Every count is
+    exact and labelled so; nothing is charged or recorded in the budget registry (revH's H14: it is
+    the owner's direct access, like opening the file, not a job whose output may leave)."""
     from veil.tables.encoder import TableEncoder
     from veil.tables.schema import load_schema
     from veil.tables.sources import iter_source, parse_source, source_columns
@@ -238,7 +242,10 @@ def register(app: typer.Typer) -> None:
         query: str = typer.Option(None, "--query", help="SQL query (sql: sources)."),
         json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     ) -> None:
-        """Read and encode the whole table with the schema; the first value it does not allow is refused."""
+        """NOT PRIVATE, for the data owner's eyes only: read and encode the whole table with the schema
+        and print exact counts (rows, rows each per-record rule dropped, cells made missing). No value
+        is refused; nothing is charged or recorded in the budget registry, so its output is never for
+        release: each count is an exact query on the private rows."""
         emit(run_check(schema, dataset, table=table, query=query), json_output, title="schema check")
 
     app.add_typer(schema_app, name="schema")

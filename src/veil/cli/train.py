@@ -93,6 +93,13 @@ def register(app: typer.Typer) -> None:
         text_column: str = typer.Option(
             None, "--text-column", help="Column of texts (csv, parquet, sql) for --model hf:DIR."
         ),
+        csv_multiline_values: bool = typer.Option(
+            None,
+            "--csv-multiline-values",
+            help="A text CSV's quoted value may span lines. Default: one line, one record. Risk: one "
+            "unbalanced quote then merges every later row into one dropped record; declare it only for "
+            "a file whose quoting you trust (tables: csv_multiline_values = true in the schema).",
+        ),
         fine_tune: str = typer.Option(
             None,
             "--fine-tune",
@@ -190,6 +197,7 @@ def register(app: typer.Typer) -> None:
             "target": target,
             "model": model,
             "text_column": text_column,
+            "csv_multiline_values": csv_multiline_values,
             "fine_tune": fine_tune,
             "lora_rank": lora_rank,
             "lora_alpha": lora_alpha,

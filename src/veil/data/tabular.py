@@ -141,13 +141,17 @@ def _from_columns(
     )
 
 
-def read_csv_columns(p: Path, encoding: str = "utf-8") -> dict[str, list[Any]]:
+def read_csv_columns(
+    p: Path, encoding: str = "utf-8", multiline_values: bool = False
+) -> dict[str, list[Any]]:
     """A CSV as ``{column: [cells as str]}`` (header row required, every row as wide), read by the
     tables' pyarrow reader (:func:`veil.tables.sources.read_csv_text`): one CSV parser for every job,
-    so a quoted newline, U+0085 or U+2028 inside a cell never cuts a row. ``encoding`` is declared."""
+    so U+0085 or U+2028 inside a cell never cuts a row. One physical line is one record unless
+    ``multiline_values`` (declared: quoted values may span lines; see
+    :mod:`veil.tables.sources.csv_reader` for the risk). ``encoding`` is declared."""
     from veil.tables.sources import parse_source, read_csv_text
 
-    columns = read_csv_text(parse_source(f"csv:{p}", encoding=encoding))
+    columns = read_csv_text(parse_source(f"csv:{p}", encoding=encoding, multiline_values=multiline_values))
     if not columns or not next(iter(columns.values())):
         raise DataError(
             "dataset file", str(p), "a CSV needs a header row and at least one data row", "add them"

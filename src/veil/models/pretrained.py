@@ -20,11 +20,21 @@ through them each step (the clipper ignores frozen parameters).
 Privacy. Pretrained weights are used as they are, at no privacy cost, **only if they are public**:
 trained without this run's private rows. The user declares this by passing ``--init-from`` (as the
 label set is declared by ``--classes``); the report's ``pretrained`` section records the declaration,
-the file's SHA-256 and what was trained. What veil can check, it checks: a checkpoint from a veil
-run records the data it saw (its ledger headers, its report), and one trained on this same dataset
-(same data fingerprint, budget-registry identity or dataset name) is refused — its weights are a DP
-release of these rows, and starting from them would spend budget this run's ledger does not hold.
-veil does not compose two runs' spends: continue a run with ``--resume`` instead.
+the file's SHA-256 and what was trained. What veil can check, it checks, and refuses a checkpoint
+trained on this same dataset — its weights are a DP release of these rows, and starting from them
+would spend budget this run's ledger does not hold:
+
+* before a row is read (:func:`refuse_released_here`), whatever the file's path or name: a file whose
+  SHA-256 the budget registry records as published by a run on this run's dataset (its registry
+  identity, the name its file is recorded for, or the file's content fingerprint;
+  :mod:`veil.registry.released`), and one whose ``report.json`` beside it (a copied ``release/``
+  folder) names this dataset (``dataset_budget.dataset_id``: the name, or the id the release names a
+  content-fingerprinted file by);
+* once the data is identified (:func:`refuse_same_dataset`): a veil run folder whose ledger headers
+  or report name the same data fingerprint, registry identity or dataset name.
+
+veil does not compose two runs' spends: continue a run with ``--resume`` instead. A copy made outside
+veil's knowledge (another registry, the bytes changed) is the user's declaration that it is public.
 
 A classifier whose shape differs from the checkpoint's (another class count) is re-initialised from
 the run's seed, and the report says so; any other mismatch is refused.
@@ -37,7 +47,7 @@ import json
 import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -45,12 +55,16 @@ from torch import nn
 from veil.accounting.ledger import file_sha256
 from veil.errors import ConfigError
 
+if TYPE_CHECKING:
+    from veil.registry.charge import DatasetCharge
+
 __all__ = [
     "FINE_TUNE_VISION",
     "Checkpoint",
     "FrozenLayers",
     "parameterised_layers",
     "read_checkpoint",
+    "refuse_released_here",
     "refuse_same_dataset",
     "start_from",
 ]
@@ -160,6 +174,66 @@ def read_checkpoint(spec: str) -> Checkpoint:
     )
 
 
+def _weights_path(spec: str) -> Path:
+    path = Path(spec).expanduser()
+    return path / "model.pt" if path.is_dir() else path
+
+
+def _same_dataset(path: Path, what: str | None) -> ConfigError:
+    return ConfigError(
+        "init_from",
+        str(path),
+        "it comes from a veil run on this same dataset"
+        + (f" ({what})" if what else "")
+        + ": its weights are a DP release of these private rows, not public weights, and starting "
+        "from them would spend budget this run's ledger does not hold",
+        "start from weights trained on other (public) data, or continue that run with --resume",
+    )
+
+
+def _report_dataset_id(folder: Path) -> str | None:
+    """``dataset_budget.dataset_id`` of the veil report in ``folder`` (a ``release/`` folder: the id
+    the release names its dataset by), or None."""
+    try:
+        budget = json.loads((folder / "report.json").read_text(encoding="utf-8"))["dataset_budget"]
+        found = budget["dataset_id"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return found if isinstance(found, str) and found else None
+
+
+def refuse_released_here(spec: str, charge: DatasetCharge) -> None:
+    """Refuse ``--init-from spec`` before a private row is read when its weights are a release of
+    this run's dataset, whatever the file's path (see the module doc). ``charge``: the run's account,
+    its dataset identified (nothing reserved yet). Reads the registry and the checkpoint's folder
+    only; a file that cannot be read is left to :func:`read_checkpoint`'s own refusal.
+
+    Guarantee: a model file a run published under ``release/`` (recorded by
+    :func:`veil.report.publish.publish`) is refused as a starting point of any later run charged to
+    the same dataset in the same registry — under the same name, the file recorded for that name, or
+    the same file content — so a released model's stated ε never leaves out a run on its rows."""
+    from veil.registry.public_ids import known_released_id
+    from veil.registry.released import datasets_releasing
+
+    path = _weights_path(spec)
+    try:
+        sha256 = file_sha256(path)
+    except OSError:
+        return
+    db = charge.registry.db
+    ours = {charge.identity.id}
+    if charge.fingerprint is not None:
+        ours.add(charge.fingerprint)
+        name = charge.registry.name_of(charge.fingerprint)
+        if name is not None:
+            ours.add(name)
+    if datasets_releasing(db, sha256) & ours:
+        raise _same_dataset(path, "the budget registry records this file as released by a run on it")
+    named = _report_dataset_id(path.parent)
+    if named is not None and named in ours | {known_released_id(db, d) for d in ours}:
+        raise _same_dataset(path, f"the report beside it names dataset {named}")
+
+
 def refuse_same_dataset(
     checkpoint: Checkpoint, data_sha256: str, dataset_ids: set[str], data_name: str | None = None
 ) -> None:
@@ -170,15 +244,7 @@ def refuse_same_dataset(
     same_id = bool(checkpoint.run_dataset_ids & dataset_ids)
     same_name = data_name is not None and checkpoint.run_dataset_name == data_name
     if same_data or same_id or same_name:
-        raise ConfigError(
-            "init_from",
-            str(checkpoint.path),
-            "it comes from a veil run on this same dataset"
-            + (f" ({checkpoint.run_dataset_name})" if checkpoint.run_dataset_name else "")
-            + ": its weights are a DP release of these private rows, not public weights, and starting "
-            "from them would spend budget this run's ledger does not hold",
-            "start from weights trained on other (public) data, or continue that run with --resume",
-        )
+        raise _same_dataset(checkpoint.path, checkpoint.run_dataset_name)
 
 
 def parameterised_layers(net: nn.Module) -> list[str]:
@@ -298,8 +364,7 @@ _READ: dict[tuple[str, int, int], Checkpoint] = {}
 def _read_cached(spec: str) -> Checkpoint:
     """:func:`read_checkpoint`, once per file version in a process (a run builds its network several
     times: the checks, the private model, the evaluation copy, the baseline)."""
-    path = Path(spec).expanduser()
-    file = path / "model.pt" if path.is_dir() else path
+    file = _weights_path(spec)
     try:
         stat = file.stat()
     except OSError:

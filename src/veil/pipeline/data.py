@@ -117,6 +117,7 @@ def load_data(cfg: TrainConfig, *, streaming: bool = False, units: bool = False)
             query=cfg.query,
             fine_tune=cfg.fine_tune,
             device=cfg.device,
+            multiline_values=cfg.csv_multiline_values,
         )
     return load_dataset(
         cfg.dataset,
@@ -138,7 +139,7 @@ def check_declarations(cfg: TrainConfig, classes_fix: str | None = None) -> None
     on public input): the table schema (syntax, types, reviewed) and, for the data
     :func:`veil.data.load_dataset` reads, every check it makes without a row
     (:func:`veil.data.check_request`: a missing label set, ...; ``classes_fix``: how this job declares
-    one, when not ``--classes``)."""
+    one, when not ``--classes``); for text, the label set and the target too."""
     if not cfg.stream and cfg.text_column is None and not cfg.model.startswith("hf:"):
         from veil.data import CLASSES_FIX, check_request
 
@@ -163,6 +164,20 @@ def check_declarations(cfg: TrainConfig, classes_fix: str | None = None) -> None
         from veil.text.data import model_folder
 
         model_folder(cfg.model)
+    if cfg.text_column is not None or cfg.model.startswith("hf:"):  # read by the text loader
+        _check_text_request(cfg, classes_fix)
+
+
+def _check_text_request(cfg: TrainConfig, classes_fix: str | None) -> None:
+    """A text run's declarations, from the flags and the file's header alone (revH's H9): the label
+    set (``--classes``: the text loader never takes it from the rows) and, for a CSV or Parquet file,
+    a ``--target`` among its column names."""
+    from veil.data import CLASSES_FIX, check_names, undeclared_classes
+
+    if cfg.classes is None:
+        raise undeclared_classes(classes_fix or CLASSES_FIX)
+    if cfg.table_schema is None:
+        check_names(cfg.dataset, target=cfg.target)
 
 
 def check_delta(delta: float, n: int) -> None:

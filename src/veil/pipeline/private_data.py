@@ -59,6 +59,10 @@ class DataRef:
     privacy_unit: str | None = None
     """The unit column (``--privacy-unit``): the registry refuses a row-level run on a dataset
     recorded with a unit, before a row is read."""
+    init_from: str | None = None
+    """The weights the job starts from (``--init-from``): refused before a row is read when the
+    registry records them as released by a run on this dataset
+    (:func:`veil.models.pretrained.refuse_released_here`)."""
 
 
 def data_ref(spec: str, settings: Mapping[str, Any] | Any) -> DataRef:
@@ -77,6 +81,7 @@ def data_ref(spec: str, settings: Mapping[str, Any] | Any) -> DataRef:
         query=get("query") or None,
         data_dir=get("data_dir") or None,
         privacy_unit=get("privacy_unit") or None,
+        init_from=get("init_from") or None,
     )
 
 
@@ -167,7 +172,8 @@ def open_account(
     db: str | os.PathLike[str] | None = None,
     refuse_if_spent: bool = True,
 ) -> PrivateAccount:
-    """Identify the dataset (the one resolver) and refuse it at once if its budget is spent."""
+    """Identify the dataset (the one resolver) and refuse it at once if its budget is spent, or if the
+    job starts from weights released by a run on it (``--init-from``)."""
     from veil.registry.charge import DatasetCharge
 
     charge = DatasetCharge.before_reading(
@@ -181,6 +187,14 @@ def open_account(
         refuse_if_spent=refuse_if_spent,
         privacy_unit=ref.privacy_unit,
     )
+    if ref.init_from is not None:
+        from veil.models.pretrained import refuse_released_here
+
+        try:
+            refuse_released_here(ref.init_from, charge)
+        except BaseException:
+            charge.close()
+            raise
     return PrivateAccount(charge)
 
 

@@ -107,11 +107,19 @@ def write_files(folder: Path, files: Mapping[str, bytes | str], *, public: bool 
         atomic_write_bytes(folder / name, data, mode=file_mode)
 
 
-def write_release(run_dir: Path, files: Mapping[str, bytes | str]) -> None:
-    """Write ``run_dir/release/``: what the guarantee covers, publishable as is (0755 / 0644)."""
+def write_release(run_dir: Path, files: Mapping[str, bytes | str], *, mtime: float = 0.0) -> None:
+    """Write ``run_dir/release/``: what the guarantee covers, publishable as is (0755 / 0644).
+
+    Every file in it and the folder itself are then dated ``mtime`` (POSIX seconds; a public time,
+    :func:`veil.report.publish.release_time`): a write time would tell how long the run took, which
+    grows with the private rows."""
     folder = Path(run_dir) / RELEASE
     write_files(folder, files, public=True)
     os.chmod(folder, _PUBLIC_DIR)
+    for path in folder.iterdir():
+        if not path.is_symlink():
+            os.utime(path, (mtime, mtime))
+    os.utime(folder, (mtime, mtime))
 
 
 @contextlib.contextmanager

@@ -29,10 +29,20 @@ from veil.registry.database import Database, now
 from veil.registry.fingerprints import is_fingerprint
 from veil.registry.schema import public_ids
 
-__all__ = ["PREFIX", "released_id"]
+__all__ = ["PREFIX", "known_released_id", "released_id"]
 
 PREFIX = "dataset-"
 """How every random released id starts."""
+
+
+def known_released_id(db: Database, dataset_id: str) -> str | None:
+    """The id ``release/`` names ``dataset_id`` by if one is known, drawing none (reads only)."""
+    if not is_fingerprint(dataset_id):
+        return dataset_id
+    query = select(public_ids.c.public_id).where(public_ids.c.dataset_id == dataset_id)
+    with db.reading() as conn:
+        found = conn.execute(query).scalar_one_or_none()
+    return None if found is None else str(found)
 
 
 def released_id(db: Database, dataset_id: str) -> str:

@@ -274,7 +274,9 @@ def budget_section(
                 "job": r.job,
                 "epsilon": eps,
                 "delta": r.delta,
-                "at": r.finished_at or r.created_at,
+                # When the run was admitted: never its end, which with the start (in this run's own
+                # report) would give its duration, a function of the private rows (revH's H6).
+                "at": r.created_at,
                 "status": r.status,
                 "this_run": r.run_id == run_id,
                 "user": extra.get("user"),

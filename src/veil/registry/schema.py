@@ -15,6 +15,9 @@ dataset was read from, one name per fingerprint (:mod:`veil.registry.fingerprint
 ``create_all`` in a registry made before it, like the two above.
 ``veil_budget_public_ids``: the random id a release names a content-fingerprinted dataset by
 (:mod:`veil.registry.public_ids`); created by ``create_all`` like the three above.
+``veil_budget_released_files``: the SHA-256 of each file a run published in its ``release/`` (its model
+or table), so that ``--init-from`` can tell a DP release of a dataset's rows whatever the file's path
+or name (:mod:`veil.registry.released`); created by ``create_all`` like the tables above.
 ``veil_budget_resumes``: for a run that can be resumed, which continuation of its folder holds it
 (``generation``) and how long its ledger was when last settled (``ledger_records``;
 :mod:`veil.registry.resume_lease`); created by ``create_all`` like the four above.
@@ -30,6 +33,7 @@ __all__ = [
     "fingerprints",
     "metadata",
     "public_ids",
+    "released_files",
     "resumes",
     "run_info",
     "runs",
@@ -115,4 +119,15 @@ resumes = Table(
     Column("generation", Integer, nullable=False),
     Column("ledger_records", Integer, nullable=False),
     Column("updated_at", String(32), nullable=False),
+)
+
+released_files = Table(
+    "veil_budget_released_files",
+    metadata,
+    # One row per file a run published (release/): its content hash and name. The run's dataset is
+    # found through veil_budget_runs (links move runs under a name, and their files with them).
+    Column("sha256", String(64), primary_key=True),
+    Column("run_id", String(255), primary_key=True),
+    Column("name", String(255), nullable=False),
+    Column("recorded_at", String(32), nullable=False),
 )

@@ -59,11 +59,24 @@ class BudgetRegistry:
         delta: float,
         accountant: str | None = None,
         neighbouring: Neighbouring | str | None = None,
+        *,
+        fingerprint: str | None = None,
+        privacy_unit: str | None = None,
     ) -> DatasetStatus:
-        """Set (or change) a dataset's total budget; runs already recorded stay charged."""
-        return self.status(
-            transactions.set_budget(self.db, dataset, epsilon, delta, accountant, neighbouring)
+        """Set (or change) a dataset's total budget; runs already recorded stay charged. With
+        ``fingerprint`` / ``privacy_unit``, the file is recorded for the name and the unit for the
+        dataset in the same transaction (:func:`veil.registry.transactions.set_budget`)."""
+        dataset_id = transactions.set_budget(
+            self.db,
+            dataset,
+            epsilon,
+            delta,
+            accountant,
+            neighbouring,
+            fingerprint=fingerprint,
+            privacy_unit=privacy_unit,
         )
+        return self.status(dataset_id)
 
     def set_unit(self, dataset: DatasetIdentity | str, column: str) -> DatasetStatus:
         """Record the dataset's privacy unit (see :mod:`veil.registry.units`)."""

@@ -91,15 +91,32 @@ def set_budget(
     delta: float,
     accountant: str | None = None,
     neighbouring: Neighbouring | str | None = None,
+    *,
+    fingerprint: str | None = None,
+    privacy_unit: str | None = None,
 ) -> str:
-    """Set (or change) a dataset's total budget; runs already recorded stay charged. Returns its id."""
+    """Set (or change) a dataset's total budget; runs already recorded stay charged. Returns its id.
+
+    ``fingerprint``: record that file for the named dataset first (:func:`veil.registry.fingerprints.link`,
+    its runs move under the name); ``privacy_unit``: record the dataset's unit
+    (:func:`veil.registry.units.claim_unit`). All in one transaction: a refusal of any part (the file
+    is another name's, a unit on a dataset whose runs protect rows, ...) writes nothing."""
+    from veil.registry.fingerprints import link
+    from veil.registry.units import check_column_name, claim_unit
+
     dataset_id, label = dataset_key(dataset)
     epsilon = check_epsilon(epsilon)
     delta = check_delta(delta)
     if accountant is not None:
         check_accountant(accountant)
+    if privacy_unit is not None:
+        check_column_name(privacy_unit)
     relation = Neighbouring(neighbouring) if neighbouring is not None else None
     with db.locked(dataset_id, label) as (conn, row):
+        if fingerprint is not None:
+            link(conn, dataset_id, row.label, fingerprint, Neighbouring(row.neighbouring))
+        if privacy_unit is not None:
+            claim_unit(conn, dataset_id, row.label, privacy_unit)
         acc_name = accountant or row.accountant
         rel = relation or Neighbouring(row.neighbouring)
         recorded = _charged_events(conn, dataset_id)

@@ -44,11 +44,16 @@ def _unit(conn: Connection, dataset_id: str) -> str | None:
 def record_unit(db: Database, dataset: DatasetIdentity | str, column: str) -> None:
     """Record ``column`` as the dataset's unit (idempotent); refused where runs already protect rows
     or the dataset has another unit."""
-    if not isinstance(column, str) or not column.strip() or len(column) > 255:
-        raise ConfigError("privacy_unit", column, "a unit is named by its column", "pass the column's name")
+    check_column_name(column)
     dataset_id, label = dataset_key(dataset)
     with db.locked(dataset_id, label) as (conn, row):
         claim_unit(conn, dataset_id, row.label, column)
+
+
+def check_column_name(column: object) -> None:
+    """Refuse a unit that is not a column name (empty, or longer than the registry keeps)."""
+    if not isinstance(column, str) or not column.strip() or len(column) > 255:
+        raise ConfigError("privacy_unit", column, "a unit is named by its column", "pass the column's name")
 
 
 def claim_unit(conn: Connection, dataset_id: str, label: str, requested: str | None) -> None:
@@ -90,7 +95,8 @@ def _rows_recorded(label: str, requested: str | None) -> ConfigError:
         requested,
         f"runs already recorded on '{label}' protect single rows, and their spend cannot be "
         "composed with runs that protect people",
-        "keep this dataset row-level, or register the data under a new --dataset-id with its unit",
+        "a dataset that already has row-level runs stays row-level (run without --privacy-unit); "
+        "start a unit-level budget only for data never charged",
     )
 
 

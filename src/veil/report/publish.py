@@ -5,6 +5,17 @@ jargon: no accountant, sampling or neighbouring relation; those stay in the tech
 :func:`publish` writes ``release/`` — the released artefacts and the public report (``report.json``
 without the ``non_private`` section, and a page made from it alone) — then makes the rest of the run
 folder owner-only (:func:`veil.pipeline.run_folder.seal`).
+
+Two things a published folder must not leak beside its files' contents:
+
+* its times. A file's modification time minus the run's public reservation time
+  (``dataset_budget.runs[].at``) is the run's duration, which grows with the private rows (the
+  Poisson batches' sizes; for ``veil tune`` the number of trials, which its bound assumes secret).
+  Every file in ``release/`` and the folder itself carry the run's reservation time
+  (:func:`release_time`), public already, whenever they were written.
+* its provenance. Each released file's SHA-256 is recorded in the budget registry for the run
+  (:mod:`veil.registry.released`), so that ``--init-from`` refuses a DP release of the same rows
+  under any path or name.
 """
 
 from __future__ import annotations
@@ -12,10 +23,11 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-__all__ = ["plain_summary", "public_page", "publish"]
+__all__ = ["plain_summary", "public_page", "publish", "release_time"]
 
 _UNIT_WORDS = {
     "row": "any one person's row",
@@ -93,13 +105,58 @@ def public_page(report: Mapping[str, Any]) -> str:
     )
 
 
+def _this_run(report: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """This run's row of the report's ``dataset_budget.runs`` (None: a job the registry has no run for)."""
+    budget = report.get("dataset_budget")
+    rows = budget.get("runs") if isinstance(budget, Mapping) else None
+    return next((r for r in rows or [] if isinstance(r, Mapping) and r.get("this_run")), None)
+
+
+def release_time(report: Mapping[str, Any]) -> float:
+    """The time every file in ``release/`` carries (POSIX seconds): this run's reservation time as the
+    public report states it (``dataset_budget.runs[].at``), else 0 (1970-01-01); never a time the
+    run's length moves."""
+    row = _this_run(report)
+    try:
+        return datetime.fromisoformat(str(row["at"]).replace("Z", "+00:00")).timestamp() if row else 0.0
+    except (KeyError, ValueError):
+        return 0.0
+
+
+def _record_released(report: Mapping[str, Any], artefacts: Mapping[str, bytes | str]) -> None:
+    """Record each released file's SHA-256 for this run in the budget registry (the run's open
+    charge's registry, else the one in use: :mod:`veil.registry.released`)."""
+    import hashlib
+
+    row = _this_run(report)
+    if row is None or not row.get("run_id") or not artefacts:
+        return
+    from veil.registry import released
+    from veil.registry.charge import _OPEN, open_registry
+
+    hashes = {
+        name: hashlib.sha256(data.encode("utf-8") if isinstance(data, str) else data).hexdigest()
+        for name, data in artefacts.items()
+    }
+    run_id = str(row["run_id"])
+    charge = _OPEN.get(run_id)
+    if charge is not None:
+        released.record(charge.registry.db, run_id, hashes)
+        return
+    with open_registry() as registry:
+        released.record(registry.db, run_id, hashes)
+
+
 def publish(run_dir: Path, report: Mapping[str, Any], artefacts: Mapping[str, bytes | str]) -> None:
     """Write ``run_dir/release/`` (``artefacts`` — the released model or table — and the public
-    ``report.json`` and ``report.html``), then make everything else in ``run_dir`` owner-only."""
+    ``report.json`` and ``report.html``), every file and the folder dated :func:`release_time`; record
+    the artefacts' hashes for the run in the budget registry; then make everything else in
+    ``run_dir`` owner-only."""
     from veil.pipeline.run_folder import seal, write_release
     from veil.report.schema import public_view
 
     public = public_view(report)
+    _record_released(report, artefacts)
     write_release(
         Path(run_dir),
         {
@@ -107,5 +164,6 @@ def publish(run_dir: Path, report: Mapping[str, Any], artefacts: Mapping[str, by
             "report.html": public_page(public),
             "report.json": json.dumps(public, indent=2, allow_nan=False) + "\n",
         },
+        mtime=release_time(public),
     )
     seal(Path(run_dir))

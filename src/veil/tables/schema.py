@@ -18,6 +18,7 @@ File layout (column order in the file is the encoding order)::
 
     reviewed = false
     missing_values = ["", "?", "NA"]     # text cells read as missing
+    csv_multiline_values = false         # true: a quoted CSV value may span lines (see below)
 
     [columns.age]
     type = "numeric"
@@ -95,7 +96,7 @@ _COLUMN_KEYS = {
     "ignored": {"type", "role"},
 }
 _TARGET_KEYS = {"role", "classes"}
-_TOP_KEYS = {"reviewed", "missing_values", "columns", "dp"}
+_TOP_KEYS = {"reviewed", "missing_values", "csv_multiline_values", "columns", "dp"}
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,9 @@ class TableSchema:
     missing_values: tuple[str, ...] = DEFAULT_MISSING_VALUES
     dp: Mapping[str, Any] = field(default_factory=dict)
     """For ``reviewed = "dp"``: epsilon, delta and the mechanisms of the release."""
+    csv_multiline_values: bool = False
+    """A CSV's quoted value may span lines (declared; default: one physical line is one record, see
+    :mod:`veil.tables.sources.csv_reader` for the risk)."""
 
     def __post_init__(self) -> None:
         names = [c.name for c in self.columns]
@@ -365,11 +369,20 @@ def parse_schema(data: Mapping[str, Any], source: str = "schema") -> TableSchema
         raise ConfigError(
             "missing_values", missing, "the text cells read as missing must be listed", 'e.g. ["", "?", "NA"]'
         )
+    multiline = data.get("csv_multiline_values", False)
+    if not isinstance(multiline, bool):
+        raise ConfigError(
+            "csv_multiline_values",
+            multiline,
+            "it says whether a quoted CSV value may span lines",
+            "use true or false (default false: one line, one record)",
+        )
     return TableSchema(
         columns=tuple(_column(str(n), raw) for n, raw in columns.items()),
         reviewed=reviewed,
         missing_values=tuple(missing),
         dp=dict(data.get("dp", {})),
+        csv_multiline_values=multiline,
     )
 
 
@@ -439,6 +452,8 @@ def schema_to_toml(
     out = [f"# {line}" if line else "#" for line in header]
     out.append(f"reviewed = {_toml_value(schema.reviewed)}")
     out.append(f"missing_values = {_toml_value(schema.missing_values)}")
+    if schema.csv_multiline_values:
+        out.append("csv_multiline_values = true")
     if schema.dp:
         out += ["", "[dp]"]
         out += [f"{k} = {_toml_value(v)}" for k, v in schema.dp.items()]

@@ -65,10 +65,10 @@ def _sql_columns(dataset: str, table: str | None, query: str | None) -> tuple[st
 
 
 def _read_columns(
-    dataset: str, table: str | None, query: str | None
+    dataset: str, table: str | None, query: str | None, multiline_values: bool = False
 ) -> tuple[str, str | None, dict[str, Any]]:
     """The printable name, fingerprint and columns of ``csv:PATH``, ``parquet:PATH`` or ``sql:URL``
-    (``table``/``query`` only for SQL)."""
+    (``table``/``query`` only for SQL; ``multiline_values``: a CSV's quoted values may span lines)."""
     from veil.accounting.ledger import file_sha256
     from veil.data.tabular import data_file, read_csv_columns, read_parquet_columns
 
@@ -80,7 +80,9 @@ def _read_columns(
             "--table/--query", table or query, "only a sql: source has tables", "drop it, or use sql:URL"
         )
     p = data_file(path)
-    columns = read_csv_columns(p) if scheme == "csv" else read_parquet_columns(p)
+    columns = (
+        read_csv_columns(p, multiline_values=multiline_values) if scheme == "csv" else read_parquet_columns(p)
+    )
     return f"{scheme}:{p}", file_sha256(p), columns
 
 
@@ -114,6 +116,7 @@ def load_text_dataset(
     query: str | None = None,
     fine_tune: str | None = None,
     device: str = "cpu",
+    multiline_values: bool = False,
 ) -> Dataset:
     """Tokenized texts ``[N, 2, max_length]`` (int64) and labels from ``csv:PATH``, ``parquet:PATH``
     or ``sql:URL`` (with ``table`` or ``query``). With ``fine_tune``, a model too large to fine-tune
@@ -131,7 +134,7 @@ def load_text_dataset(
             "pass --dataset csv:PATH, parquet:PATH or sql:URL (with --table or --query)",
         )
     folder = check_model_folder(model, fine_tune, device, max_length)  # before reading the data
-    name, digest, columns = _read_columns(dataset, table, query)
+    name, digest, columns = _read_columns(dataset, table, query, multiline_values)
     label = require_target(target, scheme, list(columns))
     _check_text_column(text_column, label, list(columns))
     texts, reason = text_rows(columns[text_column], text_column)  # a missing or blank text drops the row

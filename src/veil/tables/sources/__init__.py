@@ -10,9 +10,10 @@ so a table costs about its typed size in memory, not Python objects per cell. SQ
 fetched in partitions and converted to Arrow per partition.
 
 One CSV reader for every job: tables, and the text and tabular loaders of ``veil train``
-(:func:`read_csv_text`, every cell as written) all parse with pyarrow, quoted newlines allowed in
-values; only ``\n``/``\r`` end a row, so U+0085 (NEL) or U+2028 inside a cell stays in its row. The
-delimiter (``,``, ``;`` or tab) is read from the header line alone; the text encoding is declared
+(:func:`read_csv_text`, every cell as written) all parse with pyarrow, one physical line per record
+unless the data owner declares multi-line quoted values (:mod:`.csv_reader` says why); only
+``\n``/``\r`` end a row, so U+0085 (NEL) or U+2028 inside a cell stays in its row. The delimiter
+(``,``, ``;`` or tab) is read from the header line alone; the text encoding is declared
 (``encoding=``, UTF-8 by default, e.g. ``latin-1``), never guessed from the rows.
 
 These functions only read: they compute no statistic of the data, drop no row and fill no cell.
@@ -86,8 +87,9 @@ def read_source(
         wanted = present
     if source.kind == "csv":
         malformed = [0]
+        multiline = csv_reader.multiline_values(source, schema)
         table = csv_reader.read_table(
-            Path(source.location), schema, wanted, source.encoding, present, malformed
+            Path(source.location), schema, wanted, source.encoding, present, malformed, multiline
         )
         return RawTable(table, source, first_row=2, malformed=malformed[0])
     if source.kind == "parquet":

@@ -48,6 +48,8 @@ class TableSource:
     table: str | None = None
     query: str | None = None
     encoding: str = "utf-8"  # of a CSV file: declared, never guessed
+    multiline_values: bool = False
+    """A CSV's quoted value may span lines (declared; :mod:`veil.tables.sources.csv_reader`)."""
 
     def describe(self) -> str:
         if self.kind != "sql":
@@ -125,11 +127,17 @@ def first_line(exc: BaseException) -> str:
 
 
 def parse_source(
-    spec: str, *, table: str | None = None, query: str | None = None, encoding: str = "utf-8"
+    spec: str,
+    *,
+    table: str | None = None,
+    query: str | None = None,
+    encoding: str = "utf-8",
+    multiline_values: bool = False,
 ) -> TableSource:
     """``csv:PATH`` | ``parquet:PATH`` | ``sql:URL`` (with ``table`` or ``query``) | a .csv/.parquet path.
 
-    ``encoding``: the text encoding of a CSV file (a Python codec name: ``utf-8``, ``latin-1``, ...)."""
+    ``encoding``: the text encoding of a CSV file (a Python codec name: ``utf-8``, ``latin-1``, ...).
+    ``multiline_values``: a CSV's quoted value may span lines (declared; default one line, one record)."""
     kind, sep, rest = spec.partition(":")
     if sep and kind in ("csv", "parquet", "sql") and rest:
         chosen: SourceKind = kind  # type: ignore[assignment]
@@ -162,7 +170,9 @@ def parse_source(
     p = Path(rest).expanduser()
     if not p.is_file():
         raise DataError("dataset file", str(p), "the file does not exist", f"check the path after {chosen}:")
-    return TableSource(chosen, str(p), encoding=_check_encoding(encoding))
+    return TableSource(
+        chosen, str(p), encoding=_check_encoding(encoding), multiline_values=bool(multiline_values)
+    )
 
 
 def _check_encoding(encoding: str) -> str:

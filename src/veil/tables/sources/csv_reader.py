@@ -1,8 +1,15 @@
 """The one CSV parser (pyarrow): typed reads for tables, batches for streaming, text cells for loaders.
 
-Quoted newlines are allowed in values; only ``\n``/``\r`` end a row, so U+0085 (NEL) or U+2028 inside
-a cell stays in its row. The delimiter (``,``, ``;`` or tab) is read from the header line alone; the
-text encoding is declared (UTF-8 by default, e.g. ``latin-1``), never guessed from the rows. A cell of a
+One physical line is one record by default: a quote left open on a line makes that line malformed
+(skipped and counted, the per-record rule below) and never reaches the next line. Were quoted values
+allowed to span lines, one record with an unbalanced quote would swallow every later row into one
+malformed "row" (revH's H8: one added line removed half a table), so adding or removing one record
+would change the data by far more than one record. Multi-line quoted values are read only where the
+data owner declares them (``csv_multiline_values = true`` in a schema, ``--csv-multiline-values`` for
+a text run; :attr:`TableSource.multiline_values`), accepting that risk for a file whose quoting they
+trust. Only ``\n``/``\r`` end a row, so U+0085 (NEL) or U+2028 inside a cell stays in its row. The
+delimiter (``,``, ``;`` or tab) is read from the header line alone; the text encoding is declared
+(UTF-8 by default, e.g. ``latin-1``), never guessed from the rows. A cell of a
 numeric column that is not a number makes the reader read those columns as text (the encoder then
 makes such a cell missing: a per-record rule, never a refusal); a row with the wrong field count is
 skipped and counted, a byte not valid in the encoding is U+FFFD in its cell. Any other parse error
@@ -25,7 +32,15 @@ if TYPE_CHECKING:
 
     from veil.tables.schema import TableSchema
 
-__all__ = ["CSV_BLOCK_BYTES", "header", "newline_count", "read_batches", "read_csv_text", "read_table"]
+__all__ = [
+    "CSV_BLOCK_BYTES",
+    "header",
+    "multiline_values",
+    "newline_count",
+    "read_batches",
+    "read_csv_text",
+    "read_table",
+]
 
 CSV_BLOCK_BYTES = 1 << 22
 """Bytes pyarrow parses per block when a CSV is streamed (the rows of a block arrive together)."""
@@ -43,19 +58,53 @@ def _open_text(p: Path, encoding: str) -> Any:
 
 
 class _Utf8Stream(io.RawIOBase):
-    """A text file's characters as UTF-8 bytes, for pyarrow (which parses UTF-8 only)."""
+    """A text file's characters as UTF-8 bytes, for pyarrow (which parses UTF-8 only).
 
-    def __init__(self, text: Any) -> None:
+    With ``one_line`` (``delimiter`` given), a data line whose quote is not closed on that line is
+    left out and counted in ``dropped[0]`` (the malformed-row rule, on that line alone), so pyarrow
+    never carries a quote into the next line (see the module doc)."""
+
+    def __init__(self, text: Any, delimiter: str | None = None, dropped: list[int] | None = None) -> None:
         self._text = text
         self._pending = bytearray()
+        self._delimiter = delimiter
+        self._dropped = dropped if dropped is not None else [0]
+        self._header = True
 
     def readable(self) -> bool:
         return True
 
+    def _closes(self, lines: list[str]) -> bool:
+        """Whether every one of ``lines`` parses as one record of its own (no quote left open)."""
+        stripped = (line.rstrip("\r\n") for line in lines)
+        reader = csv.reader(stripped, delimiter=self._delimiter or ",", strict=True)
+        try:
+            return sum(1 for _ in reader) == len(lines)  # a quote left open would merge two lines
+        except csv.Error:
+            return False
+
+    def _closed_lines(self, lines: list[str]) -> str:
+        """``lines`` less each data line whose quote stays open at its end (counted): all the lines
+        parsed at once, line by line only when one of them fails."""
+        if self._header:  # checked by header(): passed through as it is
+            self._header = False
+            return lines[0] + self._closed_lines(lines[1:])
+        if self._closes(lines):
+            return "".join(lines)
+        kept = [line for line in lines if '"' not in line or self._closes([line])]
+        self._dropped[0] += len(lines) - len(kept)
+        return "".join(kept)
+
+    def _read(self) -> str:
+        if self._delimiter is None:
+            return str(self._text.read(1 << 16))
+        lines = self._text.readlines(1 << 16)  # newline="": a line ends at \n, \r or \r\n
+        return self._closed_lines(lines) if lines else ""
+
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
         while len(self._pending) < len(view):
-            chunk = self._text.read(1 << 16)
+            chunk = self._read()
             if not chunk:
                 break
             self._pending += chunk.encode("utf-8")
@@ -69,11 +118,16 @@ class _Utf8Stream(io.RawIOBase):
         super().close()
 
 
-def _decoded(p: Path, encoding: str) -> io.BufferedReader:
+def _decoded(
+    p: Path, encoding: str, multiline: bool = False, dropped: list[int] | None = None
+) -> io.BufferedReader:
     """The file decoded with its declared encoding, a byte that is not valid there read as U+FFFD (a
     rule on that byte alone: one record's stray byte neither stops the run after reading nor changes
-    another record), re-encoded as UTF-8 for pyarrow. The header was checked before (:func:`header`)."""
-    return io.BufferedReader(_Utf8Stream(_open_text(p, encoding)), 1 << 20)
+    another record), re-encoded as UTF-8 for pyarrow. The header was checked before (:func:`header`).
+    Unless ``multiline`` is declared, a data line whose quote stays open is left out, counted in
+    ``dropped[0]`` (one physical line, one record: see the module doc)."""
+    delimiter = None if multiline else _delimiter(p, encoding)
+    return io.BufferedReader(_Utf8Stream(_open_text(p, encoding), delimiter, dropped), 1 << 20)
 
 
 def header(p: Path, encoding: str = "utf-8") -> list[str]:
@@ -134,9 +188,11 @@ def _csv_options(
     names: list[str],
     block_size: int | None = None,
     malformed: list[int] | None = None,
+    multiline: bool = False,
 ) -> dict[str, Any]:
     """pyarrow's read and parse options shared by every CSV read: the header's (stripped) names, the
-    declared encoding, the header's delimiter, and newlines allowed inside quoted values. A row whose
+    declared encoding, the header's delimiter, and newlines inside quoted values only if ``multiline``
+    (declared; see the module doc). A row whose
     field count is not the header's is skipped (a per-record rule: after reading, one record's shape
     must not stop the run, nor its line number appear in a message), counted in ``malformed[0]``."""
     import pyarrow.csv as pa_csv
@@ -154,9 +210,15 @@ def _csv_options(
         **({"block_size": block_size} if block_size else {}),
     )
     parse = pa_csv.ParseOptions(
-        delimiter=_delimiter(p, encoding), newlines_in_values=True, invalid_row_handler=skip
+        delimiter=_delimiter(p, encoding), newlines_in_values=multiline, invalid_row_handler=skip
     )
     return {"read_options": read, "parse_options": parse}
+
+
+def multiline_values(source: TableSource, schema: TableSchema | None) -> bool:
+    """Whether the data owner declared that a quoted value may span lines: on the source, or in the
+    schema (``csv_multiline_values = true``)."""
+    return source.multiline_values or bool(schema is not None and schema.csv_multiline_values)
 
 
 def newline_count(path: Path) -> int:
@@ -205,12 +267,13 @@ def read_batches(
     seen = 0  # data rows read in this pass, yielded or passed over
     malformed = [0]  # rows skipped by the parser so far in this pass
     counted = malformed_before
-    stream = _decoded(path, source.encoding)
+    multiline = multiline_values(source, schema)
+    stream = _decoded(path, source.encoding, multiline, malformed)
     try:
         reader = pa_csv.open_csv(
             stream,
             convert_options=convert,
-            **_csv_options(path, source.encoding, names, CSV_BLOCK_BYTES, malformed),
+            **_csv_options(path, source.encoding, names, CSV_BLOCK_BYTES, malformed, multiline),
         )
         for batch in reader:
             start = min(max(already - seen, 0), batch.num_rows)
@@ -279,9 +342,10 @@ def read_table(
     encoding: str = "utf-8",
     names: list[str] | None = None,
     malformed: list[int] | None = None,
+    multiline: bool = False,
 ) -> pa.Table:
     """The whole CSV, typed by the schema; rows with the wrong field count skipped, counted in
-    ``malformed[0]``."""
+    ``malformed[0]``; ``multiline``: quoted values may span lines (declared)."""
     pa_csv = need("pyarrow.csv", f"csv:{p}")
     import pyarrow as pa
 
@@ -300,9 +364,11 @@ def read_table(
         )
         try:
             counter = [0]
-            with _decoded(p, encoding) as stream:
+            with _decoded(p, encoding, multiline, counter) as stream:
                 table = pa_csv.read_csv(
-                    stream, convert_options=convert, **_csv_options(p, encoding, names, None, counter)
+                    stream,
+                    convert_options=convert,
+                    **_csv_options(p, encoding, names, None, counter, multiline),
                 )
             if malformed is not None:
                 malformed[0] = counter[0]
@@ -330,9 +396,11 @@ def read_csv_text(source: TableSource) -> dict[str, list[str]]:
         quoted_strings_can_be_null=False,
     )
     try:
-        with _decoded(p, source.encoding) as stream:
+        with _decoded(p, source.encoding, source.multiline_values) as stream:
             table = pa_csv.read_csv(
-                stream, convert_options=convert, **_csv_options(p, source.encoding, names)
+                stream,
+                convert_options=convert,
+                **_csv_options(p, source.encoding, names, multiline=source.multiline_values),
             )
     except pa.ArrowInvalid as exc:
         _csv_error(p, exc)

@@ -1,0 +1,56 @@
+"""``release/`` tells no time the run's length moves (revH's H6).
+
+A file's modification time minus the run's public reservation time (``dataset_budget.runs[].at``) was
+the run's duration: for ``veil tune`` the number of trials (its bound assumes it secret), for every job
+the wall time ``public_view`` withholds. Every file in ``release/`` and the folder itself carry the
+reservation time (:func:`veil.report.publish.release_time`), and ``at`` is the reservation time for
+every run, never its end (which with the start in the run's own report would give its duration).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("sqlalchemy")
+
+
+@pytest.mark.parametrize("job", ["train", "synth", "tune"])
+def test_every_released_file_is_dated_the_reservation_time(job: str, job_runs: Any) -> None:
+    out, _ = job_runs(job)
+    release = out / "release"
+    public = json.loads((release / "report.json").read_text())
+    (this,) = [r for r in public["dataset_budget"]["runs"] if r["this_run"]]
+    at = datetime.fromisoformat(this["at"].replace("Z", "+00:00")).timestamp()
+    for path in [release, *release.iterdir()]:
+        assert path.stat().st_mtime == at, path
+
+
+def test_a_runs_at_is_its_reservation_time_once_settled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The budget section of a later report (or ``veil budget report``'s public figures) states an
+    earlier run's ``at`` as its start, the same value its own release stated."""
+    from veil.accounting.events import Laplace
+    from veil.registry.charge import DatasetCharge
+    from veil.registry.reporting import budget_section
+    from veil.registry.store import BudgetRegistry
+
+    data = tmp_path / "d.csv"
+    data.write_text("a,y\n1,0\n2,1\n")
+    charge = DatasetCharge.before_reading(f"csv:{data}", job="train", dataset_id="clinic")
+    charge.reserve([Laplace(1.0)], "early", 1e-4, before_reading=True)
+    during = charge.budget_section(None, None)["runs"][0]["at"]
+    charge.reading()
+    monkeypatch.setattr("veil.registry.transactions.now", lambda: "2099-01-01T00:00:00Z")  # a long run
+    charge.finish([Laplace(1.0)])
+    with BudgetRegistry() as registry:
+        status = registry.status("name:clinic")
+        (run,) = status.runs
+        after = budget_section(status, None)["runs"][0]["at"]
+    assert run.finished_at == "2099-01-01T00:00:00Z"
+    assert after == during == run.created_at
