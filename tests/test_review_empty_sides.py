@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _budget_cli import cli
 
+from _budget_cli import cli
 from veil.data import check_labels, held_out, split
 from veil.errors import DataError
 

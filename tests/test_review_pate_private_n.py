@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _budget_cli import cli
 
+from _budget_cli import cli
 from veil.data import load_dataset
 from veil.pate.config import make_pate_config
 

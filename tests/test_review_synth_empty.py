@@ -18,8 +18,8 @@ import json
 from pathlib import Path
 
 import pytest
-from _budget_cli import cli, show
 
+from _budget_cli import cli, show
 from veil.pipeline.data import delta_note
 from veil.synth.run import checks_on_n
 
@@ -52,8 +52,8 @@ classes = ["0", "1"]
 def _synth(capsys: pytest.CaptureFixture[str], folder: Path, name: str, *extra: str) -> tuple[int, str]:
     code, out, err = cli(
         capsys, "synth", "--dataset", f"csv:{folder / name}.csv", "--schema", str(folder / "schema.toml"),
-        "--epsilon", "1", "--delta", "1e-6", "--rows", "20", "--bins", "4", "--out", str(folder / f"out-{name}"),
-        *extra,
+        "--epsilon", "1", "--delta", "1e-6", "--rows", "20", "--bins", "4",
+        "--out", str(folder / f"out-{name}"), *extra,
     )  # fmt: skip
     return code, out + err
 

@@ -43,6 +43,14 @@ class Prepared:
     data: Dataset
     prep: PreprocessingPlan
     model_name: str
+    plan_size: int | None = None
+    """A public size the steps are planned on (q = B / plan_size), when the data's own count is
+    private (``veil tune``'s training part: ⌊(1 − F)·N⌋); None: the data's count, N."""
+
+    @property
+    def n_planned(self) -> int:
+        """What q = B/N and the steps per epoch are computed against: ``plan_size``, else N."""
+        return self.data.n_records if self.plan_size is None else self.plan_size
 
     @property
     def pre_events(self) -> list[PrivacyEvent]:

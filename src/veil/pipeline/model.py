@@ -9,7 +9,6 @@ once per example (a fixed per-example map: no privacy cost); the released model 
 from __future__ import annotations
 
 import math
-
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any

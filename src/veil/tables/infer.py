@@ -93,7 +93,9 @@ def infer_schema(
         )
     table = _read(source, read)
     if table.count == 0:  # the draft is non-private by construction: a plain message is fine here
-        raise DataError("dataset", source.describe(), "the table has no data rows", "provide a table with rows")
+        raise DataError(
+            "dataset", source.describe(), "the table has no data rows", "provide a table with rows"
+        )
     columns: list[ColumnSpec] = []
     notes: dict[str, str] = {}
     for name in names:
