@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _budget_cli import cli
 
+from _budget_cli import cli
 from veil.config import make_config
 from veil.errors import DataError
 from veil.pipeline.data import check_delta

@@ -212,6 +212,8 @@ def scan_parquet(
         )
 
     def stack(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+        if not parts:  # no held-out row: no test metric (an empty test side is not refused)
+            return np.zeros((0, encoder.width), np.float32), np.zeros(0, np.int64)
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
     x_test, y_test = stack(tests)
