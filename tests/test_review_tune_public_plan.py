@@ -94,8 +94,11 @@ def test_neighbours_whose_extra_record_falls_on_either_side_get_one_plan(
     n_plan = planned_size(ra["tune"]["n_records"], 0.3)
     for shape in ra["tune"]["budget_split"]["shapes"]:
         assert shape["batch_size"] / shape["sampling_rate"] == pytest.approx(n_plan)
-    if ra["tune"]["chosen"] and rb["tune"]["chosen"]:
-        assert ra["tune"]["chosen"]["steps"] == rb["tune"]["chosen"]["steps"]
+    planned = {(s["epochs"], s["batch_size"]): s["steps"] for s in ra["tune"]["budget_split"]["shapes"]}
+    for report in (ra, rb):  # the candidate is drawn at random; its steps are its shape's, the same for both
+        chosen = report["tune"]["chosen"]
+        if chosen:
+            assert chosen["steps"] == planned[(chosen["epochs"], chosen["batch_size"])]
 
 
 def test_check_delta_on_zero() -> None:
@@ -105,3 +108,31 @@ def test_check_delta_on_zero() -> None:
 
 def test_planned_size_is_public() -> None:
     assert planned_size(458, 0.3) == 320 and planned_size(458, 0.0) == 458 and planned_size(2, 0.9) == 0
+
+
+def test_the_engine_samples_each_record_at_the_public_rate() -> None:
+    """``make_private(population=n)``: q = B/n and ⌈n/B⌉ steps per epoch over the dataset's own rows."""
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from veil.engine import PrivacyEngine
+    from veil.errors import SamplingError
+
+    rows = TensorDataset(torch.zeros(10, 3), torch.zeros(10, dtype=torch.long))
+    model = nn.Linear(3, 2)
+    engine = PrivacyEngine()
+    _, _, loader = engine.make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(rows, batch_size=2), noise_multiplier=1.0, max_grad_norm=1.0, population=20,
+    )  # fmt: skip
+    assert engine.plan is not None
+    assert (engine.plan.sampling_rate, engine.plan.steps_per_epoch) == (0.1, 10)
+    assert sum(len(x) for x, _ in loader) <= 10 * 10  # drawn from the 10 rows, 10 steps
+    model = nn.Linear(3, 2)
+    with pytest.raises(SamplingError, match="population"):
+        PrivacyEngine().make_private(
+            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=DataLoader(rows, batch_size=2), noise_multiplier=1.0, max_grad_norm=1.0,
+            population=20, poisson_sampling=False, allow_non_poisson=True,
+        )  # fmt: skip
