@@ -113,6 +113,7 @@ def register(app: typer.Typer) -> None:
 
 def _summary(report: dict[str, Any]) -> str:
     """The few lines ``veil pate`` prints without ``--json``."""
+    from veil.pipeline.outputs import held_out_accuracy
     from veil.pipeline.randomness import RESEARCH_CAVEAT
 
     folder = Path(report["out_dir"])
@@ -120,7 +121,7 @@ def _summary(report: dict[str, Any]) -> str:
     acc = report["non_private"]["student_test_accuracy"]
     lines = [
         (
-            f"student test accuracy {acc:.4f} (non-private, internal)"
+            f"student test accuracy {held_out_accuracy(acc)} (non-private, internal)"
             if acc is not None
             else "no student (no label released)"
         )

@@ -250,6 +250,8 @@ def _capped(internal: dict[str, Any]) -> bool:
 def summary(report: dict[str, Any]) -> str:
     """The lines ``veil train`` prints without --json: the guarantee first, the non-private figures
     labelled as such, research mode said plainly."""
+    from veil.pipeline.outputs import held_out_accuracy
+
     folder = Path(report["out_dir"])
     internal = report["non_private"]
     base = internal["baseline_test_accuracy"]
@@ -258,7 +260,7 @@ def summary(report: dict[str, Any]) -> str:
         f"model.pt: ({report['epsilon_spent']:.3f}, {report['delta']:g})-DP (target ε "
         f"{report['target_epsilon']:g}), randomness {report['randomness']}, "
         + ("release-ready" if report["release_ready"] else "NOT release-ready"),
-        f"non-private (internal): test accuracy {internal['test_accuracy']:.4f}"
+        f"non-private (internal): test accuracy {held_out_accuracy(internal['test_accuracy'])}"
         + (f", baseline {base:.4f}" if base is not None else "")
         + (" (capped: may understate the cost of privacy)" if _capped(internal) else ""),
         f"checks: {len(report['checks']) - len(failed)}/{len(report['checks'])} passed"

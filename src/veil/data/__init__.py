@@ -206,24 +206,20 @@ def drop_unlabelled(y: np.ndarray, bad_rows: np.ndarray | None = None) -> tuple[
 
 
 def check_labels(y: np.ndarray, classes: list[str], where: str, *, count_rows: bool = True) -> None:
-    """Refuse a single class and fewer examples than classes.
+    """Refuse a label set of fewer than two classes (the declared set: public, whatever the rows).
 
-    ``count_rows=False`` (a privacy unit): the message does not print the number of rows, which is not
-    public then (it depends on how many rows each person has; only the number of units is)."""
+    The number of examples is never checked here: it is read from the private rows, and a refusal on
+    it (or a message printing it) would depend on one record, for a job whose N is private (PATE) as
+    much as for the total N + n_test of any job. Too few examples to train on is N = 0 on the training
+    side, refused where N is public (:func:`veil.pipeline.data.check_delta`). ``count_rows`` is kept
+    for the callers' signature; nothing is counted."""
+    del y, count_rows
     if len(classes) < 2:
         raise DataError(
             where,
             f"1 class ({classes[0] if classes else 'none'})",
             "a classifier needs at least two classes to learn anything",
             "check the target column, or add examples of the other classes",
-        )
-    if len(y) < 2 * len(classes):
-        raise DataError(
-            where,
-            f"{len(y) if count_rows else 'too few'} examples for {len(classes)} classes",
-            "there are fewer examples than classes can be trained and tested on (at least two per class on "
-            "average are needed)",
-            "provide more examples (at least a few per class)",
         )
 
 
@@ -291,16 +287,10 @@ def split_by_unit(
     Guarantee. A row's side is a function of its unit id alone (a keyed hash below
     ``test_fraction``), so every row of a person lands on the same side, and adding or removing one
     person (all their rows) leaves every other person's rows where they were. A row with a missing
-    id (``None``) belongs to no unit and is dropped (a per-record rule, never a refusal)."""
+    id (``None``) belongs to no unit and is dropped (a per-record rule, never a refusal). Either side
+    may be empty, as in :func:`split`: never a refusal after reading."""
     known, keys, test = unit_sides(ids, test_fraction, seed)
     x, y = x[known], y[known]
-    if test.all() or not test.any():
-        raise DataError(
-            "dataset",
-            f"{len(np.unique(keys))} units",  # public by declaration; the row count is not
-            f"a test fraction of {test_fraction} leaves no unit on one side of the split",
-            "provide more units or change test_fraction",
-        )
     return x[~test], y[~test], x[test], y[test], keys[~test]
 
 
@@ -310,15 +300,14 @@ def split(
     """A train/test split by :func:`held_out` (each row by a keyed hash of its content; key from ``seed``).
 
     About ``test_fraction`` of the rows are held out (the count varies like a binomial). The test
-    metrics computed on them are a non-private release about those rows."""
+    metrics computed on them are a non-private release about those rows.
+
+    Either side may be empty, and neither is refused here: whether it is depends on one record (a
+    held-out row leaves the public N unchanged), so a refusal would let that record decide whether a
+    model is released. An empty test side trains as usual and reports no test metric (absent, in
+    ``non_private``); an empty training side is N = 0, which each job handles from N alone (public
+    for ``veil train``: :func:`veil.pipeline.data.check_delta`)."""
     test = held_out(x, y, test_fraction, seed, classes)
-    if test.all() or not test.any():
-        raise DataError(
-            "dataset",
-            f"{len(y)} examples",
-            f"a test fraction of {test_fraction} leaves no example on one side of the split",
-            "provide more examples or change test_fraction",
-        )
     return x[~test], y[~test], x[test], y[test]
 
 

@@ -205,6 +205,7 @@ class PrivacyEngine:
         distributed: bool | RankContext | None = None,
         unit_ids: Sequence[Any] | None = None,
         max_rows_per_unit: int | None = None,
+        population: int | None = None,
     ) -> PrivateTraining | PrivateTrainingWithCriterion:
         """Make ``module``/``optimizer``/``data_loader`` private; returns ``(model, optimizer, loader)``.
 
@@ -238,6 +239,11 @@ class PrivacyEngine:
         clipped once to C, and δ is checked against 1/(number of units). ``physical_batch_size``
         counts rows, and a chunk never splits a unit. Poisson sampling in one process only.
 
+        ``population``: a public number of records (or units) the rate is computed against, q =
+        batch_size / population with ⌈population / batch_size⌉ steps per epoch, while each record of
+        the dataset is drawn at that q (Poisson, one process): for data whose exact size is private
+        (:func:`veil.engine.planning.sizes`). Default: the dataset's own size.
+
         No budget registry is opened or charged (see the class doc): use
         :class:`veil.pipeline.external.ExternalRun` for a run charged to its dataset.
         """
@@ -255,6 +261,7 @@ class PrivacyEngine:
             module, optimizer, data_loader, max_grad_norm, noise_multiplier,
             (target_epsilon, target_delta, epochs), clipping, loss_reduction, criterion, physical_batch_size,
             (poisson_sampling, allow_non_poisson), distributed, unit_ids, max_rows_per_unit, noise_seed,
+            population,
         )  # fmt: skip
         model, dp_optimizer, loader = self._build(checked, optimizer, data_loader, physical_batch_size)
         if opacus_args.returns_criterion(grad_sample_mode):
@@ -291,6 +298,7 @@ class PrivacyEngine:
         unit_ids: Sequence[Any] | None,
         max_rows_per_unit: int | None,
         noise_seed: int | None,
+        population: int | None = None,
     ) -> _Checked:
         """Every check of ``make_private``, in order; nothing is built or changed (see its docstring)."""
         wrapping.check_module_type(module)
@@ -307,7 +315,9 @@ class PrivacyEngine:
             ranks.check_sampling(sampling)
             ranks.check_loader(data_loader)
         _, n, batch_size = planning.check_data_loader(data_loader)
-        sizes = planning.sizes(n, batch_size, sampling, unit_ids, max_rows_per_unit, ranks is not None)
+        sizes = planning.sizes(
+            n, batch_size, sampling, unit_ids, max_rows_per_unit, ranks is not None, population
+        )
         wrapping.check_optimizer(module, optimizer)
         probe = wrapping.check_model(module, data_loader)
         # Last among the checks: calibration can take seconds.

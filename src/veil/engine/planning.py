@@ -133,13 +133,16 @@ def check_data_loader(data_loader: Any) -> tuple[Dataset[Any], int, int]:
 
 
 class Sizes(NamedTuple):
-    """What Poisson sampling draws from: rows, or privacy units (``units`` set)."""
+    """What Poisson sampling draws from: rows, or privacy units (``units`` set). ``population`` is the
+    size the rate is computed against (q = B / population, ⌈population/B⌉ steps per epoch);
+    ``drawn`` the records the sampler visits (the same, unless a public population was given)."""
 
     units: UnitPlan | None
     population: int
     batch_size: int
     sampling_rate: float
     steps_per_epoch: int
+    drawn: int
 
 
 def sizes(
@@ -149,14 +152,30 @@ def sizes(
     unit_ids: Sequence[Any] | None,
     max_rows_per_unit: int | None,
     distributed: bool,
+    population: int | None = None,
 ) -> Sizes:
-    """q = B / (rows or units) and ⌈N/B⌉ steps per epoch, after the privacy-unit request is checked."""
+    """q = B / (rows or units) and ⌈N/B⌉ steps per epoch, after the privacy-unit request is checked.
+
+    ``population``: a public size to compute q and the steps against instead of the dataset's own
+    count (``veil tune``'s ⌊(1 − F)·N⌋ for a training part whose exact size is private). Each record
+    is still drawn independently at that q, which was fixed before any row was seen: Poisson
+    sampling at a data-independent rate, whose amplification holds whatever the part's real size.
+    Poisson sampling in one process only."""
     from veil.units import check_units
 
     units = check_units(unit_ids, max_rows_per_unit, n, batch_size, sampling, distributed)
-    population = n if units is None else len(units.rows)
+    drawn = n if units is None else len(units.rows)
+    if population is None:
+        population = drawn
+    elif sampling != "poisson" or distributed:
+        raise SamplingError(
+            "population",
+            population,
+            "a public population fixes the rate of Poisson sampling in one process",
+            "drop population, or sample by Poisson in one process",
+        )
     q = check_sampling_rate(batch_size, population)
-    return Sizes(units, population, batch_size, q, steps_per_epoch(population, batch_size))
+    return Sizes(units, population, batch_size, q, steps_per_epoch(population, batch_size), drawn)
 
 
 def noise_multiplier(

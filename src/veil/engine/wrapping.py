@@ -167,7 +167,7 @@ def _logical_sampler(
 
         return UnitPoissonSampler(sizes.units.rows, q, per_epoch, rng, sizes.units.max_rows)
     if plan.sampling == "poisson":
-        return PoissonBatchSampler(plan.dataset_size, q, per_epoch, rng)
+        return PoissonBatchSampler(sizes.drawn, q, per_epoch, rng)
     return ShuffledBatchSampler(plan.dataset_size, plan.expected_batch_size, per_epoch, rng)
 
 

@@ -103,6 +103,7 @@ def build_report(cfg: PateConfig, o: Outcome, out: Path) -> PateReport:
     import veil
     from veil.pate.report import guarantee_text, pate_checks
     from veil.pate.teachers import mean_accuracy
+    from veil.pipeline.data import delta_note
     from veil.pipeline.randomness import randomness_of, release_ready
 
     result, student, agg = o.result, o.student, o.aggregator
@@ -134,6 +135,7 @@ def build_report(cfg: PateConfig, o: Outcome, out: Path) -> PateReport:
         if (y_q is not None and idx.size)
         else None,
         teacher_accuracy=float(mean_accuracy(o.votes.test, o.data.y_test)),
+        checks_on_n=[n for n in [delta_note(cfg.delta, o.part.num_units)] if n is not None],
         student_test_accuracy=student.test_accuracy if student is not None else None,
         student_train_size=student.train_size if student is not None else 0,
         student_semi_supervised=bool(student is not None and student.semi_supervised),
@@ -164,7 +166,7 @@ def build_report(cfg: PateConfig, o: Outcome, out: Path) -> PateReport:
         files=_files(student),
         out_dir=str(out),
     )
-    checks = pate_checks(rep, o.part.num_units)
+    checks = pate_checks(rep)
     return rep.model_copy(
         update={
             "guarantee_statement": guarantee_text(rep),

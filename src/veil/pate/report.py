@@ -35,7 +35,14 @@ __all__ = [
 ]
 
 
-NON_PRIVATE = ("label_accuracy", "teacher_accuracy", "student_test_accuracy", "vote_margins", "teacher_sizes")
+NON_PRIVATE = (
+    "label_accuracy",
+    "teacher_accuracy",
+    "student_test_accuracy",
+    "vote_margins",
+    "teacher_sizes",
+    "checks_on_n",
+)
 """Fields computed on private data without privacy: written under ``non_private`` in report.json."""
 
 _NON_PRIVATE_DATASET = ("n_private", "n_test", "public_private_duplicates", "sha256")
@@ -92,6 +99,9 @@ class PateReport(BaseModel):
     # Utility (diagnostics computed without privacy).
     label_accuracy: float | None
     teacher_accuracy: float
+    checks_on_n: list[str] = Field(default_factory=list)
+    """Notes on the exact private N (δ against 1/N: :func:`veil.pipeline.data.delta_note`), internal
+    only: N is private for PATE, so it is never a refusal, a check or a message."""
     student_test_accuracy: float | None
     """None when no student was trained (a failed PTR test releases no label)."""
     student_train_size: int
@@ -244,10 +254,11 @@ def _guarantee_text(r: PateReport) -> str:
     return di + ddtext
 
 
-def pate_checks(r: PateReport, units: int) -> list[Check]:
-    """The checklist: δ < 1/N over the ``units`` protected (examples or groups), and the ε that
-    stopped the run (the guarantee's, or the released data-dependent one) within the target."""
-    from veil.pipeline.checks import delta_check
+def pate_checks(r: PateReport) -> list[Check]:
+    """The checklist: the ε that stopped the run (the guarantee's, or the released data-dependent one)
+    within the target, and the randomness. No check on N: the number of protected units is private
+    for PATE, and a check's detail (and ``release_ready``, which every check gates) is public; δ
+    against 1/N is the internal note ``checks_on_n``."""
     from veil.pipeline.randomness import randomness_check
 
     if r.budget == "data-dependent":
@@ -257,7 +268,6 @@ def pate_checks(r: PateReport, units: int) -> list[Check]:
     kept = eps is not None and eps <= r.target_epsilon * (1.0 + 1e-9)
     shown = "not released" if eps is None else f"{eps:.4g}"
     return [
-        delta_check(r.delta, units),
         Check(
             name="target_epsilon_kept",
             passed=bool(kept),

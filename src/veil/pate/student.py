@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from veil.errors import DataError, InvalidParameterError
-from veil.pate.teachers import Estimator, Factory
+from veil.pate.teachers import Estimator, Factory, predict_labels
 
 __all__ = ["StudentResult", "train_student"]
 
@@ -107,7 +107,7 @@ def train_student(
             model = factory(0)
             model.fit(x_r, y_r)
             pseudo = int(pick.size)
-    pred = np.asarray(model.predict(np.asarray(x_test)))
+    pred = predict_labels(model, np.asarray(x_test))
     acc = float(np.mean(pred == np.asarray(y_test))) if len(y_test) else math.nan
     return StudentResult(
         model=model, test_accuracy=acc, train_size=len(labels), pseudo_labelled=pseudo, semi_supervised=ran

@@ -349,6 +349,14 @@ def _init_worker(public: np.ndarray, test: np.ndarray) -> None:
         pass
 
 
+def predict_labels(model: Any, x: np.ndarray) -> np.ndarray:
+    """``model.predict(x)`` as int64 labels; no call on zero rows (the keyed split may hold no test
+    row out, and scikit-learn refuses an empty input), an empty array instead."""
+    if len(x) == 0:
+        return np.zeros(0, dtype=np.int64)
+    return np.asarray(model.predict(x), dtype=np.int64)
+
+
 def _train_one(
     index: int, factory: Factory, x: np.ndarray, y: np.ndarray, folder: str | None, num_classes: int
 ) -> tuple[int, np.ndarray, np.ndarray]:
@@ -362,8 +370,8 @@ def _train_one(
         with threadpool_limits(1):
             model = factory(index)
             model.fit(x, y)
-            votes_public = np.asarray(model.predict(_SHARED["public"]), dtype=np.int64)
-            votes_test = np.asarray(model.predict(_SHARED["test"]), dtype=np.int64)
+            votes_public = predict_labels(model, _SHARED["public"])
+            votes_test = predict_labels(model, _SHARED["test"])
     for v in (votes_public, votes_test) if model is not None else ():
         if v.size and (v.min() < 0 or v.max() >= num_classes):
             raise InvalidParameterError(

@@ -174,7 +174,13 @@ def participation_check(sampled: list[int], clients: int, q: float) -> Check:
 
 
 def sampling_check(
-    steps: StepPlan, n: int, batch_size: int, engine: Any, ledger: Ledger, sampled: tuple[int, int]
+    steps: StepPlan,
+    n: int,
+    batch_size: int,
+    engine: Any,
+    ledger: Ledger,
+    sampled: tuple[int, int],
+    drawn_from: int | None = None,
 ) -> Check:
     """The steps were sampled and accounted as claimed, from evidence independent of the plan.
 
@@ -183,16 +189,20 @@ def sampling_check(
     * the engine's loader samples by Poisson at that q and noises at that σ;
     * the batches this process drew (``sampled`` = (examples drawn, logical steps)) total within
       6 standard deviations of Binomial(N·steps, q): a loader that drew at another rate fails.
+
+    ``n``: the size q is planned on; ``drawn_from``: the records the loader draws from, when they
+    differ (a public planned size, :attr:`veil.pipeline.data.Prepared.plan_size`).
     """
     q = min(1.0, batch_size / n)
+    rows = n if drawn_from is None else drawn_from
     expected = dpsgd_event(q, steps.sigma).to_dict()
     events_ok = steps.q == q and all(r["event"] == expected for r in ledger.of_kind("step"))
     engine_ok = (
         engine.sampling == "poisson" and engine.sampling_rate == q and engine.noise_multiplier == steps.sigma
     )
     drawn, taken = sampled
-    mean = taken * n * q
-    _, draws_ok = binomial_draws(drawn, taken * n, q)
+    mean = taken * rows * q
+    _, draws_ok = binomial_draws(drawn, taken * rows, q)
     return Check(
         name="poisson_sampling_matches_accountant",
         passed=bool(events_ok and engine_ok and draws_ok),
@@ -276,12 +286,12 @@ def train_checks(
     from veil.pipeline.randomness import randomness_check, randomness_of
 
     cfg = prepared.cfg
-    n = prepared.data.n_records  # units with a privacy unit: what δ and q are counted against
+    n = prepared.n_planned  # units with a privacy unit: what δ and q are counted against
     assert cfg.batch_size is not None
     return [
         epsilon_check(eps, engine_eps, cfg.epsilon, cfg.delta, cfg.accountant, len(ledger.events())),
         delta_check(cfg.delta, n),
-        sampling_check(steps, n, cfg.batch_size, engine, ledger, sampled),
+        sampling_check(steps, n, cfg.batch_size, engine, ledger, sampled, prepared.data.n_records),
         clip_check,
         randomness_check(randomness_of(cfg.reproducible)),
     ]

@@ -27,6 +27,7 @@ __all__ = [
     "UsesPrepared",
     "check_declarations",
     "check_delta",
+    "delta_note",
     "load_data",
     "prepare",
     "release_preprocessing",
@@ -42,6 +43,14 @@ class Prepared:
     data: Dataset
     prep: PreprocessingPlan
     model_name: str
+    plan_size: int | None = None
+    """A public size the steps are planned on (q = B / plan_size), when the data's own count is
+    private (``veil tune``'s training part: ⌊(1 − F)·N⌋); None: the data's count, N."""
+
+    @property
+    def n_planned(self) -> int:
+        """What q = B/N and the steps per epoch are computed against: ``plan_size``, else N."""
+        return self.data.n_records if self.plan_size is None else self.plan_size
 
     @property
     def pre_events(self) -> list[PrivacyEvent]:
@@ -181,7 +190,18 @@ def _check_text_request(cfg: TrainConfig, classes_fix: str | None) -> None:
 
 
 def check_delta(delta: float, n: int) -> None:
-    """Refuse δ ≥ 1/N: such a δ allows a mechanism that publishes one whole record."""
+    """Refuse δ ≥ 1/N: such a δ allows a mechanism that publishes one whole record. ``n`` is a public
+    count (N by declaration, as in DP-SGD, or a size planned from public numbers); N < 1 is refused
+    in one line (nothing to train on), never divided by."""
+    from veil.errors import DataError
+
+    if n < 1:
+        raise DataError(
+            "dataset",
+            f"N = {n} training examples",
+            "there is no example to train on, so no guarantee about one record can be stated",
+            "provide more examples, or a smaller test or validation fraction",
+        )
     if delta >= 1.0 / n:
         raise InvalidParameterError(
             "delta",
@@ -189,6 +209,19 @@ def check_delta(delta: float, n: int) -> None:
             f"δ ≥ 1/N (N = {n} training examples) allows a mechanism that publishes a whole record outright",
             f"pass a δ well below 1/N, e.g. --delta {10 ** math.floor(math.log10(1.0 / n) - 1):g}",
         )
+
+
+def delta_note(delta: float, n: int) -> str | None:
+    """δ against 1/N as a note for the internal ``non_private`` section of a job whose N is private
+    (``veil synth``, ``veil pate``): never a refusal, never a message. Once the rows are read nothing
+    may depend on N but an accounted mechanism (a refusal at N = 73 and none at N = 72 would reveal
+    one record); a δ ≥ 1/N is a weak guarantee, not a broken one. N = 0 has no 1/N: no note."""
+    if n < 1 or delta < 1.0 / n:
+        return None
+    return (
+        f"δ = {delta:g} ≥ 1/N (N = {n} records): the guarantee would allow a mechanism that "
+        "publishes a whole record; choose δ well below 1/N for the next run on this data"
+    )
 
 
 def prepare(

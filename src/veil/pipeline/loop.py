@@ -271,6 +271,7 @@ def _make_private(
         criterion=criterion,
         physical_batch_size=cfg.physical_batch_size,
         distributed=rank_and_world()[1] > 1,  # across ranks: veil.distributed
+        population=plan.prepared.plan_size,  # a public size when the data's own count is private
         **_unit_arguments(cfg, data),
     )
     assert engine.plan is not None

@@ -8,6 +8,7 @@ once per example (a fixed per-example map: no privacy cost); the released model 
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -150,8 +151,12 @@ def make_engine(cfg: TrainConfig, seed: int) -> PrivacyEngine:
 def evaluate(
     model: nn.Module, x: np.ndarray, y: np.ndarray, device: str, batch: int = 2048
 ) -> tuple[float, float]:
-    """(mean cross-entropy, accuracy) of ``model`` on ``x, y`` (a diagnostic: not private)."""
+    """(mean cross-entropy, accuracy) of ``model`` on ``x, y`` (a diagnostic: not private); both NaN
+    (absent: ``null`` in a report) when there is no row, e.g. a keyed split that held none out."""
     import torch
+
+    if len(x) == 0:
+        return math.nan, math.nan
 
     model.eval()
     total_loss, correct = 0.0, 0

@@ -12,7 +12,7 @@ import numpy as np
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["finite", "model_bytes"]
+__all__ = ["finite", "held_out_accuracy", "model_bytes"]
 
 
 def finite(value: Any) -> Any:
@@ -26,6 +26,14 @@ def finite(value: Any) -> Any:
     if isinstance(value, np.generic):
         return finite(value.item())
     return value
+
+
+def held_out_accuracy(value: float | None) -> str:
+    """A held-out accuracy as printed: four decimals, or "none" when no row was held out (the keyed
+    split may leave the test side empty: no metric, never a refusal)."""
+    if value is None or not math.isfinite(value):
+        return "none (no held-out row)"
+    return f"{value:.4f}"
 
 
 def model_bytes(model: nn.Module) -> bytes:

@@ -132,14 +132,12 @@ def checks_on_n(delta: float, sigma1: float, n: int) -> list[str]:
     rows are read nothing may depend on N but the accounted mechanism: these checks never refuse,
     never print, and never reach ``release/`` (a refusal at N = 1000 and none at N = 999 would reveal
     one record). Both conditions leave the (ε, δ) guarantee intact: a δ ≥ 1/N is a weak guarantee, and
-    a noise above N a useless table, not a privacy failure.
+    a noise above N a useless table, not a privacy failure. N = 0 (an empty table, or one emptied by
+    per-record drops) flows through like any other N: no δ note (no 1/N), the noise note.
     """
-    notes = []
-    if delta >= 1.0 / n:
-        notes.append(
-            f"δ = {delta:g} ≥ 1/N (N = {n} records): the guarantee would allow a mechanism that "
-            "publishes a whole record; choose δ well below 1/N for the next run on this table"
-        )
+    from veil.pipeline.data import delta_note
+
+    notes = [note for note in [delta_note(delta, n)] if note is not None]
     if sigma1 >= n:
         notes.append(
             f"the 1-way marginals got noise of std {sigma1:.3g} per count, above the table's {n} "

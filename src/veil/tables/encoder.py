@@ -222,11 +222,16 @@ class TableEncoder:
             if x is None:
                 blocks.append((xb, yb))
             n += k
-        if n == 0:
-            raise DataError("dataset", where, "the table has no data rows", "provide a table with rows")
+        # n = 0 (an empty table, or every row dropped by a rule) is no refusal: whether it happens
+        # depends on one record, and a job whose N is private (synth) releases on zero rows; a job
+        # whose N is public refuses N = 0 itself (veil.pipeline.data.check_delta)
         if x is None:
-            x = np.concatenate([b[0] for b in blocks])
-            y = np.concatenate([b[1] for b in blocks if b[1] is not None]) if target else None
+            x = np.concatenate([b[0] for b in blocks]) if blocks else np.zeros((0, self.width), np.float32)
+            y = (
+                np.concatenate([b[1] for b in blocks if b[1] is not None] or [np.zeros(0, np.int64)])
+                if target
+                else None
+            )
         else:
             x, y = x[:n], (y[:n] if y is not None else None)
         return EncodedTable(
@@ -235,7 +240,7 @@ class TableEncoder:
             feature_names=list(self.feature_names),
             classes=self.classes,
             rules=rules,
-            dropped=np.concatenate(flags),
+            dropped=np.concatenate(flags) if flags else np.zeros(0, dtype=bool),
         )
 
     def _encode_into(self, raw: RawTable, x: np.ndarray, rules: dict[str, int]) -> np.ndarray:

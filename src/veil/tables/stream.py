@@ -203,15 +203,17 @@ def scan_parquet(
             probes.append((x.copy(), y.copy()))
             kept_probe += len(y)
     train = positions[:n_train]  # a view: 4 bytes per row of the file below 2³² rows
-    if n_train == 0 or n_test == 0:
+    if n_train == 0:  # N = 0, public by convention; an empty test side is not refused (no test metric)
         raise DataError(
             "dataset",
-            f"{n} examples" if unit_column is None else "the file's units",  # rows are not public then
-            f"a test fraction of {test_fraction} leaves no example on one side of the split",
-            "provide more examples or change test_fraction",
+            "N = 0 training examples" if unit_column is None else "N = 0 training units",
+            f"a test fraction of {test_fraction} leaves nothing to train on",
+            "provide more examples or lower test_fraction",
         )
 
     def stack(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+        if not parts:  # no held-out row: no test metric (an empty test side is not refused)
+            return np.zeros((0, encoder.width), np.float32), np.zeros(0, np.int64)
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
     x_test, y_test = stack(tests)

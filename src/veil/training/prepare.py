@@ -47,12 +47,12 @@ def prepare_run(cfg: TrainConfig, out: Path | None, check: bool = True) -> RunPl
 
         refuse_fixed_front(assemble(prepared.prep, data.input_shape, net))
     refuse_unsupported_augment(cfg, data, net)
-    steps = plan_steps(cfg, data.n_records, prepared.pre_events)  # units, with a privacy unit
+    steps = plan_steps(cfg, prepared.n_planned, prepared.pre_events)  # units, with a privacy unit
     allowed = allowed_steps(cfg, steps.sigma, steps.q, steps.steps_planned, prepared.pre_events)
     if cfg.clip == "adaptive":  # the count's noise must fit inside the step's σ: refused before writing
         from veil.clipping.adaptive import gradient_noise
 
-        gradient_noise(steps.sigma, steps.q * data.n_records / 20)  # B/20, the hook's default
+        gradient_noise(steps.sigma, steps.q * prepared.n_planned / 20)  # B/20, the hook's default
     if allowed == 0:
         raise BudgetExhaustedError(
             "noise_multiplier",

@@ -20,6 +20,7 @@ or the other trials voids the bound; only the chosen model is meant for release.
 from __future__ import annotations
 
 import dataclasses
+import math
 import shutil
 import time
 from pathlib import Path
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
     from veil.data import Dataset
     from veil.pipeline.data import Prepared
 
-__all__ = ["TUNED_ON", "preset_candidate", "tune", "validation_mask"]
+__all__ = ["TUNED_ON", "planned_size", "preset_candidate", "tune", "validation_mask"]
 
 # Built-in benchmarks whose preset was tuned on them (veil.presets): tuning them with the default space
 # is refused before reading unless asked for (docs/tune.md has the measurements).
@@ -80,30 +81,43 @@ def validation_mask(data: Dataset, fraction: float, seed: int) -> np.ndarray:
     return record_mask(data.x_train, labels, fraction, "veil.tune.validation", seed, units=data.units_train)
 
 
+def planned_size(n_public: int, fraction: float) -> int:
+    """The public size of the training part every trial is planned on: ⌊(1 − F)·N⌋ with the validation
+    share F (N itself when no row is held out), from the public N (DP-SGD's convention) and F alone.
+
+    Guarantee. The part's exact size is a function of every record's side of the keyed split (one
+    record moves it by one between same-N neighbours), so it is never a planning input: each trial
+    samples every record of its part by Poisson at q = B / planned_size, a rate fixed before any row
+    is read, whose amplification holds whatever the part's real size (even 0); q, the steps per
+    epoch, σ and the checks on B and δ are then public functions of (N, F, B)."""
+    return n_public if fraction == 0 else math.floor((1.0 - fraction) * n_public)
+
+
 def _shapes(
-    base: dict[str, Any], space: SearchSpace, mask: np.ndarray, epsilon: float, n_train: int
+    base: dict[str, Any], space: SearchSpace, mask: np.ndarray, epsilon: float, n_plan: int
 ) -> tuple[list[Any], list[tuple[int, int, float, int]]]:
     """The preprocessing events of every model in the space (all charged: an upper bound), then
-    every shape's (epochs, batch, q, steps) on the reduced training split."""
+    every shape's (epochs, batch, q, steps) on the public planned size of the training part."""
     prefix: list[Any] = []
     for model in space.model:
         cfg = make_config({**base, "model": model, "epsilon": epsilon, "noise_multiplier": 1.0})
-        for e in prepare_trial(cfg, mask)[0].pre_events:
+        for e in prepare_trial(cfg, mask, n_plan)[0].pre_events:
             if e not in prefix:
                 prefix.append(e)
     shapes = []
     for epochs, batch in space.budget_shapes:
         cfg = make_config({**base, "epochs": epochs, "batch_size": batch, "noise_multiplier": 1.0})
-        steps = plan_steps(cfg, n_train, prefix)
+        steps = plan_steps(cfg, n_plan, prefix)
         shapes.append((epochs, batch, steps.q, steps.steps_planned))
     return prefix, shapes
 
 
-def preset_candidate(full: Prepared, base: dict[str, Any], epsilon: float, n_train: int) -> Candidate:
+def preset_candidate(full: Prepared, base: dict[str, Any], epsilon: float, n_plan: int) -> Candidate:
     """``veil train``'s defaults for this data (:mod:`veil.presets`: its kind and shape, and N for a
-    table's batch) sized for the training part: a public choice, read from no private value."""
+    table's batch) sized for the public planned size of the training part (:func:`planned_size`): a
+    public choice, read from no private value."""
     cfg = make_config({**base, "epsilon": epsilon})
-    cfg = apply_presets(cfg, preset_for(cfg.model, full.data), n_train)
+    cfg = apply_presets(cfg, preset_for(cfg.model, full.data), n_plan)
     assert cfg.lr is not None and cfg.epochs is not None and cfg.batch_size is not None
     assert cfg.max_grad_norm is not None
     return Candidate(
@@ -181,13 +195,21 @@ def tune(
     try:
         full, _, _ = prepare_trial(make_config({**base, "epsilon": epsilon}), None)
         mask = validation_mask(full.data, validation_fraction, seed)
-        n_train = records_outside(mask, full.data.units_train)  # rows, or units with a privacy unit
-        preset = preset_candidate(full, base, epsilon, n_train)
+        n_train = records_outside(mask, full.data.units_train)  # exact: internal only (non_private)
+        n_public = full.data.n_records  # N, public under DP-SGD's convention (as for every plan)
+        n_plan = planned_size(n_public, validation_fraction)  # what every trial is planned on
+        if n_plan < 1:  # public N and F: the same outcome whichever side each record fell on
+            raise InvalidParameterError(
+                "validation_fraction",
+                validation_fraction,
+                f"the planned training size ⌊(1 − F)·N⌋ with N = {n_public} is 0: nothing to train on",
+                "lower --validation-fraction, or provide more examples",
+            )
+        preset = preset_candidate(full, base, epsilon, n_plan)
         if space is None:
             space = around_preset(preset, dims, preset_share)
         elif preset_share > 0 and space.preset is None:
             space = dataclasses.replace(space, preset=preset, preset_share=preset_share)
-        n_public = full.data.n_records  # N, public under DP-SGD's convention (as for every plan)
         ref = plan_steps(full.cfg, n_public, full.pre_events)
         split, plan = _admit(
             base,
@@ -195,7 +217,7 @@ def tune(
             mask,
             epsilon,
             (count, noise),
-            n_train,
+            n_plan,
             (preset, ref.sigma, (validation_fraction or 1.0) * n_public),  # the rows scored
         )
         account.reserve(split.event(), delta)  # the whole procedure, before any trial or file
@@ -206,7 +228,7 @@ def tune(
     k = split.count.sample()
     account.start(out_dir)
     scoring = (mask, validation_fraction == 0, plan.n_validation)
-    trials = _run_trials(k, base, space, split, scoring, plan.score_noise, out_dir)
+    trials = _run_trials(k, base, space, split, scoring, plan.score_noise, out_dir, n_plan)
     chosen = max(trials, key=lambda t: t["noisy_score"]) if trials else None
     if chosen is not None:
         shutil.copyfile(out_dir / "trials" / str(chosen["trial"]) / "model.pt", out_dir / "model.pt")
@@ -244,18 +266,24 @@ def _admit(
     mask: np.ndarray,
     epsilon: float,
     given: tuple[TrialCount | None, float | None],
-    n_train: int,
+    n_plan: int,
     public: tuple[Candidate, float, float],
 ) -> tuple[BudgetSplit, TrialPlan]:
-    """δ < 1/N and B ≤ N on the training part, then the trial plan (given, or chosen from public
-    settings: the preset, the σ of ``veil train`` with it, the expected validation size) and the budget
-    split of the whole procedure (refused here, before any trial, if it cannot fit)."""
-    check_delta(base["delta"], n_train)
+    """δ < 1/N and B ≤ N on the planned training size ``n_plan`` (:func:`planned_size`: public, so
+    neither check depends on a record's side of the split), then the trial plan (given, or chosen
+    from public settings: the preset, the σ of ``veil train`` with it, the expected validation size)
+    and the budget split of the whole procedure (refused here, before any trial, if it cannot fit)."""
+    check_delta(base["delta"], n_plan)
     for b in space.batch_size:
-        if b > n_train:
-            raise ConfigError("batch_size", b, "the sampling rate B/N must be ≤ 1", "lower it")
+        if b > n_plan:
+            raise ConfigError(
+                "batch_size",
+                b,
+                f"the sampling rate B/n must be ≤ 1 on the planned training size n = ⌊(1 − F)·N⌋ = {n_plan}",
+                f"lower it to at most {n_plan}",
+            )
     preset, ref_sigma, n_validation = public
-    prefix, shapes = _shapes(base, space, mask, epsilon, n_train)
+    prefix, shapes = _shapes(base, space, mask, epsilon, n_plan)
     preset_shape = (
         next(s for s in shapes if s[:2] == (preset.epochs, preset.batch_size))
         if ((preset.epochs, preset.batch_size) in [s[:2] for s in shapes])
@@ -283,11 +311,13 @@ def _run_trials(
     scoring: tuple[np.ndarray, bool, float],
     score_noise: float,
     out_dir: Path,
+    n_plan: int | None = None,
 ) -> list[dict[str, Any]]:
     """``k`` trials, each a candidate drawn from the space and trained at its shape's σ; each records
     whether its spent RDP curve stayed under the planned one. ``scoring``: the validation mask,
     whether the score is on the training rows instead (no row held out), and the public number the
-    noisy count is divided by (the expected number of scored records, F·N or N)."""
+    noisy count is divided by (the expected number of scored records, F·N or N). ``n_plan``: the
+    public size each trial's steps are planned on (:func:`planned_size`)."""
     mask, on_training, score_over = scoring
     trials: list[dict[str, Any]] = []
     planned = split.trial_curve()
@@ -297,7 +327,7 @@ def _run_trials(
         own = split.trial_epsilon(shape.events(split.prefix, split.score_event))
         cfg = trial_config(base, cand, shape, own * 1.05 + 0.01, out_dir / "trials" / str(i + 1))
         folder = out_dir / "trials" / str(i + 1)
-        result = run_trial(cfg, mask, shape, score_noise, folder, on_training, score_over)
+        result = run_trial(cfg, mask, shape, score_noise, folder, on_training, score_over, n_plan)
         spent = trial_rdp(result.pop("events"), ORDERS)
         result["within_plan"] = bool(np.all(spent <= planned + 1e-12))
         trials.append({"trial": i + 1, **cand.to_dict(), **result})

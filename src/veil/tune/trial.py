@@ -43,14 +43,16 @@ def score_event(score_noise: float) -> PrivacyEvent:
     return gaussian_event(1.0, score_noise, coordinates=1, secure=True)
 
 
-def prepare_trial(cfg: TrainConfig, validation: np.ndarray | None) -> tuple[Prepared, np.ndarray, np.ndarray]:
+def prepare_trial(
+    cfg: TrainConfig, validation: np.ndarray | None, plan_size: int | None = None
+) -> tuple[Prepared, np.ndarray, np.ndarray]:
     """:func:`split_trial` without the validation rows' units."""
-    prepared, x_val, y_val, _ = split_trial(cfg, validation)
+    prepared, x_val, y_val, _ = split_trial(cfg, validation, plan_size)
     return prepared, x_val, y_val
 
 
 def split_trial(
-    cfg: TrainConfig, validation: np.ndarray | None
+    cfg: TrainConfig, validation: np.ndarray | None, plan_size: int | None = None
 ) -> tuple[Prepared, np.ndarray, np.ndarray, np.ndarray | None]:
     """The train job's preparation, the training split then cut into (training, validation).
 
@@ -58,7 +60,9 @@ def split_trial(
     Returns the prepared inputs (preprocessing planned on what the trial trains on) and the
     validation features, labels and unit keys (None without a privacy unit). With a privacy unit the
     mask holds whole units (:func:`veil.tune.run.validation_mask`) and the trial's units are kept
-    with its rows."""
+    with its rows. ``plan_size``: the public size the trial's steps are planned on (q = B /
+    plan_size, :func:`veil.tune.run.planned_size`), never the part's exact size, which depends on
+    which side of the keyed split each record fell (:attr:`veil.pipeline.data.Prepared.plan_size`)."""
     from veil.data.preprocess import plan_preprocessing
 
     prepared = prepare(cfg, units=True)
@@ -74,6 +78,7 @@ def split_trial(
         units_train=None if data.units_train is None else data.units_train[~validation],
     )
     prepared.prep = plan_preprocessing(prepared.cfg, prepared.data)
+    prepared.plan_size = plan_size
     return prepared, x_val, y_val, units_val
 
 
@@ -105,7 +110,7 @@ def _checked_plan(prepared: Any, out: Path) -> RunPlan:
     from veil.pipeline.public_inputs import refuse_mixing_on_public_inputs
 
     cfg = prepared.cfg
-    steps = plan_steps(cfg, prepared.data.n_records, prepared.pre_events)
+    steps = plan_steps(cfg, prepared.n_planned, prepared.pre_events)
     allowed = allowed_steps(cfg, steps.sigma, steps.q, steps.steps_planned, prepared.pre_events)
     net = build_net(cfg, prepared.data, cfg.seed)
     plan = RunPlan(prepared, net, steps, allowed, out)
@@ -127,6 +132,7 @@ def run_trial(
     out: Path,
     score_on_training: bool = False,
     score_over: float = 1.0,
+    plan_size: int | None = None,
 ) -> dict[str, Any]:
     """Train one candidate (every step charged to ``out/ledger.jsonl``), then release its noisy score.
 
@@ -141,14 +147,16 @@ def run_trial(
     model, one record moves that count by at most one (sensitivity 1), and the count's Gaussian event
     composes with the trial's DP-SGD steps on the same rows, as the held-out count does. It is a
     training score, not a held-out estimate: a DP model generalises (its training accuracy is close to
-    its test accuracy), which is what makes it usable for choosing among candidates."""
+    its test accuracy), which is what makes it usable for choosing among candidates.
+
+    ``plan_size``: the public size the steps are planned on (:func:`split_trial`)."""
     import torch
 
     from veil.training.execute import execute_run
     from veil.training.prepare import run_header
 
     t0 = time.monotonic()
-    prepared, x_val, y_val, units_val = split_trial(cfg, validation)
+    prepared, x_val, y_val, units_val = split_trial(cfg, validation, plan_size)
     if score_on_training:
         data = prepared.data
         x_val, y_val, units_val = data.x_train, data.y_train, data.units_train
