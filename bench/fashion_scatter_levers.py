@@ -24,6 +24,15 @@ each part group-normalised on its own, one linear layer on all: ``--extra j1`` i
 default head; ``j1pool``: the J = 1 maps average-pooled 2 × 2), ``--smooth S`` (label smoothing of
 the training loss; a change of the loss only).
 
+Second-moment levers (the head's fixed inputs z: every part group-normalised at GroupNorm's initial
+affine, flattened, scaled to norm √(1 − b²), then a constant coordinate b = ``--ssp-bias``, so
+‖z‖ = 1 for every record): ``--solver ssp`` releases Σ z zᵀ and Σ z (α·onehot(y))ᵀ with one
+Gaussian mechanism (sensitivity √(1 + α²)) spending the whole ``--eps`` and fits the linear layer by
+ridge least squares (``--ridge``, several values from the same release); ``--whiten S`` releases
+Σ z zᵀ alone (one ``Gaussian(S)`` event, sensitivity 1, composed before the DP-SGD steps), takes
+P = (max(G̃, 0)/n + λI)^(-1/2) (λ = ``--whiten-ridge``), and trains a linear layer by DP-SGD on the
+rows z P scaled to norm ``--whiten-norm`` (public per-record maps once P is released).
+
 Usage::
 
     OMP_NUM_THREADS=1 python bench/fashion_scatter_levers.py --epochs 40 --batch 8192 --lr 8 \
@@ -32,6 +41,7 @@ Usage::
 
 import argparse
 import json
+import math
 import os
 import resource
 import sys
@@ -118,13 +128,17 @@ class ConcatHead(nn.Module):
         )
         self.fc = nn.Linear(81 * 49 + sum(int(np.prod(s)) for s in self.shapes), 10)
 
-    def forward(self, x):
+    def inputs(self, x):
+        """What the linear layer sees: every part group-normalised, flattened, concatenated."""
         out, start = [self.norm(x[:, : 81 * 49].reshape(-1, 81, 7, 7)).flatten(1)], 81 * 49
         for norm, shape in zip(self.extra_norms, self.shapes, strict=True):
             size = int(np.prod(shape))
             out.append(norm(x[:, start : start + size].reshape(-1, *shape)).flatten(1))
             start += size
-        return self.fc(torch.cat(out, dim=1))
+        return torch.cat(out, dim=1)
+
+    def forward(self, x):
+        return self.fc(self.inputs(x))
 
 
 def extra_parts(extra):
@@ -229,6 +243,121 @@ def dp_channel_stats(x, clip, sigma, generator):
     return mean.float(), (sq - mean * mean).float()
 
 
+def unit_rows(model, x, bias):
+    """The per-example map of ``--solver ssp``: the head's fixed inputs (GroupNorm at its initial
+    affine, i.e. none), scaled to L2 norm √(1 − bias²), then a constant ``bias`` coordinate: every
+    row has norm 1 whatever the record (a public per-record rule)."""
+    with torch.no_grad():
+        z = model.inputs(x) if isinstance(model, ConcatHead) else nn.Sequential(*list(model)[:-1])(x)
+        z = z * (math.sqrt(1 - bias * bias) / z.norm(dim=1, keepdim=True).clamp_min(1e-12))
+        return torch.cat([z, torch.full((len(z), 1), bias)], dim=1)
+
+
+def ssp_release(model, x, y, bias, label_scale, sigma, generator, chunk=2048):
+    """Least-squares sufficient statistics released with one Gaussian mechanism (SSP).
+
+    Each example contributes (z zᵀ, z (α·onehot(y))ᵀ) with ‖z‖ = 1 (:func:`unit_rows`), so the
+    vector of the upper triangle of z zᵀ (diagonal included) and z αyᵀ has L2 norm ≤ √(1 + α²) = Δ
+    (the upper triangle's squared norm is Σᵢ zᵢ⁴ + Σᵢ<ⱼ zᵢ²zⱼ² ≤ ‖z‖⁴). The sums get N(0, σ²Δ²) on
+    every released coordinate (the Gram matrix's noise is drawn on the upper triangle and mirrored),
+    so the release is one ``Gaussian(σ)`` event under add/remove-one. Returns (G̃, B̃) in float64."""
+    d = None
+    for i in range(0, len(y), chunk):
+        z = unit_rows(model, x[i : i + chunk], bias)
+        assert float(z.norm(dim=1).max()) <= 1 + 1e-5, "a row above norm 1: the sensitivity would be wrong"
+        t = nn.functional.one_hot(y[i : i + chunk].long(), 10).float() * label_scale
+        if d is None:
+            d = z.shape[1]
+            gram = torch.zeros(d, d, dtype=torch.float64)
+            cross = torch.zeros(d, 10, dtype=torch.float64)
+        gram += (z.T @ z).double()
+        cross += (z.T @ t).double()
+    scale = sigma * math.sqrt(1 + label_scale * label_scale)
+    noise = torch.randn(d, d, dtype=torch.float64, generator=generator).triu() * scale
+    gram += noise + noise.triu(1).T
+    cross += torch.randn(d, 10, dtype=torch.float64, generator=generator) * scale
+    return gram, cross
+
+
+def ssp_solve(gram, cross, ridge):
+    """The ridge solution W = (G̃ + λI)⁻¹ B̃ (post-processing of the release)."""
+    eye = torch.eye(len(gram), dtype=torch.float64)
+    return torch.linalg.solve(gram + ridge * eye, cross).float()
+
+
+def whitener(gram, n, ridge):
+    """P = (max(G̃, 0)/n + λI)^(-1/2) from a released Gram matrix (post-processing: eigenvalues the
+    noise made negative are taken as 0, λ keeps the noise-dominated directions from being blown up)."""
+    vals, vecs = torch.linalg.eigh(gram)
+    top = (vals.flip(0) / n).tolist()
+    print(
+        "eigenvalues/n at ranks 1, 10, 100, 300, 1000, 3000:",
+        [f"{top[r - 1]:.2e}" for r in (1, 10, 100, 300, 1000, 3000)],
+    )
+    scale = (vals.clamp_min(0) / n + ridge).rsqrt()
+    return ((vecs * scale) @ vecs.T).float()
+
+
+def whitened_rows(model, x, bias, w, norm, chunk=4096):
+    """The fixed per-example map of ``--whiten``: :func:`unit_rows`, times the public matrix P (none:
+    ``--unit-rows``), scaled to L2 norm ``norm`` (a public per-record rule)."""
+    out = []
+    for i in range(0, len(x), chunk):
+        z = unit_rows(model, x[i : i + chunk], bias)
+        z = z if w is None else z @ w
+        out.append(z * (norm / z.norm(dim=1, keepdim=True).clamp_min(1e-12)))
+    return torch.cat(out)
+
+
+def ssp_accuracy(model, w, x, y, bias):
+    hits = 0
+    for i in range(0, len(y), 4096):
+        hits += int((unit_rows(model, x[i : i + 4096], bias) @ w).argmax(1).eq(y[i : i + 4096]).sum())
+    return round(hits / max(len(y), 1), 4)
+
+
+def gaussian_sigma(eps, delta, prefix=()):
+    """The smallest σ (to 0.1 %) such that ``prefix`` then one ``Gaussian(σ)`` is (ε, δ)-DP."""
+    lo, hi = 0.05, 100.0
+    while hi / lo > 1.001:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if epsilon_of([*prefix, Gaussian(mid)], delta) > eps else (lo, mid)
+    return hi
+
+
+def run_ssp(a, model, xtr, ytr, xva, yva, xte, yte):
+    """``--solver ssp``: the head's linear layer by ridge least squares on one-hot labels from the
+    SSP release (:func:`ssp_release`) spending the whole ``--eps``; ridges are post-processing."""
+    sigma = gaussian_sigma(a.eps, 1e-5)
+    g = torch.Generator().manual_seed(a.seed + 3000)
+    t0 = time.time()
+    gram, cross = ssp_release(model, xtr, ytr, a.ssp_bias, a.ssp_label, sigma, g)
+    release_s = time.time() - t0
+    val, acc = {}, {}
+    for ridge in (float(r) for r in a.ridge.split(",")):
+        w = ssp_solve(gram, cross, ridge)
+        acc[str(ridge)] = ssp_accuracy(model, w, xte, yte, a.ssp_bias)
+        if len(yva):
+            val[str(ridge)] = ssp_accuracy(model, w, xva, yva, a.ssp_bias)
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    print(
+        json.dumps(
+            {
+                "args": vars(a),
+                "sigma": round(sigma, 4),
+                "eps_total": round(epsilon_of([Gaussian(sigma)], 1e-5), 3),
+                "val": val,
+                "acc": acc,
+                "release_s": round(release_s, 1),
+                "cpu_s": round(ru.ru_utime + ru.ru_stime, 1),
+                "peak_gb": round(ru.ru_maxrss / 1e6, 2),
+                "load": os.getloadavg()[0],
+            }
+        ),
+        flush=True,
+    )
+
+
 def _logits(model, x):
     """Logits of ``x``; for ``[N, 2, ...]`` rows (an image and its mirror) the mean over both views."""
     if x.dim() == 5:
@@ -282,6 +411,29 @@ def main():
         default=None,
         help=f"concatenate these features: parts of {sorted(EXTRA_SHAPES)}, comma-separated",
     )
+    p.add_argument(
+        "--solver",
+        default="dpsgd",
+        choices=["dpsgd", "ssp"],
+        help="ssp: ridge least squares from one Gaussian release of the sufficient statistics",
+    )
+    p.add_argument(
+        "--whiten",
+        type=float,
+        default=0.0,
+        help="σ of a Gaussian release of the unit rows' Gram matrix; DP-SGD on the rows whitened by it",
+    )
+    p.add_argument(
+        "--unit-rows",
+        dest="unit_rows",
+        action="store_true",
+        help="the --whiten rows without P (no release): the ablation of the whitening",
+    )
+    p.add_argument("--whiten-ridge", dest="whiten_ridge", type=float, default=0.01)
+    p.add_argument("--whiten-norm", dest="whiten_norm", type=float, default=60.0)
+    p.add_argument("--ridge", default="100,300,1000", help="ssp: ridge λ values (post-processing)")
+    p.add_argument("--ssp-bias", dest="ssp_bias", type=float, default=0.3, help="ssp: constant coordinate")
+    p.add_argument("--ssp-label", dest="ssp_label", type=float, default=1.0, help="ssp: the label scale α")
     a = p.parse_args()
     xtr, ytr, xte, yte = lever_feats(a.extra, a.flip)
     if a.memtrace:
@@ -300,18 +452,38 @@ def main():
         k = round(a.val * len(ytr_t))
         xva_t, yva_t = xtr_t[order[:k]], ytr_t[order[:k]]
         xtr_t, ytr_t = xtr_t[order[k:]], ytr_t[order[k:]]
+    if a.solver == "ssp":
+        torch.manual_seed(a.seed)
+        model = head(a.head, a.groups, None, a.extra)
+        return run_ssp(a, model, xtr_t, ytr_t, xva_t, yva_t, xte_t, yte_t)
     n = len(ytr_t)
     spe = steps_per_epoch(n, a.batch)
     steps = round(a.epochs * spe)
     q = a.batch / n
     prefix = [Gaussian(a.bn_sigma)] if a.bn_sigma > 0 else []
+    rows = a.whiten > 0 or a.unit_rows
+    if rows:  # --whiten: one Gaussian release of the unit rows' Gram matrix (Δ = 1), before the steps
+        t0 = time.time()
+        front = head(a.head, a.groups, None, a.extra)
+        w = None
+        if a.whiten > 0:
+            prefix.append(Gaussian(a.whiten))
+            g = torch.Generator().manual_seed(a.seed + 4000)
+            gram, _ = ssp_release(front, xtr_t, ytr_t, a.ssp_bias, 0.0, a.whiten, g)
+            w = whitener(gram, n, a.whiten_ridge)
+            del gram
+        xtr_t, xva_t, xte_t = (
+            whitened_rows(front, t, a.ssp_bias, w, a.whiten_norm) for t in (xtr_t, xva_t, xte_t)
+        )
+        del w
+        print("whitened", round(time.time() - t0, 1), "s", flush=True)
     sigma = calibrate_noise(a.eps, 1e-5, q, steps, prefix=prefix)
     torch.manual_seed(a.seed)
     stats = None
     if a.bn_sigma > 0:
         g = torch.Generator().manual_seed(a.seed + 2000)
         stats = dp_channel_stats(xtr_t, a.bn_clip, a.bn_sigma, g)
-    model = head(a.head, a.groups, stats, a.extra)
+    model = nn.Linear(xtr_t.shape[1], 10) if rows else head(a.head, a.groups, stats, a.extra)
     opt = (
         torch.optim.Adam(model.parameters(), lr=a.lr)
         if a.opt == "adam"
@@ -398,7 +570,7 @@ def main():
             if done >= steps:
                 break
     tt = time.time() - t0
-    ev = head(a.head, a.groups, stats, a.extra)
+    ev = nn.Linear(xtr_t.shape[1], 10) if rows else head(a.head, a.groups, stats, a.extra)
     res, val = {}, {}
     weights = {str(e): avg[e] for e in emas}
     if tail is not None:
