@@ -34,8 +34,10 @@ __all__ = [
     "MultiScaleScattering",
     "Scattering2d",
     "ScatteringHead",
+    "UnitRows",
     "scattering_channels",
     "scattering_features",
+    "unit_rows_net",
 ]
 
 
@@ -218,6 +220,56 @@ class ScatteringHead(nn.Module):
             out.append(norm(x[:, start : start + size].reshape(-1, c, h, w)).flatten(1))
             start += size
         return self.linear(torch.cat(out, dim=1))
+
+
+class UnitRows(nn.Module):
+    """The whitened preset's fixed per-record map of :class:`MultiScaleScattering`'s rows: each scale's
+    maps group-normalised as :class:`ScatteringHead` does at its initial affine (i.e. none), flattened,
+    concatenated, scaled to L2 norm ``√(1 − b²)``, then a constant coordinate ``b``.
+
+    Guarantee: every output row has L2 norm ≤ 1 (exactly 1 up to float rounding), whatever the record
+    — a public per-record rule, the sensitivity bound of the Gram release of
+    :mod:`veil.data.whitening`. No parameters, no batch statistics: each row from its own example."""
+
+    def __init__(self, parts: list[tuple[int, ...]], constant: float = 0.3) -> None:
+        super().__init__()
+        if not 0.0 <= constant < 1.0:
+            raise ValueError(f"the constant coordinate must lie in [0, 1), got {constant}")
+        self.parts = [tuple(int(v) for v in p) for p in parts]
+        self.constant = float(constant)
+
+    @property
+    def out_features(self) -> int:
+        return sum(c * h * w for c, h, w in self.parts) + 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, start = [], 0
+        for c, h, w in self.parts:
+            size = c * h * w
+            part = x[:, start : start + size].reshape(-1, c, h, w)
+            out.append(nn.functional.group_norm(part, _norm_groups(c)).flatten(1))
+            start += size
+        z = torch.cat(out, dim=1)
+        radius = math.sqrt(1.0 - self.constant * self.constant)
+        z = z * (radius / z.norm(dim=1, keepdim=True).clamp_min(1e-12))
+        return torch.cat([z, torch.full((len(z), 1), self.constant, dtype=z.dtype, device=z.device)], dim=1)
+
+    def extra_repr(self) -> str:
+        return f"parts={self.parts}, constant={self.constant}"
+
+
+def unit_rows_net(net: nn.Module, constant: float = 0.3) -> nn.Module:
+    """The two-scale scattering model with its head replaced for the whitened preset: the fixed front
+    followed by :class:`UnitRows` (still fixed, so precomputed once), then one linear layer on the
+    unit rows (initialised from torch's generator, as the caller seeded it)."""
+    from veil.models import FixedFeaturesThenHead
+
+    if not (isinstance(net, FixedFeaturesThenHead) and isinstance(net.head, ScatteringHead)):
+        raise TypeError(f"unit rows need the two-scale scattering model, got {type(net).__name__}")
+    rows = UnitRows(net.head.parts, constant)
+    return FixedFeaturesThenHead(
+        nn.Sequential(net.features, rows), nn.Linear(rows.out_features, net.head.linear.out_features)
+    )
 
 
 def scattering_features(x: np.ndarray, J: int = 2, L: int = 8, batch_size: int = 512) -> np.ndarray:

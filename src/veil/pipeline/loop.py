@@ -53,7 +53,9 @@ __all__ = [
     "Session",
     "checkpoint",
     "ensure_preprocessing",
+    "ensure_whitening",
     "evaluate_released",
+    "fold_whitening",
     "start",
     "train_steps",
     "trainable_view",
@@ -82,6 +84,9 @@ class RunPlan(UsesPrepared):
     allowed: int
     out: Path
     feature_cache: dict[str, np.ndarray] = field(default_factory=dict)
+    whitener: tuple[np.ndarray, float] | None = None
+    """``(P, c)`` once the cached rows are whitened (:func:`ensure_whitening`): folded into the released
+    layer at the end (:func:`fold_whitening`)."""
 
 
 def trainable_view(plan: RunPlan, net: nn.Module, device: str) -> tuple[Trainable, np.ndarray, np.ndarray]:
@@ -96,6 +101,30 @@ def trainable_view(plan: RunPlan, net: nn.Module, device: str) -> tuple[Trainabl
     return view, plan.feature_cache["train"], plan.feature_cache["test"]
 
 
+def _charge_release(plan: RunPlan, ledger: Ledger, label: str, method: str, event: Any) -> int:
+    """Charge a one-off release made before the steps (refused if it would pass the target ε);
+    returns its index among the run's releases (the seed derivation's, in research mode)."""
+    cfg = plan.cfg
+    if epsilon_of([*ledger.events(), event], cfg.delta, cfg.accountant) > cfg.epsilon:
+        raise BudgetExhaustedError(
+            label,
+            method,
+            f"releasing the {label} statistic again would pass the target ε",
+            "the run ends here, its spend recorded; see veil budget show for what remains of the dataset's "
+            "budget before planning another run",
+        )
+    released_before = len(list(ledger.of_kind("event")))
+    ledger.append("event", label=label, method=method, event=event.to_dict())
+    return released_before
+
+
+def _record_release(run_dir: Path, ledger: Ledger, kind: str, name: str, data: bytes) -> None:
+    """Write a released statistic into the run folder (never under ``release/``) and its checksum to
+    the ledger, so that a resume reuses it instead of releasing it again."""
+    write_files(run_dir, {name: data})
+    ledger.append(kind, file=name, sha256=hashlib.sha256(data).hexdigest())
+
+
 def ensure_preprocessing(plan: RunPlan, run_dir: Path, ledger: Ledger) -> None:
     """Release the DP preprocessing statistic once per run (charged first), or reuse the released one."""
     from veil.data.preprocess import restore_preprocessing
@@ -107,21 +136,62 @@ def ensure_preprocessing(plan: RunPlan, run_dir: Path, ledger: Ledger) -> None:
     if path is not None:
         restore_preprocessing(plan.prep, json.loads(path.read_text()))
         return
-    cfg = plan.cfg
-    if epsilon_of([*ledger.events(), plan.prep.event], cfg.delta, cfg.accountant) > cfg.epsilon:
-        raise BudgetExhaustedError(
-            "preprocessing",
-            plan.prep.method,
-            "releasing the preprocessing statistic again would pass the target ε",
-            "the run ends here, its spend recorded; see veil budget show for what remains of the dataset's "
-            "budget before planning another run",
-        )
-    released_before = len(list(ledger.of_kind("event")))
-    ledger.append("event", label="preprocessing", method=plan.prep.method, event=plan.prep.event.to_dict())
-    release_preprocessing(plan.prepared, index=released_before)
+    index = _charge_release(plan, ledger, "preprocessing", plan.prep.method, plan.prep.event)
+    release_preprocessing(plan.prepared, index=index)
     data = json.dumps(plan.prep.released, sort_keys=True).encode()
-    write_files(run_dir, {"preprocessing.json": data})
-    ledger.append("preprocessing", file="preprocessing.json", sha256=hashlib.sha256(data).hexdigest())
+    _record_release(run_dir, ledger, "preprocessing", "preprocessing.json", data)
+
+
+WHITENING_FILE = "whitening.npy"
+"""The released Gram matrix (float32) in the run folder: internal (kept out of ``release/``), read back
+by a resume so that it whitens with the same ``P``."""
+
+
+def ensure_whitening(plan: RunPlan, run_dir: Path, ledger: Ledger) -> None:
+    """The scattering preset's whitening (:mod:`veil.data.whitening`): release the Gram matrix of the
+    cached training rows once per run (its ``Gaussian(S)`` event charged first, before any step), or
+    reuse the released one on a resume; then whiten the cached train and test rows in place, once
+    per process. Nothing to do without ``Prepared.whitening``."""
+    import io
+
+    from veil.data.whitening import release_gram, whiten_rows_, whitener
+    from veil.pipeline.randomness import private_source
+    from veil.pipeline.seeds import Purpose
+
+    w = plan.prepared.whitening
+    if w is None or plan.whitener is not None:
+        return
+    x_train, x_test = plan.feature_cache["train"], plan.feature_cache["test"]
+    path = ckpt.verified_preprocessing_file(run_dir, ledger, "whitening")
+    if path is not None:
+        gram = np.load(path)
+    else:
+        cfg = plan.cfg
+        index = _charge_release(plan, ledger, "whitening", "gram", w.event)
+        noise = private_source(cfg.reproducible, cfg.seed, Purpose.PREPROCESSING, index)
+        gram = release_gram(x_train, w.std, noise)
+        buf = io.BytesIO()
+        np.save(buf, gram)
+        _record_release(run_dir, ledger, "whitening", WHITENING_FILE, buf.getvalue())
+    p, c = whitener(gram, len(x_train), w.ridge, w.row_norm)
+    del gram
+    for rows in (x_train, x_test):
+        whiten_rows_(rows, p, c)
+    plan.whitener = (p, c)
+
+
+def fold_whitening(plan: RunPlan, full: nn.Module) -> None:
+    """Fold the whitening into the released model's linear layer (``W' = c·W·P``: it then acts on the
+    unit rows its front computes; exact up to float rounding). Call once, after the last evaluation
+    on the whitened rows; nothing to do without whitening."""
+    from veil.data.whitening import fold_
+
+    if plan.whitener is None:
+        return
+    from veil.models import split_fixed_front
+
+    _, head = split_fixed_front(full)
+    fold_(head, *plan.whitener)
 
 
 @dataclass
@@ -194,8 +264,10 @@ def start(plan: RunPlan, run_dir: Path, ledger: Ledger, attach_audit: AttachAudi
 
     cfg, data, device = plan.cfg, plan.data, plan.cfg.device
     ensure_preprocessing(plan, run_dir, ledger)
-    net = build_net(cfg, data, cfg.seed)
+    unit_rows = plan.prepared.whitening is not None
+    net = build_net(cfg, data, cfg.seed, unit_rows=unit_rows)
     view, x_train, x_test = trainable_view(plan, net, device)
+    ensure_whitening(plan, run_dir, ledger)
     if cfg.augment > 1:  # a last guard for every job (veil train refuses it before writing anything)
         from veil.augment.multiplicity import refuse_unsupported
 
@@ -211,7 +283,7 @@ def start(plan: RunPlan, run_dir: Path, ledger: Ledger, attach_audit: AttachAudi
     ema = {
         k: v.detach().clone() for k, v in (state["ema"] if state is not None else model.state_dict()).items()
     }
-    eval_model = trainable_view(plan, build_net(cfg, data, cfg.seed), device)[0]
+    eval_model = trainable_view(plan, build_net(cfg, data, cfg.seed, unit_rows=unit_rows), device)[0]
     return Session(
         model=model,
         full=eval_model.full,

@@ -38,8 +38,12 @@ __all__ = [
 ]
 
 
-def build_net(cfg: TrainConfig, data: Dataset, seed: int) -> nn.Module:
-    """The configured network for ``data``, initialised from ``seed``, validated and fixed."""
+def build_net(cfg: TrainConfig, data: Dataset, seed: int, *, unit_rows: bool = False) -> nn.Module:
+    """The configured network for ``data``, initialised from ``seed``, validated and fixed.
+
+    ``unit_rows``: the scattering preset's whitened head (``Prepared.whitening`` set): the fixed
+    front ends in :class:`~veil.models.scattering.UnitRows` and the head is one linear layer
+    (:func:`veil.models.scattering.unit_rows_net`)."""
     import torch
 
     from veil.models import build_model
@@ -58,6 +62,10 @@ def build_net(cfg: TrainConfig, data: Dataset, seed: int) -> nn.Module:
             net = build_table_net(cfg.model, data.input_shape[0], embeddings, data.num_classes)
         else:
             net = build_model(cfg.model, data.input_shape, data.num_classes, data.kind)
+            if unit_rows:
+                from veil.models.scattering import unit_rows_net
+
+                net = unit_rows_net(net)
     if validate(net):
         net = fix(net)
         problems = validate(net)
