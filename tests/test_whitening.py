@@ -4,6 +4,7 @@ noise (symmetric, std S, on the grid), the fold into the released layer, and its
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -122,3 +123,73 @@ def test_only_the_scattering_preset_whitens_and_its_release_comes_first() -> Non
     assert whitening_for("image-rff", "rff", (1, 8, 8)) is None
     assert whitening_for("image-scatternet", "scatternet", (1, 12, 12)) is None
     assert WhiteningPlan(6.0, 0.02, 60.0).event == Gaussian(6.0)
+
+
+def _run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    from veil.cli.main import main
+
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_train_charges_the_gram_release_first_keeps_it_out_of_release_and_folds_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`veil train` with the scattering preset (16 × 16 images): the Gram release is charged before the
+    first step (and counted in ε), its file stays in the run folder, never under release/; model.pt is
+    the unit-rows model with P folded in (no d × d buffer) and reproduces the reported accuracy; a
+    resume reuses the release (no second event) and releases the same weights."""
+    import json
+    import shutil
+
+    from veil.accounting.calibrate import epsilon_of
+    from veil.accounting.events import event_from_dict
+    from veil.accounting.ledger import Ledger
+    from veil.config import make_config
+    from veil.data import load_dataset
+    from veil.data.preprocess import build_transform, plan_preprocessing
+    from veil.models import build_model
+
+    rng = np.random.default_rng(0)
+    y = np.arange(300) % 3
+    x = rng.integers(0, 80, (300, 16, 16)) + (y[:, None, None] * 60) * (np.arange(16) < 8)[None, None, :]
+    data = tmp_path / "small.npz"
+    np.savez(data, x=x.astype(np.uint8), y=y)
+    out = tmp_path / "run"
+    args = ["train", "--dataset", f"npz:{data}", "--classes", "0,1,2", "--epochs", "4", "--seed", "0"]
+    code, _, err = _run_cli([*args, "--out", str(out), "--json", "--no-baseline", "--reproducible"], capsys)
+    assert code == 0, err
+    report = json.loads((out / "report.json").read_text())
+    ledger = Ledger.open(out / "ledger.jsonl")
+    kinds = [r["kind"] for r in ledger.records]
+    events = [r for r in ledger.of_kind("event")]
+    assert [r["label"] for r in events] == ["whitening"]
+    assert kinds.index("event") < kinds.index("step")  # charged before the first step
+    assert event_from_dict(events[0]["event"]) == Gaussian(6.0)
+    assert report["epsilon_spent"] == pytest.approx(epsilon_of(ledger.events(), 1e-5), rel=1e-9)
+    assert epsilon_of(ledger.events()[1:], 1e-5) < report["epsilon_spent"] <= 3.0
+    ledger.close()
+    assert (out / "whitening.npy").is_file()
+    assert not list((out / "release").rglob("whitening*"))
+    state = torch.load(out / "release" / "model.pt", weights_only=True)
+    assert max(v.numel() for v in state.values()) < 10 * 2000  # the 3-class layer on ~1,900 inputs
+    ds = load_dataset(f"npz:{data}", seed=0, classes=["0", "1", "2"])
+    torch.manual_seed(123)
+    model = torch.nn.Sequential()
+    model.add_module("preprocess", build_transform(plan_preprocessing(make_config({}), ds), ds.input_shape))
+    model.add_module("net", unit_rows_net(build_model("scatternet", ds.input_shape, 3, "image")))
+    model.load_state_dict(state)
+    with torch.no_grad():
+        pred = model.eval()(torch.from_numpy(ds.x_test)).argmax(1).numpy()
+    assert float((pred == ds.y_test).mean()) == pytest.approx(report["non_private"]["test_accuracy"], abs=0.02)
+
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    code, _, err = _run_cli(["train", "--resume", str(copy), "--json", "--no-baseline"], capsys)
+    assert code == 0, err
+    ledger = Ledger.open(copy / "ledger.jsonl")
+    assert [r["label"] for r in ledger.of_kind("event")] == ["whitening"]  # reused, not released again
+    ledger.close()
+    again = torch.load(copy / "release" / "model.pt", weights_only=True)
+    assert all(torch.equal(again[k], state[k]) for k in state)  # the same P folded into the same weights
