@@ -41,7 +41,8 @@ def test_gram_of_rows_scales_rows_above_one_down() -> None:
     rows[0] = [3.0, 4.0, 0.0]  # norm 5: counted as norm 1
     rows[1] = [0.0, 0.0, 0.5]
     gram = gram_of_rows(rows, chunk=1)
-    np.testing.assert_allclose(gram, np.outer([0.6, 0.8, 0], [0.6, 0.8, 0]) + np.diag([0, 0, 0.25]), atol=1e-6)
+    want = np.outer([0.6, 0.8, 0], [0.6, 0.8, 0]) + np.diag([0, 0, 0.25])
+    np.testing.assert_allclose(gram, want, atol=1e-6)
 
 
 def test_released_gram_is_symmetric_with_noise_std_s_on_the_grid() -> None:
@@ -133,6 +134,36 @@ def _run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, 
     return code, out, err
 
 
+def _small_images(tmp_path: Path) -> Path:
+    rng = np.random.default_rng(0)
+    y = np.arange(300) % 3
+    x = rng.integers(0, 80, (300, 16, 16)) + (y[:, None, None] * 60) * (np.arange(16) < 8)[None, None, :]
+    data = tmp_path / "small.npz"
+    np.savez(data, x=x.astype(np.uint8), y=y)
+    return data
+
+
+def test_train_draws_the_gram_noise_from_the_secure_source_by_default(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Secure mode (the default): the release's noise source is the OS CSPRNG, never a seeded one."""
+    import veil.data.whitening as whitening
+
+    sources: list[object] = []
+    release = whitening.release_gram
+
+    def spy(rows: np.ndarray, std: float, rng: object) -> np.ndarray:
+        sources.append(rng)
+        return release(rows, std, rng)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(whitening, "release_gram", spy)
+    data = _small_images(tmp_path)
+    args = ["train", "--dataset", f"npz:{data}", "--classes", "0,1,2", "--epochs", "1"]
+    code, _, err = _run_cli([*args, "--out", str(tmp_path / "run"), "--json", "--no-baseline"], capsys)
+    assert code == 0, err
+    assert len(sources) == 1 and type(sources[0]) is SecureSource
+
+
 def test_train_charges_the_gram_release_first_keeps_it_out_of_release_and_folds_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -151,11 +182,7 @@ def test_train_charges_the_gram_release_first_keeps_it_out_of_release_and_folds_
     from veil.data.preprocess import build_transform, plan_preprocessing
     from veil.models import build_model
 
-    rng = np.random.default_rng(0)
-    y = np.arange(300) % 3
-    x = rng.integers(0, 80, (300, 16, 16)) + (y[:, None, None] * 60) * (np.arange(16) < 8)[None, None, :]
-    data = tmp_path / "small.npz"
-    np.savez(data, x=x.astype(np.uint8), y=y)
+    data = _small_images(tmp_path)
     out = tmp_path / "run"
     args = ["train", "--dataset", f"npz:{data}", "--classes", "0,1,2", "--epochs", "4", "--seed", "0"]
     code, _, err = _run_cli([*args, "--out", str(out), "--json", "--no-baseline", "--reproducible"], capsys)
@@ -182,7 +209,8 @@ def test_train_charges_the_gram_release_first_keeps_it_out_of_release_and_folds_
     model.load_state_dict(state)
     with torch.no_grad():
         pred = model.eval()(torch.from_numpy(ds.x_test)).argmax(1).numpy()
-    assert float((pred == ds.y_test).mean()) == pytest.approx(report["non_private"]["test_accuracy"], abs=0.02)
+    accuracy = float((pred == ds.y_test).mean())
+    assert accuracy == pytest.approx(report["non_private"]["test_accuracy"], abs=0.02)
 
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
