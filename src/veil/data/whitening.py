@@ -98,12 +98,13 @@ def release_gram(rows: np.ndarray, std: float, rng: RandomSource) -> np.ndarray:
     start = 0
     for i in range(d):  # row i's upper part gets its own draws; the column below the diagonal mirrors it
         gram[i, i:] += noise[start : start + d - i]
+        gram[i + 1 :, i] = gram[i, i + 1 :]
         start += d - i
     del noise
-    upper = np.triu_indices(d, 1)
-    gram[upper[1], upper[0]] = gram[upper]
-    grid = release_grid(std)
-    np.multiply(np.rint(gram / grid), grid, out=gram)
+    grid = release_grid(std)  # in place: no d × d temporaries (a power of two: × and ÷ are exact)
+    gram /= grid
+    np.rint(gram, out=gram)
+    gram *= grid
     return gram.astype(np.float32)
 
 
