@@ -188,6 +188,8 @@ def test_train_charges_the_gram_release_first_keeps_it_out_of_release_and_folds_
     code, _, err = _run_cli([*args, "--out", str(out), "--json", "--no-baseline", "--reproducible"], capsys)
     assert code == 0, err
     report = json.loads((out / "report.json").read_text())
+    failed = [c["name"] for c in report["checks"] if not c["passed"]]
+    assert failed == ["secure_randomness"], failed  # --reproducible: the only check it fails
     ledger = Ledger.open(out / "ledger.jsonl")
     kinds = [r["kind"] for r in ledger.records]
     events = [r for r in ledger.of_kind("event")]
