@@ -75,13 +75,15 @@ def gram_of_rows(rows: np.ndarray, chunk: int = GRAM_CHUNK) -> np.ndarray:
     import torch
 
     d = rows.shape[1]
-    total = torch.zeros(d, d, dtype=torch.float64)
+    total = np.zeros((d, d), dtype=np.float64)
+    part = torch.empty(d, d, dtype=torch.float32)  # one chunk's product, reused
     for i in range(0, len(rows), chunk):
         z = torch.from_numpy(np.ascontiguousarray(rows[i : i + chunk], dtype=np.float32))
         norms = z.double().norm(dim=1, keepdim=True)
         z = z * (1.0 / norms.clamp_min(1.0)).float()
-        total += (z.T @ z).double()
-    return total.numpy()
+        torch.mm(z.T, z, out=part)
+        np.add(total, part.numpy(), out=total)  # numpy casts chunk-wise: no d × d float64 temporary
+    return total
 
 
 def release_gram(rows: np.ndarray, std: float, rng: RandomSource) -> np.ndarray:
