@@ -145,3 +145,13 @@ def timing_rows(size: int, times: dict[str, list[float]], baseline: str) -> list
         med = statistics.median(ts)
         rows.append([f"{size:,}", name, med * 1e3, min(ts) * 1e3, f"{med / base:.2f}×"])
     return rows
+
+
+def fixed_batch_drawn(loader: Any) -> None:
+    """Tell veil's private loader (``make_private``'s) that the bench's fixed batch stands for a batch
+    it drew, before a timed step on that batch: the optimizer takes one step per batch handed out
+    (``veil.sampling.StepSignal``). Timing only: such a loop is no DP run (the same rows every step).
+    Other loaders (plain PyTorch, Opacus) have no signal and are left alone."""
+    signal = getattr(loader, "signal", None)
+    if signal is not None:
+        signal.hand_out(first=True, last=True)

@@ -55,6 +55,7 @@ from common import (
     Stopwatch,
     current_rss_bytes,
     describe_machine,
+    fixed_batch_drawn,
     markdown_table,
     peak_rss_since_reset_bytes,
     reset_peak_rss,
@@ -204,7 +205,9 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     x, y = data(batch).tensors
     x, y = x.to(device), y.to(device)
 
-    def step(xb: Any, yb: Any) -> None:
+    def step(xb: Any, yb: Any, fixed: bool = True) -> None:
+        if fixed:
+            fixed_batch_drawn(loader)
         optimizer.zero_grad()
         loss(model(xb), yb).backward()
         optimizer.step()
@@ -217,7 +220,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         with Stopwatch(cuda) as timer:
             for xb, yb in loader:
                 xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
-                step(xb, yb)
+                step(xb, yb, fixed=False)
                 seen += len(xb)
                 largest = max(largest, len(xb))
         return seen, timer.seconds

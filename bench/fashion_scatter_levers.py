@@ -68,6 +68,16 @@ from veil.models.scattering import scattering_features  # noqa: E402
 from veil.sampling import steps_per_epoch  # noqa: E402
 
 
+def _costs() -> dict:
+    """The process's CPU seconds so far, its peak resident GB and the load average, for a result row."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return {
+        "cpu_s": round(ru.ru_utime + ru.ru_stime, 1),
+        "peak_gb": round(ru.ru_maxrss / 1e6, 2),
+        "load": os.getloadavg()[0],
+    }
+
+
 def _rss_mib() -> int:
     """This process's resident memory (MiB), from /proc (Linux)."""
     return int(Path("/proc/self/statm").read_text().split()[1]) * 4096 // 2**20
@@ -339,7 +349,6 @@ def run_ssp(a, model, xtr, ytr, xva, yva, xte, yte):
         acc[str(ridge)] = ssp_accuracy(model, w, xte, yte, a.ssp_bias)
         if len(yva):
             val[str(ridge)] = ssp_accuracy(model, w, xva, yva, a.ssp_bias)
-    ru = resource.getrusage(resource.RUSAGE_SELF)
     print(
         json.dumps(
             {
@@ -349,9 +358,7 @@ def run_ssp(a, model, xtr, ytr, xva, yva, xte, yte):
                 "val": val,
                 "acc": acc,
                 "release_s": round(release_s, 1),
-                "cpu_s": round(ru.ru_utime + ru.ru_stime, 1),
-                "peak_gb": round(ru.ru_maxrss / 1e6, 2),
-                "load": os.getloadavg()[0],
+                **_costs(),
             }
         ),
         flush=True,
@@ -581,7 +588,6 @@ def main():
         res[name] = accuracy(ev, xte_t, yte_t)
         if len(yva_t):
             val[name] = accuracy(ev, xva_t, yva_t)
-    ru = resource.getrusage(resource.RUSAGE_SELF)
     print(
         json.dumps(
             {
@@ -593,9 +599,7 @@ def main():
                 "val": val,
                 "acc": res,
                 "train_s": round(tt, 1),
-                "cpu_s": round(ru.ru_utime + ru.ru_stime, 1),
-                "peak_gb": round(ru.ru_maxrss / 1e6, 2),
-                "load": os.getloadavg()[0],
+                **_costs(),
             }
         ),
         flush=True,

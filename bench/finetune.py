@@ -63,7 +63,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import describe_machine, markdown_table
+from common import describe_machine, fixed_batch_drawn, markdown_table
 
 DELTA = 1e-5
 CLIP = 1.0
@@ -260,11 +260,12 @@ def _step_mode(
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
     dataset = TensorDataset(x, y)
     note = ""
+    loader: Any = None
     if mode in ("veil", "veil-seeded") and fine_tune == "full":
         from veil.engine import PrivacyEngine
 
         engine = PrivacyEngine(seed=0, reproducible=True) if mode == "veil-seeded" else PrivacyEngine()
-        model, optimizer, _ = engine.make_private(
+        model, optimizer, loader = engine.make_private(
             module=model,
             optimizer=optimizer,
             data_loader=DataLoader(dataset, batch_size=len(x)),
@@ -273,7 +274,7 @@ def _step_mode(
         )
     elif mode == "veil":
         engine = make_engine(0)
-        model, optimizer, _ = engine.make_private(
+        model, optimizer, loader = engine.make_private(
             module=model,
             optimizer=optimizer,
             data_loader=DataLoader(dataset, batch_size=len(x)),
@@ -283,7 +284,7 @@ def _step_mode(
     elif mode == "opacus":
         from opacus import PrivacyEngine as OpacusEngine
 
-        model, optimizer, _ = OpacusEngine().make_private(
+        model, optimizer, loader = OpacusEngine().make_private(
             module=model,
             optimizer=optimizer,
             data_loader=DataLoader(dataset, batch_size=len(x)),
@@ -293,6 +294,7 @@ def _step_mode(
         )
 
     def step() -> None:
+        fixed_batch_drawn(loader)
         optimizer.zero_grad()
         F.cross_entropy(model(x), y).backward()
         optimizer.step()

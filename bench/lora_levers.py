@@ -8,7 +8,7 @@ here on a fixed seeded subset of ``veil train``'s training split (the rows of
 ``--train`` of the subset train, the remaining ``--val`` score. Accuracies are validation metrics
 (non-private numbers, for choosing a recipe only).
 
-Two parts:
+Three parts:
 
 * ``head``: the pooled head alone at LoRA's start (frozen mean-pooled unit-norm MiniLM features
   times √H, as :class:`veil.text.finetune.PooledClassifier`), DP-SGD with per-example gradients in
@@ -24,11 +24,16 @@ Two parts:
   learning rate per logical step), ``--rank``/``--alpha``, and ``--lpft N`` (LP-FT inside the same
   run: the first N of ``--steps`` steps train the pooled head alone on the frozen features, with the
   same expected batch, σ and clip, so the whole run keeps the same ε; then LoRA for the rest).
+* ``norms``: no training under noise; per-example gradient norms (how many C clips) and an unbiased
+  estimate of the clipped mean's norm per group of parameters (head, LoRA A, LoRA B) against the
+  noise's norm per step (σC/B·√d), at LoRA's start and along ``--probe-steps`` non-private Adam
+  steps. About a CPU-minute: where the noise bites, before any full run.
 
 Usage::
 
     python bench/tweets_csv.py runs/tweets.csv
     python bench/lora_levers.py head --csv runs/tweets.csv
+    python bench/lora_levers.py norms --csv runs/tweets.csv --train 2560 --val 128
     python bench/lora_levers.py lora --csv runs/tweets.csv 5e-3/5e-3 1e-3/5e-3 1e-2/5e-3
     # the stand-in for 2 epochs at expected batch 512 with a warm-up and a linear decay, or LP-FT
     python bench/lora_levers.py lora 1e-2/1e-2 --csv runs/tweets.csv --lora-batch 128 \
@@ -280,9 +285,106 @@ def part_lora(args: argparse.Namespace) -> None:
         )
 
 
+def per_example_gradients(model: torch.nn.Module, x: np.ndarray, y: np.ndarray) -> torch.Tensor:
+    """``[N, d]``: each example's gradient of the trained parameters (one backward per example, eval
+    mode: no dropout; bf16 forward as in the runs)."""
+    from veil.precision import autocast
+
+    trained = [p for p in model.parameters() if p.requires_grad]
+    model.eval()
+    rows = []
+    for i in range(len(x)):
+        model.zero_grad()
+        with autocast("cpu", "bf16"):
+            logits = model(torch.from_numpy(x[i : i + 1]))
+        F.cross_entropy(logits.float(), torch.from_numpy(y[i : i + 1])).backward()
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in trained]
+        rows.append(torch.cat([g.flatten() for g in grads]))
+    model.train()
+    return torch.stack(rows)
+
+
+def signal_norm(clipped: torch.Tensor) -> float:
+    """An unbiased estimate of ‖E[clipped gradient]‖ from ``N`` examples: ‖mean‖² less the sampling
+    part (mean squared deviation / (N − 1)); 0 when the estimate is negative."""
+    mean = clipped.mean(0)
+    spread = (clipped.pow(2).sum(1).mean() - mean.pow(2).sum()) / (len(clipped) - 1)
+    return max(float(mean.pow(2).sum() - spread), 0.0) ** 0.5
+
+
+def part_norms(args: argparse.Namespace) -> None:
+    """Per-example gradient norms and the clipped mean's signal against the noise, per group of
+    parameters (head, LoRA A, LoRA B), at LoRA's start and after ``--probe-steps`` non-private Adam
+    steps (batches of 64, the adapters' and head's lr from the first setting): which examples C
+    clips, and how the noise's norm per step (σC/B · √d, for the σ/B of ``--noise-per-b``) compares
+    with the signal it hides. ``--val`` examples are probed; the steps use the ``--train`` rows."""
+    from finetune import minilm_folder
+    from veil.hf import LoraSettings, build_text_classifier, inspect_folder
+    from veil.precision import autocast
+
+    x, y = training_subset(args, args.max_length)
+    xtr, ytr, xp, yp = x[: args.train], y[: args.train], x[args.train :], y[args.train :]
+    torch.manual_seed(0)
+    model = build_text_classifier(
+        inspect_folder(minilm_folder()),
+        3,
+        "lora",
+        LoraSettings(rank=args.rank, alpha=args.alpha, targets=tuple(args.lora_targets.split(","))),
+    )
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    kind = np.concatenate(
+        [[("A" if "lora_A" in n else "B") if "lora_" in n else "head"] * p.numel() for n, p in named]
+    )
+    adapter_lr, head_lr = (float(v) for v in args.settings[0].split("/"))
+    optimizer = torch.optim.Adam(
+        [
+            {"params": [p for n, p in named if "lora_" in n], "lr": adapter_lr},
+            {"params": [p for n, p in named if "lora_" not in n], "lr": head_lr},
+        ]
+    )
+    print(f"{len(kind)} trained parameters; {len(xp)} probed examples; C = {args.clip:g}\n")
+    print(
+        "| after steps | norm 10/50/90 % | clipped at C | group | d | median norm | signal ‖E ḡ‖ "
+        "| noise norm |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    rng = np.random.default_rng(0)
+    start = time.process_time()
+    for step in range(args.probe_steps + 1):
+        if step in (0, args.probe_steps // 4, args.probe_steps):
+            g = per_example_gradients(model, xp, yp)
+            norms = g.norm(dim=1)
+            clipped = g * (args.clip / norms.clamp(min=args.clip))[:, None]
+            q = [float(norms.quantile(v)) for v in (0.1, 0.5, 0.9)]
+            share = float((norms > args.clip).float().mean())
+            head = f"| {step} | {q[0]:.2f} / {q[1]:.2f} / {q[2]:.2f} | {share:.2f}"
+            for group in ("head", "A", "B", "all"):
+                m = (
+                    torch.from_numpy(kind == group)
+                    if group != "all"
+                    else torch.ones(len(kind), dtype=torch.bool)
+                )
+                d = int(m.sum())
+                print(
+                    f"{head} | {group} | {d} | {float(g[:, m].norm(dim=1).median()):.3f} | "
+                    f"{signal_norm(clipped[:, m]):.4f} | {args.noise_per_b * args.clip * d**0.5:.3f} |",
+                    flush=True,
+                )
+                head = "| | |"
+        if step == args.probe_steps:
+            break
+        take = rng.choice(len(xtr), 64, replace=False)
+        optimizer.zero_grad()
+        with autocast("cpu", "bf16"):
+            logits = model(torch.from_numpy(xtr[take]))
+        F.cross_entropy(logits.float(), torch.from_numpy(ytr[take])).backward()
+        optimizer.step()
+    print(f"\n{time.process_time() - start:.0f} CPU s")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("part", choices=["head", "lora"])
+    p.add_argument("part", choices=["head", "lora", "norms"])
     p.add_argument("settings", nargs="*", default=["5e-3/5e-3"], help="lora: ADAPTER_LR/HEAD_LR each")
     p.add_argument("--csv", required=True, help="the tweets as written by bench/tweets_csv.py")
     p.add_argument("--train", type=int, default=6000)
@@ -304,10 +406,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--lpft-schedule", action="store_true", help="lora: the head phase follows --warmup/--schedule"
     )
+    p.add_argument("--probe-steps", type=int, default=40, help="norms: non-private steps probed")
+    p.add_argument("--noise-per-b", type=float, default=0.741 / 512, help="norms: σ/B of the noise")
     args = p.parse_intermixed_args(argv)  # settings may follow the options (as in the usage above)
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
-    (part_head if args.part == "head" else part_lora)(args)
+    {"head": part_head, "lora": part_lora, "norms": part_norms}[args.part](args)
     return 0
 
 

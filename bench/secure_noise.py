@@ -44,7 +44,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import describe_machine, markdown_table, timing_rows
+from common import describe_machine, fixed_batch_drawn, markdown_table, timing_rows
 from legacy_noise import UrandomSource, release_of_before
 from veil.mechanisms import SecureSource, SeededSource
 
@@ -67,7 +67,7 @@ def step_rows(
     for mode in modes:
         model, data, loss = build(config)
         engine_mode = "veil" if mode in ("veil-before", "veil-at-step", "veil-conv-before") else mode
-        model, optimizer, _, loss = make_mode(
+        model, optimizer, loader, loss = make_mode(
             engine_mode, model.to(dev), data(BATCH[config]), loss, BATCH[config]
         )
         x, y = (t.to(dev) for t in data(BATCH[config]).tensors)
@@ -85,8 +85,10 @@ def step_rows(
             x: Any = x,
             y: Any = y,
             ctx: Any = context,
+            loader: Any = loader,
         ) -> None:
             with ctx():
+                fixed_batch_drawn(loader)
                 opt.zero_grad()
                 loss(model(x), y).backward()
                 opt.step()

@@ -85,9 +85,13 @@ def _whole_plan_epsilon(out: Path) -> float:
 
 def _check_stopped(out: Path, code: int, err: str, capsys: pytest.CaptureFixture[str]) -> dict:
     assert code != 0, err[-2000:]
-    assert "Traceback" not in err, err[-4000:]
-    last = err.strip().splitlines()[-1]
-    assert last == f"veil: interrupted; continue with: veil federated --resume {out}", err[-2000:]
+    # veil's own output: the one line, no traceback through veil's code. Flower and Ray may still log
+    # a client actor's death (with their traceback) and, on a loaded machine, the interpreter's
+    # teardown beside Ray's threads has crashed after veil's line (seen once in CI): both are theirs.
+    lines = [line for line in err.splitlines() if line.startswith("veil:")]
+    assert lines == [f"veil: interrupted; continue with: veil federated --resume {out}"], err[-2000:]
+    frames = [line for line in err.splitlines() if line.lstrip().startswith("File ")]
+    assert not [f for f in frames if "/veil/" in f], err[-4000:]
     assert 0 < _rounds_saved(out) < ROUNDS  # stopped, not run to its end
     assert not (out / "model.npz").exists() and not (out / "release").exists()
     assert not (out / "error.txt").exists()  # a stop is not a refusal

@@ -269,6 +269,8 @@ def test_empty_poisson_batch_is_a_noise_only_step_and_no_step_past_the_plan(tmp_
         "labels": torch.zeros(0, dtype=torch.long),
     }
     before = [p.detach().clone() for p in trainer.dp_optimizer.clipper.parameters]
+    assert trainer._dp_loader is not None
+    trainer._dp_loader.signal.hand_out(first=True, last=True)  # as the private loader yields it
     assert float(trainer.training_step(trainer.model, dict(empty))) == 0.0
     trainer.optimizer.step()
     assert trainer.privacy.steps == 1
@@ -331,6 +333,16 @@ def _plateau(trainer_args: Any) -> dict[str, Any]:
 _EVAL = {"eval_strategy": "steps", "eval_steps": 1}
 
 
+def _nothing_charged_or_written(tmp_path: Path) -> None:
+    """No run in the registry for the toy dataset, no run folder."""
+    registry = open_registry()
+    try:
+        assert not registry.status(dataset_identity(dataset_id="toy-tweets")).runs
+    finally:
+        registry.close()
+    assert not (tmp_path / "hf" / "veil").exists()
+
+
 @pytest.mark.parametrize(
     ("args", "extra", "match"),
     [
@@ -381,12 +393,7 @@ def test_refuses_a_data_dependent_switch_before_reading(
             privacy_args=_privacy(),
             **kwargs,
         )
-    registry = open_registry()
-    try:
-        assert not registry.status(dataset_identity(dataset_id="toy-tweets")).runs
-    finally:
-        registry.close()
-    assert not (tmp_path / "hf" / "veil").exists()
+    _nothing_charged_or_written(tmp_path)
 
 
 def test_logs_and_checkpoints_carry_no_unlabelled_count_of_the_data(tmp_path: Path) -> None:
@@ -534,9 +541,4 @@ def test_refuses_hyperparameter_search(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match="hyperparameter_search"):
         trainer.hyperparameter_search(n_trials=2)
-    registry = open_registry()
-    try:
-        assert not registry.status(dataset_identity(dataset_id="toy-tweets")).runs
-    finally:
-        registry.close()
-    assert not (tmp_path / "hf" / "veil").exists()
+    _nothing_charged_or_written(tmp_path)

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 pl = pytest.importorskip("lightning.pytorch")
 
-from veil.errors import ConfigError  # noqa: E402
+from veil.errors import ConfigError, SamplingError  # noqa: E402
 from veil.lightning import DifferentialPrivacy  # noqa: E402
 from veil.optimizer import DPOptimizer  # noqa: E402
 from veil.registry.charge import open_registry  # noqa: E402
@@ -329,3 +329,43 @@ def test_a_run_stopped_before_its_plan_is_not_release_ready(tmp_path: Path) -> N
     finally:
         registry.close()
     assert spent[0] == pytest.approx(spent[1], rel=1e-6)
+
+
+class _Manual(Classifier):
+    """Manual optimization: ``steps`` optimizer steps in each training step."""
+
+    def __init__(self, steps: int) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.steps = steps
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        optimizer = self.optimizers()
+        x, y = batch
+        for _ in range(self.steps):
+            optimizer.zero_grad()
+            self.manual_backward(F.cross_entropy(self(x), y))
+            optimizer.step()
+
+
+def test_manual_optimization_with_one_step_per_batch_is_release_ready(tmp_path: Path) -> None:
+    """Over two epochs (4 batches each), one manual step per batch: one release per batch."""
+    dp = _dp(dataset_id="toy-manual")
+    _trainer(tmp_path, dp, max_steps=6).fit(_Manual(steps=1), _loader())
+    assert dp.report is not None and dp.report["steps"] == 6 and dp.report["release_ready"]
+
+
+def test_two_manual_steps_on_one_batch_are_refused(tmp_path: Path) -> None:
+    """revF's a8 in Lightning: a second ``opt.step()`` on the same sampled batch is refused before its
+    noise or its event; the run is not release-ready and its whole plan stays charged (it was
+    reported release-ready at ε under-stated 2.5× before)."""
+    dp = _dp(dataset_id="toy-twice")
+    with pytest.raises(SamplingError, match="second step"):
+        _trainer(tmp_path, dp, max_steps=4).fit(_Manual(steps=2), _loader())
+    assert dp.report is not None and dp.report["steps"] == 1 and not dp.report["release_ready"]
+    registry = open_registry()
+    try:
+        spent = registry.status(dataset_identity(dataset_id="toy-twice"), per_run=True).spent_epsilon
+    finally:
+        registry.close()
+    assert spent == pytest.approx(4.0, rel=0.05)  # the plan (calibrated to ε = 4 over 4 steps)

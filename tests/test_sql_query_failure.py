@@ -4,8 +4,9 @@ Once the query runs over the rows, the database's error text can quote the store
 ``invalid input syntax for type integer: "<value>"``, tested in ``test_tables_postgres.py``), and
 where the failure surfaces (at ``execute`` or while fetching) depends on where the record sits. The
 reader shows one fixed message for any such failure, whichever record and wherever; the run stays
-charged with nothing released. The driver's own text is shown only for the column-name check that
-runs the query under ``WHERE 1 = 0`` (no row evaluated): a query the database refuses as written.
+charged with nothing released. The column-name check that runs the query under ``WHERE 1 = 0`` shows
+the same message (review revG F1): a query that closes the check's parenthesis runs a SELECT over the
+rows outside ``WHERE 1 = 0``, so its error could quote a stored value.
 """
 
 from __future__ import annotations
@@ -48,8 +49,12 @@ def _database(path: Path, bad: str | None, at: int) -> str:
 
 
 def _error(url: str, query: str) -> str:
+    return _error_at(url, query, None)
+
+
+def _error_at(url: str, query: str, limit: int | None) -> str:
     with pytest.raises(DataError) as caught:
-        sql_reader.read_table(TableSource("sql", url, query=query))
+        sql_reader.read_table(TableSource("sql", url, query=query), limit=limit)
     return str(caught.value)
 
 
@@ -68,12 +73,56 @@ def test_a_query_failing_on_one_record_gives_one_message_whichever_record_and_wh
     assert "not shown" in messages.pop()
 
 
-def test_the_column_check_shows_the_databases_text_before_any_row(tmp_path: Path) -> None:
+def test_the_column_check_runs_on_the_schema_without_rows_and_shows_its_text(tmp_path: Path) -> None:
+    """SQLite: the column check runs on an in-memory copy of the schema (no row), so the database's
+    text is shown there (it can quote only the query and the schema)."""
     url = _database(tmp_path / "d.db", None, 0)
-    with pytest.raises(DataError, match=r"refused it .*no such column"):
+    with pytest.raises(DataError, match="no such column") as caught:
         sql_reader.read_table(TableSource("sql", url, query="SELECT nope FROM t"), limit=0)
-    # the same query over the rows: the column check names the problem; a full read never quotes
-    assert "no such column" not in _error(url, "SELECT nope FROM t")
+    assert "without rows" in str(caught.value)
+
+
+#: revG F1: the query closes the column check's parenthesis, so ``json_extract('{}', p)`` runs over
+#: the rows outside ``WHERE 1 = 0``; SQLite's error quotes the path it was given, a stored value.
+ESCAPING = (
+    "select age, y, json_extract('{}', p) as j from t) AS v UNION ALL "
+    "SELECT * FROM (select age, y, 1 as j from t"
+)
+
+
+def _neighbour(path: Path, secret: str) -> str:
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE t (age REAL, p TEXT, y TEXT)")
+    con.execute("INSERT INTO t VALUES (50, ?, 'a')", (secret,))
+    con.executemany("INSERT INTO t VALUES (?, '$.x', ?)", [(20 + i, "ab"[i % 2]) for i in range(30)])
+    con.commit()
+    con.close()
+    return f"sqlite:///{path}"
+
+
+def test_a_query_escaping_the_column_check_never_shows_a_stored_value(tmp_path: Path) -> None:
+    # the check runs on the schema without rows: it passes for both neighbours (so whether a job goes
+    # on to charge depends on no record); the full read fails on b.db with the fixed message, a.db's
+    # record is a valid path: the message never holds the value
+    a = _neighbour(tmp_path / "a.db", "$.x")
+    b = _neighbour(tmp_path / "b.db", "SSN-123-45-6789")
+    for url in (a, b):
+        columns = sql_reader.read_table(TableSource("sql", url, query=ESCAPING), limit=0).column_names
+        assert columns == ["age", "y", "j"]
+    text = _error_at(b, ESCAPING, None)
+    assert "SSN" not in text and "JSON path" not in text and "not shown" in text, text
+
+
+def test_the_escaping_query_leaks_nothing_through_schema_infer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VEIL_BUDGET_DB", str(tmp_path / "reg.db"))
+    url = _neighbour(tmp_path / "b.db", "SSN-123-45-6789")
+    code = main(["schema", "infer", f"sql:{url}", "--query", ESCAPING, "--target", "y",
+                 "--out", str(tmp_path / "s.toml"), "--epsilon", "1"])  # fmt: skip
+    _, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1 and "not shown" in err, err
+    assert "SSN" not in err and not (tmp_path / "s.toml").exists()
 
 
 def _train(url: str, query: str, tmp_path: Path, name: str) -> int:

@@ -66,7 +66,7 @@ def test_schema_infer_from_postgres(postgres: PostgresServer, capsys, tmp_path: 
         ("unreachable", ["--table", "gbsg2"], "cannot be reached"),
         ("ok", ["--table", "no_such_table"], "no such table"),
         ("ok", ["--query", "SELECT * FROM gbsg2 WHERE age < 0"], "returned no rows"),
-        ("ok", ["--query", "SELECT * FROM no_such_table"], "refused it"),
+        ("ok", ["--query", "SELECT * FROM no_such_table"], "refused the query"),
     ],
 )
 def test_bad_postgres_input_is_one_line_exit_2_nothing_written(

@@ -128,7 +128,7 @@ def test_schema_infer_and_check_from_every_source(sources: dict[str, str], capsy
 BAD_SQLITE = [
     (["--table", "nope"], "no such table"),
     (["--query", "SELECT * FROM gbsg2 WHERE age > 1000"], "returned no rows"),
-    (["--query", "SELECT * FROM missing_table"], "refused it"),
+    (["--query", "SELECT * FROM missing_table"], "refused the query"),
 ]
 
 

@@ -9,7 +9,9 @@ configured, no training batch has been read) the callback plans σ for the Train
 (``max_steps``, else ``max_epochs × ⌈N/B⌉``), charges the dataset's registry budget, and replaces the
 module's optimizer and train dataloader by the engine's: Poisson-sampled logical batches of expected
 size ``batch_size`` of the user's loader, exact per-sample clipping, secure noise, one accounted event
-per optimizer step. ε is logged through the Trainer's loggers (``epsilon``; MLflow with
+per optimizer step. Manual optimization takes one ``opt.step()`` per batch: a second one on the same
+batch is refused before its noise or its event (:mod:`veil.optimizer`), and the fit ends not
+release-ready with its whole plan charged. ε is logged through the Trainer's loggers (``epsilon``; MLflow with
 ``MLFlowLogger``) every ``log_every_n_steps`` and at the end, and ``report.json``/``report.html`` are
 written to ``<default_root_dir>/veil`` (or ``out``) when fitting ends.
 

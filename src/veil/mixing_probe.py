@@ -9,14 +9,15 @@ A passing probe is evidence, not a proof: static validation (:func:`veil.validat
 The probe never sees a private value: its verdict (and so whether a run is refused) must not depend
 on any record. Jobs pass synthetic inputs drawn from the data's public description
 (:func:`veil.pipeline.public_inputs.synthetic_inputs`); the engine, which knows only a user's
-DataLoader, probes random values with the shape and dtype of the dataset's items
-(:func:`public_loader`). Probing the first private rows let a mixing model pass when those rows
+DataLoader, probes random values with the structure and dtypes of the dataset's items
+(:func:`public_loaders`). Probing the first private rows let a mixing model pass when those rows
 coincided and be refused when one record was added.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -26,7 +27,7 @@ from torch.utils.data import DataLoader
 
 from veil.errors import ModelNotSupportedError, Problem
 
-__all__ = ["probe_forward", "public_loader", "refuse_example_mixing"]
+__all__ = ["probe_forward", "public_loaders", "refuse_example_mixing"]
 
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:
@@ -86,36 +87,74 @@ def refuse_example_mixing(module: nn.Module, x: torch.Tensor) -> None:
 
 
 _PROBE_ITEMS = 4
+#: The public sequence lengths a 1-D integer leaf (token ids, their masks) is probed at: never the
+#: length of a dataset item, which for variable-length text is a private value.
+_SEQUENCE_LENGTHS = (8, 32)
+#: Public stand-ins for string leaves (raw text a loader's ``collate_fn`` tokenizes), of varied length.
+_PUBLIC_TEXTS = ("a", "the probe", "one more public text", "veil checks that examples do not mix here")
 
 
-def _synthetic_like(value: Any, generator: torch.Generator, key: str = "") -> Any:
-    """A random value with ``value``'s structure, shapes and dtypes, none of its values (tensors,
-    arrays, Python numbers and lists of them alike): floats standard normal, integers 0 or 1 (valid
-    token ids and labels for any vocabulary or label set; a field whose name ends in ``mask`` all
-    ones), booleans random. Strings and other leaves: None (no public stand-in for them)."""
+@dataclass(frozen=True)
+class _Draw:
+    """How one set of synthetic items is drawn: floats from ``floats`` (``normal`` N(0, 1), ``unit``
+    U[0, 1], ``pixel`` U[0, 255]); integers uniform below ``int_high`` (a mask all ones, a label 0 or
+    1); 1-D integer leaves of length ``length`` (None: the template's shape)."""
+
+    floats: str
+    int_high: int
+    length: int | None
+
+
+def _is_label(key: str) -> bool:
+    return key.endswith(("label", "labels"))
+
+
+def _floats(shape: tuple[int, ...], draw: _Draw, generator: torch.Generator) -> torch.Tensor:
+    if draw.floats == "normal":
+        return torch.randn(shape, generator=generator, dtype=torch.float64)
+    scale = 255.0 if draw.floats == "pixel" else 1.0
+    return torch.rand(shape, generator=generator, dtype=torch.float64) * scale
+
+
+def _integers(shape: tuple[int, ...], key: str, draw: _Draw, generator: torch.Generator) -> torch.Tensor:
+    if key.endswith("mask"):
+        return torch.ones(shape, dtype=torch.int64)
+    high = 2 if _is_label(key) else draw.int_high
+    return torch.randint(0, high, shape, generator=generator)
+
+
+def _synthetic_like(value: Any, generator: torch.Generator, draw: _Draw, key: str = "") -> Any:
+    """A random value with ``value``'s structure and dtypes, none of its values (tensors, arrays,
+    Python numbers and lists of them alike), drawn as ``draw`` says; shapes are ``value``'s except
+    that a 1-D integer leaf (a token sequence) takes ``draw.length``. Strings get a public text
+    (:data:`_PUBLIC_TEXTS`); other leaves None (no public stand-in for them)."""
     if isinstance(value, Mapping):
-        return {k: _synthetic_like(v, generator, str(k)) for k, v in value.items()}
+        return {k: _synthetic_like(v, generator, draw, str(k)) for k, v in value.items()}
     if isinstance(value, tuple):
-        return tuple(_synthetic_like(v, generator, key) for v in value)
+        return tuple(_synthetic_like(v, generator, draw, key) for v in value)
     if isinstance(value, list):
-        return [_synthetic_like(v, generator, key) for v in value]
+        if draw.length is not None and value and all(type(v) is int for v in value):
+            return _integers((draw.length,), key, draw, generator).tolist()
+        return [_synthetic_like(v, generator, draw, key) for v in value]
     if isinstance(value, np.ndarray):
         value = torch.from_numpy(np.ascontiguousarray(value))
     if isinstance(value, torch.Tensor):
         shape, dtype = tuple(value.shape), value.dtype
         if dtype.is_floating_point or dtype.is_complex:
-            return torch.randn(shape, generator=generator, dtype=torch.float64).to(dtype)
+            return _floats(shape, draw, generator).to(dtype)
         if dtype == torch.bool:
             return torch.rand(shape, generator=generator) < 0.5
-        if key.endswith("mask"):
-            return torch.ones(shape, dtype=dtype)
-        return torch.randint(0, 2, shape, generator=generator).to(dtype)
+        if len(shape) == 1 and draw.length is not None:
+            shape = (draw.length,)
+        return _integers(shape, key, draw, generator).to(dtype)
     if isinstance(value, bool):
         return bool(torch.rand((), generator=generator) < 0.5)
     if isinstance(value, int):
-        return 1 if key.endswith("mask") else int(torch.randint(0, 2, (), generator=generator))
+        return int(_integers((), key, draw, generator))
     if isinstance(value, float):
-        return float(torch.randn((), generator=generator, dtype=torch.float64))
+        return float(_floats((), draw, generator))
+    if isinstance(value, str):
+        return _PUBLIC_TEXTS[int(torch.randint(0, len(_PUBLIC_TEXTS), (), generator=generator))]
     return None
 
 
@@ -127,15 +166,44 @@ def _leaves_ok(value: Any) -> bool:
     return value is not None
 
 
-def public_loader(loader: DataLoader) -> DataLoader | str:
-    """A probe loader of :data:`_PROBE_ITEMS` synthetic items shaped like ``loader``'s dataset items
+def _has_sequence(value: Any) -> bool:
+    """Whether ``value`` holds a 1-D integer leaf (a tensor, or a list of Python ints)."""
+    if isinstance(value, Mapping):
+        return any(_has_sequence(v) for v in value.values())
+    if isinstance(value, tuple):
+        return any(_has_sequence(v) for v in value)
+    if isinstance(value, list):
+        return (bool(value) and all(type(v) is int for v in value)) or any(_has_sequence(v) for v in value)
+    if isinstance(value, np.ndarray):
+        return value.ndim == 1 and np.issubdtype(value.dtype, np.integer)
+    return isinstance(value, torch.Tensor) and value.dim() == 1 and not value.dtype.is_floating_point
+
+
+def _has_float(value: Any) -> bool:
+    """Whether ``value`` holds a floating-point leaf (a tensor, an array or a Python float)."""
+    if isinstance(value, Mapping):
+        return any(_has_float(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_has_float(v) for v in value)
+    if isinstance(value, np.ndarray):
+        return bool(np.issubdtype(value.dtype, np.floating))
+    if isinstance(value, torch.Tensor):
+        return value.dtype.is_floating_point or value.dtype.is_complex
+    return isinstance(value, float)
+
+
+def public_loaders(loader: DataLoader, module: nn.Module) -> list[DataLoader] | str:
+    """Probe loaders of :data:`_PROBE_ITEMS` synthetic items each, built like ``loader``'s dataset items
     (with its ``collate_fn``), or a string saying why none can be made.
 
-    The engine knows nothing public about a user's data but its items' structure, shapes and dtypes:
-    those are taken as public (read from the first item), its values never are. Values are drawn by
-    :func:`_synthetic_like` from a fixed seed (floats standard normal, integer inputs such as token ids
-    0 or 1, valid indices for any embedding), so the probe's verdict is the same for any two datasets
-    whose items share a shape. Items holding strings (raw text collated by the loader) get no probe."""
+    The engine knows nothing public about a user's data but its items' structure and dtypes, and the
+    shapes of fixed-shape items (images, table rows): those are taken as public (read from the first
+    item), its values never are. A 1-D integer leaf (token ids: a variable length is a private value)
+    is probed at the public lengths :data:`_SEQUENCE_LENGTHS` instead of its own; integers are drawn
+    below the model's smallest embedding table (its architecture is public), floats from three public
+    distributions (a forward that mixes only on inputs of one range is still probed there); strings
+    get public texts. Every draw comes from a fixed seed, so the verdict is a function of the model,
+    the items' structure and these public choices."""
     dataset = loader.dataset
     try:
         n = len(dataset)  # type: ignore[arg-type]
@@ -143,12 +211,21 @@ def public_loader(loader: DataLoader) -> DataLoader | str:
         return "skipped: the dataset has no length"
     if n < 2:
         return "skipped: fewer than 2 examples"
-    generator = torch.Generator().manual_seed(0)
     template = dataset[0]
-    items = [_synthetic_like(template, generator) for _ in range(_PROBE_ITEMS)]
-    if not all(_leaves_ok(item) for item in items):
-        return "skipped: the dataset's items are not tensors (no public stand-in for their values)"
-    return DataLoader(items, collate_fn=loader.collate_fn)  # type: ignore[arg-type]
+    tables = [m.num_embeddings for m in module.modules() if isinstance(m, nn.Embedding)]
+    int_high = max(2, min(tables)) if tables else 2
+    lengths: tuple[int | None, ...] = _SEQUENCE_LENGTHS if _has_sequence(template) else (None,)
+    ranges = ("normal", "unit", "pixel") if _has_float(template) else ("normal",)  # else the same draws
+    loaders: list[DataLoader] = []
+    for length in lengths:
+        for floats in ranges:
+            draw = _Draw(floats, int_high, length)
+            generator = torch.Generator().manual_seed(0)
+            items = [_synthetic_like(template, generator, draw) for _ in range(_PROBE_ITEMS)]
+            if not all(_leaves_ok(item) for item in items):
+                return "skipped: the dataset's items hold values with no public stand-in"
+            loaders.append(DataLoader(items, collate_fn=loader.collate_fn))  # type: ignore[arg-type]
+    return loaders
 
 
 def _without_dropout() -> Any:

@@ -13,8 +13,24 @@ release is the Gaussian mechanism with multiplier σ on the sampled batch; the u
 constant, never the realised batch size (with it the sensitivity would depend on the batch).
 The engine composes one privacy event *before* ḡ is written, so no update goes unaccounted.
 
-Assumptions: one ``loss.backward()`` per physical batch, ``step()`` after each, and the clipper sees
-every trainable parameter (checked by :meth:`veil.PrivacyEngine.make_private`).
+Each release closes a logical batch drawn for it alone (the ``PoissonSampled(q, ·)`` event of each
+step assumes its own independent sample). ``step()`` consumes the chunk the private loader handed
+out last (:class:`veil.sampling.StepSignal`): a ``step()`` with no new chunk since the previous one
+(two steps on one batch: an inner-steps loop, Lightning manual optimization stepping twice) is
+refused with :class:`~veil.errors.SamplingError` before the closure runs, any noise is drawn or
+anything is accounted; what the refused step's backward captured and the unreleased clipped sums
+are dropped. Two releases on one sample would be one sampled Gaussian of multiplier σ/√2, not two
+independent sampled events. A logical batch left unreleased (a ``break`` or a fresh ``iter(loader)``
+mid-batch, a step skipped) releases nothing: when a chunk of a later logical batch arrives, the
+clipped sums of the earlier one are dropped (never released with another sample, which would count
+a record in both twice) and nothing is composed for it. Both rules depend on the order of the
+calls alone, never on a value. A loop that skips a step on a value it computed from the rows (a
+loss it inspects) makes the release pattern depend on the data: that is outside the guarantee, as
+is any private value the loop itself prints.
+
+Assumptions: one ``loss.backward()`` per physical batch, ``step()`` after each, the batch stepped
+on is the one the loader handed out last, and the clipper sees every trainable parameter (checked
+by :meth:`veil.PrivacyEngine.make_private`).
 """
 
 from __future__ import annotations
@@ -27,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.optim import Optimizer
 
-from veil.errors import ConfigError
+from veil.errors import ConfigError, SamplingError
 from veil.host_release import finisher
 from veil.noise_ahead import NoiseAhead, NoiseKey, worth_drawing_ahead
 
@@ -80,6 +96,10 @@ class DPOptimizer(Optimizer):
         self._signal = signal
         self._on_release = on_release
         self.pending_chunks = 0
+        # The loader's chunk and logical-batch serials (StepSignal) at the last step(): a step needs
+        # a new chunk; pending chunks of an earlier logical batch than the current one are dropped.
+        self._stepped_chunk = signal.chunks
+        self._pending_batch = signal.logical_batches
         self.adaptive: Any = None  # a veil.clipping.adaptive.AdaptiveClipping hook, when enabled
         self.loss_guard: Any = None  # a veil.per_example_loss.LoopLossGuard, set by the engine
         # The next step's noise, drawn on a worker thread while the next forward/backward run (secure
@@ -127,7 +147,14 @@ class DPOptimizer(Optimizer):
         self.param_groups = self.original_optimizer.param_groups
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """Accumulate this physical batch; at the end of a logical batch add noise once and update."""
+        """Accumulate this physical batch; at the end of a logical batch add noise once and update.
+
+        Refused (:class:`~veil.errors.SamplingError`, before the closure, the noise or the
+        accountant) without a new chunk from the private loader since the previous step; the clipped
+        sums of an earlier, unreleased logical batch are dropped first (see the module doc)."""
+        self._consume_chunk()
+        if self.pending_chunks and self._signal.logical_batches != self._pending_batch:
+            self._drop_unreleased(captured=False)  # a logical batch left unreleased: nothing of it goes out
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -139,6 +166,7 @@ class DPOptimizer(Optimizer):
             self.adaptive.observe(norms)
         if not self._signal.last_chunk:
             self.pending_chunks += 1
+            self._pending_batch = self._signal.logical_batches
             return loss
         self._on_release()  # account first: a failure below can only over-count
         self._write_private_grads()
@@ -149,6 +177,41 @@ class DPOptimizer(Optimizer):
         self.pending_chunks = 0
         self._draw_next_noise_ahead()
         return loss
+
+    def _consume_chunk(self) -> None:
+        """Take the chunk the loader handed out last, or refuse: a step needs a new one.
+
+        On refusal whatever is unreleased (the pending chunks' sums, the inputs and gradients the
+        refused step's backward captured) is dropped, so a caught error leaves nothing stale."""
+        signal = self._signal
+        if signal.chunks != self._stepped_chunk:
+            self._stepped_chunk = signal.chunks
+            return
+        self._drop_unreleased(captured=True)
+        if signal.chunks:
+            value = f"a second step on the chunk last handed out (logical batch {signal.logical_batches})"
+        else:
+            value = "a step before the private loader handed out any batch"
+        raise SamplingError(
+            "optimizer.step()",
+            value,
+            "each noisy step is accounted as its own Poisson sample; a step on a batch already "
+            "stepped on (or not drawn from the private loader) would release the same sample twice "
+            "and under-state ε",
+            "take one optimizer.step() per batch from the loader make_private returned (draw a new "
+            "batch for each step; for more steps, plan more steps or a larger batch)",
+        )
+
+    def _drop_unreleased(self, *, captured: bool) -> None:
+        """Forget the clipped sums (and adaptive clipping's norms) of chunks not yet released, and,
+        with ``captured``, the inputs and gradients captured since the last accumulate too."""
+        if captured:
+            self.clipper.reset()
+        else:
+            self.clipper.drop_sum()
+        if self.adaptive is not None:
+            self.adaptive.norms = []
+        self.pending_chunks = 0
 
     def noisy_count(self, centred: float, std: float) -> float:
         """The logical batch's ``centred`` count plus one draw of N(0, std²) from the run's noise

@@ -11,8 +11,10 @@ Two kinds of batch:
 
 :class:`PrivateDataLoader` is the loader :meth:`veil.PrivacyEngine.make_private` returns: it yields
 physical batches in order and tells the optimizer (through a :class:`StepSignal`) whether the batch
-it just yielded closes its logical batch. It also remembers the sampler state *as consumed by the
-training loop* (not as prefetched by workers), so a checkpoint resumes on the exact next batch.
+it just yielded closes its logical batch, and how many chunks and logical batches it has handed out
+(the optimizer takes one step per chunk, so one release per logical batch). It also remembers the
+sampler state *as consumed by the training loop* (not as prefetched by workers), so a checkpoint
+resumes on the exact next batch.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -241,18 +243,45 @@ def _unit_length(units: Sequence[int], i: int) -> int:
 
 @dataclass
 class StepSignal:
-    """Shared between the loader and the optimizer: does the batch just yielded close a logical batch?"""
+    """Shared between the loader and the optimizer: what the loader handed out last.
+
+    ``last_chunk``: does the chunk just yielded close its logical batch? ``chunks``: chunks handed out
+    so far; ``logical_batches``: logical batches begun so far (the serial of the chunk's logical
+    batch). The optimizer takes one ``step()`` per chunk handed out and refuses a step with no new
+    chunk since its previous one (:meth:`veil.optimizer.DPOptimizer.step`), so each release closes a
+    logical batch drawn for it alone; it drops the clipped sums of a logical batch left unreleased
+    when a chunk of a later one arrives. Counters only: they depend on the calls, never on a row.
+    """
 
     last_chunk: bool = True
+    chunks: int = 0
+    logical_batches: int = 0
+
+    def hand_out(self, *, first: bool, last: bool) -> None:
+        """A chunk was handed to the training loop: ``first``/``last`` chunk of its logical batch."""
+        self.chunks += 1
+        if first:
+            self.logical_batches += 1
+        self.last_chunk = last
+
+
+class _Chunk(NamedTuple):
+    """What the chunker records for each chunk it yields, read back when the loop receives it."""
+
+    first: bool
+    last: bool
+    token: Token
+    units: list[int] | None
 
 
 class _ChunkingBatchSampler(Sampler[list[int]]):
-    """Turns logical batches into physical chunks; records, per chunk, (closes logical batch?, token)."""
+    """Turns logical batches into physical chunks; records, per chunk, its place in its logical batch
+    (first? last?), the resume token and the unit labels."""
 
     def __init__(self, logical: LogicalBatchSampler, physical_batch_size: int | None) -> None:
         self.logical = logical
         self.physical_batch_size = physical_batch_size
-        self.queue: deque[tuple[bool, Token, list[int] | None]] = deque()
+        self.queue: deque[_Chunk] = deque()
 
     def __len__(self) -> int:
         return self.logical.steps_per_epoch
@@ -264,12 +293,12 @@ class _ChunkingBatchSampler(Sampler[list[int]]):
         return self._chunks(self.logical.logical_batches(), self.queue)
 
     def _chunks(
-        self, batches: Iterator[tuple[list[int], Token]], queue: deque[tuple[bool, Token, list[int] | None]]
+        self, batches: Iterator[tuple[list[int], Token]], queue: deque[_Chunk]
     ) -> Iterator[list[int]]:
         for indices, token in batches:
             chunks = split_logical_batch(indices, self.physical_batch_size)
             for i, chunk in enumerate(chunks):
-                queue.append((i == len(chunks) - 1, token, getattr(chunk, "units", None)))
+                queue.append(_Chunk(i == 0, i == len(chunks) - 1, token, getattr(chunk, "units", None)))
                 yield list(chunk)
 
 
@@ -315,7 +344,7 @@ class _SignallingIterator:
         self,
         loader: PrivateDataLoader,
         inner: Iterator[Any],
-        queue: deque[tuple[bool, Token, list[int] | None]],
+        queue: deque[_Chunk],
     ) -> None:
         self._loader = loader
         self._inner = inner
@@ -329,12 +358,12 @@ class _SignallingIterator:
 
     def __next__(self) -> Any:
         batch = next(self._inner)
-        last, token, units = self._queue.popleft()
-        self._loader.signal.last_chunk = last
+        chunk = self._queue.popleft()
+        self._loader.signal.hand_out(first=chunk.first, last=chunk.last)
         if self._loader.on_units is not None:  # privacy units: the clipper learns this chunk's rows
-            self._loader.on_units(units)
-        if last:
-            self._loader.consumed_token = token
+            self._loader.on_units(chunk.units)
+        if chunk.last:
+            self._loader.consumed_token = chunk.token
         return batch
 
 

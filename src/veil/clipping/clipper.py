@@ -317,8 +317,13 @@ class PerSampleClipper:
 
     def reset(self) -> None:
         """Start a new, empty accumulator and drop inputs captured since the last accumulate."""
-        self._sum = None
+        self.drop_sum()
         self._capture.reset()
+
+    def drop_sum(self) -> None:
+        """Start a new, empty accumulator; inputs captured since the last accumulate are kept (the
+        current chunk's, when the optimizer drops an abandoned logical batch's sums)."""
+        self._sum = None
 
     def remove(self) -> None:
         """Detach every hook and restore any parameter a forward interrupted left not requiring grad."""

@@ -12,7 +12,9 @@ the privacy settings. Performance settings (``physical_batch_size``, dtype, devi
 not part of the plan and cannot change it.
 
 Accounting (add/remove-one neighbouring, the accountant's relation). Each logical step composes one
-event into ``engine.accountant`` before its update is written:
+event into ``engine.accountant`` before its update is written, and releases a logical batch drawn
+for it alone (a second ``optimizer.step()`` with no new batch from the loader is refused before its
+noise or its event; an unreleased logical batch's clipped sums are dropped: :mod:`veil.optimizer`):
 
 * Poisson sampling (default): ``PoissonSampled(q, Gaussian(σ))`` with q = batch_size / len(dataset)
   (``Gaussian(σ)`` when q = 1).

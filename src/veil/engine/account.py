@@ -3,7 +3,10 @@
 :class:`StepAccount` is the ``on_release`` callback the engine gives its
 :class:`~veil.optimizer.DPOptimizer`: the optimizer calls it once per logical step, after the noisy
 sum is formed and before the user's optimizer applies it, so the accountant (and through it the
-ledger and the reported ε) never lags behind a released update. The event is the plan's
+ledger and the reported ε) never lags behind a released update. Each call is for a logical batch
+drawn for that release alone: the optimizer refuses, before calling it, a step with no new batch from
+the private loader (two releases on one sample are not two independent sampled events;
+:mod:`veil.optimizer`). The event is the plan's
 (:attr:`veil.plan.PrivacyPlan.event`): ``PoissonSampled(q, Gaussian(σ))``, ``Gaussian(σ/2)`` for the
 shuffled loader, ``NonPrivate`` at σ = 0.
 """

@@ -19,7 +19,7 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
 from veil.errors import InvalidParameterError, ModelNotSupportedError, Problem
-from veil.mixing_probe import probe_forward, public_loader
+from veil.mixing_probe import probe_forward, public_loaders
 from veil.optimizer import DPOptimizer
 from veil.per_example_loss import LoopLossGuard
 from veil.plan import PrivacyPlan
@@ -123,15 +123,21 @@ def check_optimizer(module: nn.Module, optimizer: Optimizer) -> None:
 
 def check_model(module: nn.Module, data_loader: DataLoader) -> str:
     """The validator's problems and the example-mixing probe on synthetic items shaped like the
-    loader's (:func:`~veil.mixing_probe.public_loader`); returns the probe's verdict."""
+    loader's (:func:`~veil.mixing_probe.public_loaders`: every public draw probed, refused if any
+    mixes); returns the probe's verdict ("passed" if any draw passed, else the first reason skipped)."""
     problems = validate(module)
     if problems:
         raise ModelNotSupportedError(problems)
-    loader = public_loader(data_loader)  # the items' shapes, never their values
-    probe = loader if isinstance(loader, str) else probe_forward(module, loader)
-    if isinstance(probe, Problem):
-        raise ModelNotSupportedError([probe])
-    return probe
+    loaders = public_loaders(data_loader, module)  # the items' structure, never their values
+    if isinstance(loaders, str):
+        return loaders
+    verdicts = []
+    for loader in loaders:
+        probe = probe_forward(module, loader)
+        if isinstance(probe, Problem):
+            raise ModelNotSupportedError([probe])
+        verdicts.append(probe)
+    return "passed" if "passed" in verdicts else verdicts[0]
 
 
 def loader_kwargs(loader: DataLoader) -> dict[str, Any]:

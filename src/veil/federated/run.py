@@ -22,6 +22,7 @@ continues it). The registry keeps the whole plan charged (:meth:`FederatedCharge
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import logging
 import os
@@ -125,6 +126,30 @@ def sigterm_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
 
 
+#: The veil modules the ServerApp and ClientApp import inside their functions (and those import in
+#: theirs, :func:`import_app_modules`): loaded here, in the main thread, before the ServerApp thread
+#: starts.
+APP_MODULES = (
+    "veil.federated.server",  # apps.make_server_app's main
+    "veil.federated.strategy",  # server.serve
+    "veil.federated.local",  # server._evaluator, the ClientApp
+    "veil.federated.units",  # local.federation
+    "veil.federated.charge",  # apps._silo_plan
+    "veil.pipeline.seeds",  # server._sources, apps._local_seed
+    "veil.accounting.calibrate",  # the ClientApp's train
+    "veil.engine",  # local.local_dpsgd
+)
+
+
+def import_app_modules() -> None:
+    """Import :data:`APP_MODULES` in the calling (main) thread. A SIGTERM's KeyboardInterrupt
+    (:func:`sigterm_interrupts`) raised while the main thread held the import lock left it held, and
+    the ServerApp thread then blocked forever on its first lazy import (review revG F7): a module
+    already imported takes no lock."""
+    for name in APP_MODULES:
+        importlib.import_module(name)
+
+
 def run_simulation_engine(s: FederatedSettings, cpus: int = 2) -> None:
     """Flower's simulation engine (Ray): one virtual SuperNode per client, the ServerApp in-process.
 
@@ -149,6 +174,7 @@ def run_simulation_engine(s: FederatedSettings, cpus: int = 2) -> None:
         "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
         "init_args": {"num_cpus": cpus, "num_gpus": 0, "log_to_driver": False, "logging_level": "error"},
     }
+    import_app_modules()  # before the ServerApp thread exists, never in it
     stop = ServerStop()
     with quiet_flower():
         try:

@@ -280,9 +280,11 @@ class DPTrainer(Trainer):
             if i > 0:  # the previous chunk's clipped gradients are summed; no update yet
                 signal.last_chunk = False
                 self.dp_optimizer.step()
+                # The next chunk of the same logical batch (the loader handed out the whole batch
+                # as one): each step() takes a chunk of its own (veil.optimizer).
+                signal.hand_out(first=False, last=i == len(chunks) - 1)
             loss = super().training_step(model, chunk, None)
             total = total + loss.to(total.device)
-        signal.last_chunk = True
         return total / max(1, _rows(inputs))  # the mean per example, for the (non-private) log
 
     def compute_loss(

@@ -100,38 +100,64 @@ def _connect_error(source: TableSource, exc: BaseException) -> DataError:
     )
 
 
-#: The one message of a full read that fails once the query runs over the rows: the same whichever
-#: record failed and wherever it sits (the database's own text can quote the stored value).
-_RESULT_FAILED = (
-    "the database could not compute or convert the result over the stored rows (the database's "
-    "message is not shown: it may quote a stored value)"
+#: The one message of any failure of a read statement (the column check under ``WHERE 1 = 0`` or the
+#: full read, at ``execute`` or while fetching): the database's own text is never shown, as it can
+#: quote a stored value. A ``--query`` is the user's SQL: text that closes the check's parenthesis
+#: runs a SELECT over the rows outside ``WHERE 1 = 0`` (review revG F1), and a table name can be a
+#: view the database evaluates (MySQL materializes some before the ``WHERE``).
+_READ_FAILED = (
+    "the database refused {what} or failed while running it (the database's message is not shown: "
+    "it may quote a stored value)"
 )
-_RESULT_FIX = (
-    "make --query total: no cast or parse that can fail on a stored value; select the column as "
-    "stored (CAST(col AS TEXT) where the driver cannot convert it) and let the schema's cell rules "
-    "convert it (see docs/tables.md)"
+_QUERY_FIX = (
+    "run the query yourself on the database to see its error, and check its tables and columns "
+    "against the database's schema; make it total: no cast or parse that can fail on a stored "
+    "value; select the column as stored (CAST(col AS TEXT) where the driver cannot convert it) and "
+    "let the schema's cell rules convert it (see docs/tables.md)"
 )
+_TABLE_FIX = (
+    "run SELECT * FROM the table yourself on the database to see its error (the user's rights on "
+    "it, a view that fails over the rows)"
+)
+
+
+def _read_failed(source: TableSource) -> DataError:
+    """The fixed error of a read statement that failed: the same whichever statement, record or place
+    (nothing of the database's text, which can quote a stored value)."""
+    if source.query is not None:
+        return DataError("query", source.query, _READ_FAILED.format(what="the query"), _QUERY_FIX)
+    return DataError("table", str(source.table), _READ_FAILED.format(what="reading the table"), _TABLE_FIX)
 
 
 def read_table(source: TableSource, limit: int | None = None) -> pa.Table:
     """Run the table read or query; ``limit=0`` fetches the column names only.
 
-    ``limit=0`` runs the statement under ``WHERE 1 = 0`` (no row is evaluated): the query's syntax,
-    tables and columns are checked there, and only there is the database's own error text shown.
-    :func:`veil.tables.sources.read_source` runs it before every full read. In a full read an
-    error at or after ``execute`` (a ``CAST`` or ``json_extract`` that fails on one stored value, a
-    value the driver cannot convert) is one fixed message, :data:`_RESULT_FAILED`, whatever record
-    caused it and wherever it sits: the database's text can quote the cell (PostgreSQL's ``invalid
-    input syntax for type integer: "<value>"``). Such a failure cannot become a per-record rule, as
-    the database computes the query: the caller's reservation is kept, nothing released."""
+    ``limit=0`` runs the statement under ``WHERE 1 = 0`` (for a table or a well-formed query no row
+    is evaluated); :func:`veil.tables.sources.read_source` runs it before every full read.
+    Guarantee: the database's own error text is never shown for a read statement, the column check
+    or the full read, at ``execute`` or while fetching: any failure is one fixed message,
+    :func:`_read_failed`, whatever statement, record or place caused it. The text can quote a stored
+    value (PostgreSQL's ``invalid input syntax for type integer: "<value>"``, SQLite's ``JSON path
+    error near '<value>'``), and veil does not parse the user's SQL: a ``--query`` that closes the
+    check's parenthesis runs a SELECT over the rows outside ``WHERE 1 = 0``. A failure over the rows
+    cannot become a per-record rule, as the database computes the query: the caller's reservation is
+    kept, nothing released. Connection errors keep their text (host, port, database: no stored
+    value)."""
     import pyarrow as pa
 
     sqlalchemy = need("sqlalchemy", source.describe())
     from sqlalchemy import exc as sa_exc
 
     engine = _engine(source)
-    field = "query" if source.query else "table"
-    value = source.query or source.table
+    if limit == 0 and source.query is not None and engine.dialect.name == "sqlite":
+        try:
+            names = _sqlite_columns_without_rows(engine, source)
+        finally:
+            engine.dispose()
+        if names is not None:
+            _check_unique(names)
+            return pa.table({n: pa.array([], pa.null()) for n in names})
+        engine = _engine(source)  # the fallback check below, on a fresh engine
     try:
         try:
             conn = engine.connect()
@@ -141,21 +167,10 @@ def read_table(source: TableSource, limit: int | None = None) -> pa.Table:
             statement = _statement(sqlalchemy, conn, source, limit)
             try:
                 result = conn.execution_options(stream_results=True).execute(statement)
-            except Exception as exc:
-                if limit != 0 or not isinstance(exc, sa_exc.SQLAlchemyError):
-                    raise DataError(field, value, _RESULT_FAILED, _RESULT_FIX) from None
-                raise DataError(
-                    field,
-                    value,
-                    f"the database refused it ({first_line(getattr(exc, 'orig', None) or exc)})",
-                    "check the SQL and the table and column names",
-                ) from None
+            except Exception:
+                raise _read_failed(source) from None
             names = [str(k) for k in result.keys()]  # noqa: SIM118 - a Result, not a dict
-            dup = next((n for n in names if names.count(n) > 1), None)
-            if dup is not None:
-                raise DataError(
-                    "query columns", dup, "two result columns share a name", "alias them apart (AS ...)"
-                )
+            _check_unique(names)
             if limit == 0:
                 result.close()
                 return pa.table({n: pa.array([], pa.null()) for n in names})
@@ -164,12 +179,58 @@ def read_table(source: TableSource, limit: int | None = None) -> pa.Table:
             except Exception:
                 # The usual driver conversions are avoided upstream (`_text_loaders`, `_statement`);
                 # this is the backstop, with the same message as a failure at execute.
-                raise DataError(field, value, _RESULT_FAILED, _RESULT_FIX) from None
+                raise _read_failed(source) from None
     finally:
         engine.dispose()
     if not parts:
         return pa.table({n: pa.array([], pa.null()) for n in names})
     return pa.concat_tables(_one_type_per_column(parts), promote_options="permissive")
+
+
+def _check_unique(names: list[str]) -> None:
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup is not None:
+        raise DataError("query columns", dup, "two result columns share a name", "alias them apart (AS ...)")
+
+
+def _sqlite_columns_without_rows(engine: Any, source: TableSource) -> list[str] | None:
+    """A SQLite ``--query``'s column names from a copy of the database's schema with no row in it (its
+    tables' and views' ``CREATE`` statements run in an in-memory database), or None where that copy
+    cannot be made (a virtual table's module, say: the caller falls back to ``WHERE 1 = 0``).
+
+    Guarantee: the check sees no stored value, even for a query that closes the check's parenthesis
+    (review revG F1), so its error text is shown — it can quote only the query and the schema — and
+    whether the check passes, and so whether a job goes on to charge, depends on no record."""
+    import sqlite3
+
+    with engine.connect() as conn:
+        ddl = [
+            str(row[0])
+            for row in conn.exec_driver_sql(
+                "SELECT sql FROM sqlite_master WHERE sql IS NOT NULL AND type IN ('table', 'view') "
+                "AND name NOT LIKE 'sqlite_%' ORDER BY type = 'view', rowid"
+            )
+        ]
+    empty = sqlite3.connect(":memory:")
+    try:
+        try:
+            for statement in ddl:
+                empty.execute(statement)
+        except sqlite3.Error:
+            return None
+        query = str(source.query).strip().rstrip(";")
+        try:
+            cursor = empty.execute(f"SELECT * FROM ({query}) AS veil_q WHERE 1 = 0")
+        except sqlite3.Error as exc:
+            raise DataError(
+                "query",
+                source.query,
+                f"the database refused the query ({first_line(exc)}; checked on its schema without rows)",
+                "check its tables and columns against the database's schema",
+            ) from None
+        return [str(d[0]) for d in cursor.description or ()]
+    finally:
+        empty.close()
 
 
 def _partition(names: list[str], rows: Sequence[Sequence[Any]]) -> pa.Table:
