@@ -2,11 +2,13 @@
 
 What it does. The head of the scattering preset is one linear layer trained by DP-SGD on rows ``z``
 of norm ≤ 1 (:class:`veil.models.scattering.UnitRows`: a public per-record rule). Before the first
-step, one Gaussian release ``G̃ = Σ z zᵀ + N`` is made; ``P = (max(G̃, 0)/n + λI)^(-1/2)`` and a
-scale ``c`` are computed from it (post-processing), and DP-SGD trains on the rows ``c·z P``. At the
-end ``P`` and ``c`` are folded into the layer (``W' = c·W·P``, :func:`fold_`), so the released model
-acts on ``z`` and carries no ``d × d`` matrix. Measured on Fashion-MNIST at ε = 3: +0.7 points
-(docs/benchmarks.md, eighth session).
+step, one Gaussian release ``G̃ = Σ z zᵀ + N`` is made; ``P = (max(G̃, 0)/n + λI)^(-1/2)`` is computed
+from it (post-processing), and DP-SGD trains on the rows ``zP`` each rescaled to norm ``row_norm``
+(:class:`veil.models.scattering.WhitenedRows`, a public per-record rule once ``P`` is released). The
+released model applies the same map at prediction time, so it carries ``P`` (``d × d`` float32: 131.6
+MB for Fashion-MNIST's d = 5,735). Measured on Fashion-MNIST at ε = 3: +0.7 points over the preset
+without it (docs/benchmarks.md, eighth session); one global scale of ``zP`` instead of the per-row
+norm loses that gain (ninth session).
 
 Guarantee. Under add/remove-one neighbouring, one example adds ``z zᵀ`` to the sum; the vector of
 its upper triangle (diagonal included) has squared L2 norm ``Σᵢ zᵢ⁴ + Σᵢ<ⱼ zᵢ²zⱼ² ≤ ‖z‖⁴ ≤ 1``,
@@ -20,15 +22,13 @@ the steps' σ is calibrated for what remains of ε). Noise comes from the run's 
 OS CSPRNG in secure mode (the default), a derived seed only in ``--reproducible`` research runs.
 ``n`` (the number of training rows) is treated as public, as in DP-SGD's ``q = B/N``.
 
-Why ``eigh`` (the symmetric root) and not a Cholesky factor: ``max(G̃, 0)`` needs the eigenvalues
-(noise makes some negative), and the symmetric root is what the bench measured; a Cholesky factor
-would train the same model up to a rotation of the rows only when ``λ`` keeps ``G̃/n + λI`` positive
-definite. One float64 ``eigh`` of ``d × d`` (d = 5,735 for Fashion-MNIST) takes about a minute.
+Memory. The eigendecomposition is LAPACK's MRRR driver (``syevr``) on a float64 copy that it
+overwrites: two ``d × d`` float64 arrays at the peak (526 MB for d = 5,735), against four for
+``numpy.linalg.eigh`` (its input copy and ``syevd``'s ``2d²`` workspace). It takes about a minute.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -43,7 +43,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "WhiteningPlan",
-    "fold_",
     "gram_of_rows",
     "release_gram",
     "whiten_rows_",
@@ -57,8 +56,8 @@ GRAM_CHUNK = 2048
 @dataclass
 class WhiteningPlan:
     """The planned release: noise std ``std`` (S) per Gram coordinate (sensitivity 1), ridge ``λ``,
-    and the rows' target root-mean-square norm after whitening (``row_norm``: the scale the preset's
-    learning rate and clipping norm were tuned at)."""
+    and every whitened row's norm (``row_norm``: the scale the preset's learning rate and clipping
+    norm were tuned at)."""
 
     std: float
     ridge: float
@@ -110,36 +109,29 @@ def release_gram(rows: np.ndarray, std: float, rng: RandomSource) -> np.ndarray:
     return gram.astype(np.float32)
 
 
-def whitener(gram: np.ndarray, n: int, ridge: float, row_norm: float) -> tuple[np.ndarray, float]:
-    """``(P, c)`` from a released Gram matrix (post-processing): ``P = (max(G̃, 0)/n + λI)^(-1/2)``
-    (float32, symmetric) and ``c`` such that ``c·zP`` has root-mean-square norm ``row_norm`` by the
-    released estimate ``tr(P G̃₊ P)/n`` (eigenvalues the noise made negative taken as 0)."""
-    vals, vecs = np.linalg.eigh(gram.astype(np.float64))
-    spectrum = np.maximum(vals, 0.0) / n
-    root = 1.0 / np.sqrt(spectrum + ridge)
-    mean_square = float(np.sum(root * root * spectrum))
-    c = row_norm / math.sqrt(max(mean_square, 1e-300))
+def whitener(gram: np.ndarray, n: int, ridge: float) -> np.ndarray:
+    """``P = (max(G̃, 0)/n + λI)^(-1/2)`` (float32, symmetric) from a released Gram matrix
+    (post-processing: eigenvalues the noise made negative are taken as 0, λ keeps the
+    noise-dominated directions from being blown up). Float64 arithmetic, two ``d × d`` float64
+    arrays at the peak (module docstring)."""
+    from scipy.linalg import eigh
+
+    a = np.array(gram, dtype=np.float64)  # the copy LAPACK overwrites
+    vals, vecs = eigh(a, overwrite_a=True, check_finite=False, driver="evr")
+    del a
+    root = 1.0 / np.sqrt(np.maximum(vals, 0.0) / n + ridge)
     vecs *= np.sqrt(root)  # in place: V·diag(√root), so P = (V·diag(√root))(V·diag(√root))ᵀ, symmetric
-    return (vecs @ vecs.T).astype(np.float32), c
+    half = vecs.astype(np.float32)
+    del vecs
+    return half @ half.T
 
 
-def whiten_rows_(rows: np.ndarray, p: np.ndarray, c: float, chunk: int = 4096) -> None:
-    """``rows ← c·rows·P`` in place, chunk by chunk (no second copy of the rows)."""
+def whiten_rows_(rows: np.ndarray, rule: nn.Module, chunk: int = 4096) -> None:
+    """``rows ← rule(rows)`` in place, chunk by chunk (no second copy of the rows): the cached unit rows
+    through :class:`~veil.models.scattering.WhitenedRows`, the very map the released model applies."""
     import torch
 
-    pt = torch.from_numpy(np.ascontiguousarray(p, dtype=np.float32))
-    for i in range(0, len(rows), chunk):
-        part = torch.from_numpy(rows[i : i + chunk])
-        part.copy_((part @ pt).mul_(c))
-
-
-def fold_(linear: nn.Module, p: np.ndarray, c: float) -> None:
-    """``W ← c·W·P`` in place: the layer trained on ``c·zP`` now acts on ``z`` (``P`` symmetric; the
-    bias unchanged)."""
-    import torch
-
-    if not isinstance(linear, torch.nn.Linear):
-        raise TypeError(f"the whitening folds into a linear layer, got {type(linear).__name__}")
     with torch.no_grad():
-        pt = torch.from_numpy(np.ascontiguousarray(p)).to(linear.weight.dtype)
-        linear.weight.copy_((linear.weight @ pt) * c)
+        for i in range(0, len(rows), chunk):
+            part = torch.from_numpy(rows[i : i + chunk])
+            part.copy_(rule(part))

@@ -35,6 +35,7 @@ __all__ = [
     "Scattering2d",
     "ScatteringHead",
     "UnitRows",
+    "WhitenedRows",
     "scattering_channels",
     "scattering_features",
     "unit_rows_net",
@@ -258,17 +259,60 @@ class UnitRows(nn.Module):
         return f"parts={self.parts}, constant={self.constant}"
 
 
-def unit_rows_net(net: nn.Module, constant: float = 0.3) -> nn.Module:
+class WhitenedRows(nn.Module):
+    """The whitened preset's last fixed per-record map: ``z ↦ norm · zP / ‖zP‖`` with ``P`` the public
+    whitening matrix (the buffer ``whitener``, ``d × d`` float32, set from the DP-released Gram matrix
+    by :func:`veil.data.whitening.whitener`) and ``norm`` the preset's row norm (60).
+
+    Each row is mapped on its own by public values (``P`` is post-processing of a DP release), so
+    precomputing the map once costs no privacy. Before ``P`` is set the buffer is empty and the map is
+    the identity: the unit rows the Gram matrix is released from. ``load_state_dict`` takes ``P`` at
+    the size it was saved with, so a released ``model.pt`` (which carries ``P``: 4·d² bytes, 131.6 MB
+    for Fashion-MNIST's d = 5,735) loads into a freshly built model."""
+
+    whitener: torch.Tensor
+
+    def __init__(self, norm: float) -> None:
+        super().__init__()
+        if not norm > 0:
+            raise ValueError(f"the row norm must be positive, got {norm}")
+        self.norm = float(norm)
+        self.register_buffer("whitener", torch.empty(0))
+
+    def set_whitener(self, p: torch.Tensor) -> None:
+        """Install ``P`` (kept as given: a float32 tensor shares a numpy array's memory)."""
+        if p.dim() != 2 or p.shape[0] != p.shape[1]:
+            raise ValueError(f"the whitener must be a square matrix, got shape {tuple(p.shape)}")
+        self.whitener = p
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        if self.whitener.numel() == 0:
+            return z
+        w = z @ self.whitener.to(z.dtype)
+        return w * (self.norm / w.norm(dim=1, keepdim=True).clamp_min(1e-12))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # type: ignore[no-untyped-def]
+        key = prefix + "whitener"
+        if key in state_dict:  # P at its saved size (empty before it is set)
+            self.whitener = torch.empty_like(state_dict[key], device=self.whitener.device)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def extra_repr(self) -> str:
+        return f"norm={self.norm}, whitener={tuple(self.whitener.shape)}"
+
+
+def unit_rows_net(net: nn.Module, constant: float = 0.3, row_norm: float = 60.0) -> nn.Module:
     """The two-scale scattering model with its head replaced for the whitened preset: the fixed front
-    followed by :class:`UnitRows` (still fixed, so precomputed once), then one linear layer on the
-    unit rows (initialised from torch's generator, as the caller seeded it)."""
+    followed by :class:`UnitRows` and :class:`WhitenedRows` (still fixed, so precomputed once), then one
+    linear layer on the whitened rows (initialised from torch's generator, as the caller seeded it)."""
     from veil.models import FixedFeaturesThenHead
 
     if not (isinstance(net, FixedFeaturesThenHead) and isinstance(net.head, ScatteringHead)):
         raise TypeError(f"unit rows need the two-scale scattering model, got {type(net).__name__}")
     rows = UnitRows(net.head.parts, constant)
     return FixedFeaturesThenHead(
-        nn.Sequential(net.features, rows), nn.Linear(rows.out_features, net.head.linear.out_features)
+        nn.Sequential(net.features, rows, WhitenedRows(row_norm)),
+        nn.Linear(rows.out_features, net.head.linear.out_features),
     )
 
 

@@ -55,7 +55,7 @@ __all__ = [
     "ensure_preprocessing",
     "ensure_whitening",
     "evaluate_released",
-    "fold_whitening",
+    "install_whitening",
     "start",
     "train_steps",
     "trainable_view",
@@ -84,9 +84,9 @@ class RunPlan(UsesPrepared):
     allowed: int
     out: Path
     feature_cache: dict[str, np.ndarray] = field(default_factory=dict)
-    whitener: tuple[np.ndarray, float] | None = None
-    """``(P, c)`` once the cached rows are whitened (:func:`ensure_whitening`): folded into the released
-    layer at the end (:func:`fold_whitening`)."""
+    whitener: np.ndarray | None = None
+    """``P`` once the cached rows are whitened (:func:`ensure_whitening`): installed in the released
+    model at the end (:func:`install_whitening`)."""
 
 
 def trainable_view(plan: RunPlan, net: nn.Module, device: str) -> tuple[Trainable, np.ndarray, np.ndarray]:
@@ -150,11 +150,15 @@ by a resume so that it whitens with the same ``P``."""
 def ensure_whitening(plan: RunPlan, run_dir: Path, ledger: Ledger) -> None:
     """The scattering preset's whitening (:mod:`veil.data.whitening`): release the Gram matrix of the
     cached training rows once per run (its ``Gaussian(S)`` event charged first, before any step), or
-    reuse the released one on a resume; then whiten the cached train and test rows in place, once
-    per process. Nothing to do without ``Prepared.whitening``."""
+    reuse the released one on a resume; then map the cached train and test rows in place through
+    :class:`~veil.models.scattering.WhitenedRows` (``zP`` rescaled to the row norm), once per process.
+    Nothing to do without ``Prepared.whitening``."""
     import io
 
+    import torch
+
     from veil.data.whitening import release_gram, whiten_rows_, whitener
+    from veil.models.scattering import WhitenedRows
     from veil.pipeline.randomness import private_source
     from veil.pipeline.seeds import Purpose
 
@@ -173,25 +177,30 @@ def ensure_whitening(plan: RunPlan, run_dir: Path, ledger: Ledger) -> None:
         buf = io.BytesIO()
         np.save(buf, gram)
         _record_release(run_dir, ledger, "whitening", WHITENING_FILE, buf.getvalue())
-    p, c = whitener(gram, len(x_train), w.ridge, w.row_norm)
+        del buf
+    p = whitener(gram, len(x_train), w.ridge)
     del gram
+    rule = WhitenedRows(w.row_norm)
+    rule.set_whitener(torch.from_numpy(p))
     for rows in (x_train, x_test):
-        whiten_rows_(rows, p, c)
-    plan.whitener = (p, c)
+        whiten_rows_(rows, rule)
+    plan.whitener = p
 
 
-def fold_whitening(plan: RunPlan, full: nn.Module) -> None:
-    """Fold the whitening into the released model's linear layer (``W' = c·W·P``: it then acts on the
-    unit rows its front computes; exact up to float rounding). Call once, after the last evaluation
-    on the whitened rows; nothing to do without whitening."""
-    from veil.data.whitening import fold_
+def install_whitening(plan: RunPlan, full: nn.Module) -> None:
+    """Put the released ``P`` into the released model's :class:`~veil.models.scattering.WhitenedRows`
+    (shared memory, no copy), so that ``model.pt`` maps raw images exactly as the rows were trained
+    on. Call once, after the last evaluation on the cached rows; nothing to do without whitening."""
+    import torch
+
+    from veil.models.scattering import WhitenedRows
 
     if plan.whitener is None:
         return
-    from veil.models import split_fixed_front
-
-    _, head = split_fixed_front(full)
-    fold_(head, *plan.whitener)
+    rules = [m for m in full.modules() if isinstance(m, WhitenedRows)]
+    if len(rules) != 1:  # pragma: no cover - unit_rows_net builds exactly one
+        raise RuntimeError(f"expected one WhitenedRows in the released model, found {len(rules)}")
+    rules[0].set_whitener(torch.from_numpy(plan.whitener))
 
 
 @dataclass
@@ -264,8 +273,8 @@ def start(plan: RunPlan, run_dir: Path, ledger: Ledger, attach_audit: AttachAudi
 
     cfg, data, device = plan.cfg, plan.data, plan.cfg.device
     ensure_preprocessing(plan, run_dir, ledger)
-    unit_rows = plan.prepared.whitening is not None
-    net = build_net(cfg, data, cfg.seed, unit_rows=unit_rows)
+    whitening = plan.prepared.whitening
+    net = build_net(cfg, data, cfg.seed, whitening=whitening)
     view, x_train, x_test = trainable_view(plan, net, device)
     ensure_whitening(plan, run_dir, ledger)
     if cfg.augment > 1:  # a last guard for every job (veil train refuses it before writing anything)
@@ -283,7 +292,7 @@ def start(plan: RunPlan, run_dir: Path, ledger: Ledger, attach_audit: AttachAudi
     ema = {
         k: v.detach().clone() for k, v in (state["ema"] if state is not None else model.state_dict()).items()
     }
-    eval_model = trainable_view(plan, build_net(cfg, data, cfg.seed, unit_rows=unit_rows), device)[0]
+    eval_model = trainable_view(plan, build_net(cfg, data, cfg.seed, whitening=whitening), device)[0]
     return Session(
         model=model,
         full=eval_model.full,

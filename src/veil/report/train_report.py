@@ -21,7 +21,8 @@ FILES: dict[str, tuple[str, bool, bool]] = {
     "report.html": ("this report as a page (the full internal one)", False, False),
     "preprocessing.json": ("the released DP preprocessing statistic", True, False),
     "whitening.npy": (
-        "the released DP Gram matrix of the whitening (kept for --resume; its P is folded into model.pt)",
+        "the released DP Gram matrix of the whitening (kept for --resume; model.pt carries the P computed "
+        "from it)",
         False,
         False,
     ),

@@ -37,7 +37,7 @@ def prepare_run(cfg: TrainConfig, out: Path | None, check: bool = True) -> RunPl
     prepared = prepare(cfg, streaming=True, units=True, whiten=rank_and_world()[1] == 1)
     refuse_private_preprocessing(prepared.prep.public)  # across ranks: one release is not yet supported
     cfg, data = prepared.cfg, prepared.data
-    net = build_net(cfg, data, cfg.seed, unit_rows=prepared.whitening is not None)
+    net = build_net(cfg, data, cfg.seed, whitening=prepared.whitening)
     # The whole model (a fixed feature front included, which the engine never sees) must compute each
     # example's output from that example alone: probed on synthetic inputs of the public input shape,
     # never the private rows, so the verdict depends on no record.

@@ -120,7 +120,8 @@ def _preprocessing(plan: RunPlan) -> dict[str, Any]:
             "description": (
                 "the head's unit rows (norm ≤ 1) whitened by P = (max(G̃, 0)/n + λI)^(-1/2) from one "
                 f"Gaussian release G̃ of their Gram matrix (noise std {w.std:g} per coordinate, "
-                f"sensitivity 1; λ = {w.ridge:g}), before the steps; P folded into model.pt"
+                f"sensitivity 1; λ = {w.ridge:g}), before the steps; each row zP rescaled to norm "
+                f"{w.row_norm:g}; model.pt carries P (post-processing of the release)"
             ),
             "event": w.event.to_dict(),
         }
