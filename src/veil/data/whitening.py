@@ -52,6 +52,10 @@ __all__ = [
 GRAM_CHUNK = 2048
 """Rows per chunk of the Gram matrix's accumulation (float64 d × d sum, float32 chunk products)."""
 
+NOISE_BLOCK = 2**20
+"""Gram noise values per draw (8 MiB in float64): the ``d(d+1)/2`` upper-triangle draws are made in
+blocks of whole rows, so the noise and its transform's temporaries never take ``d²``-sized memory."""
+
 
 @dataclass
 class WhiteningPlan:
@@ -95,13 +99,18 @@ def release_gram(rows: np.ndarray, std: float, rng: RandomSource) -> np.ndarray:
 
     gram = gram_of_rows(rows)
     d = len(gram)
-    noise = rng.normal((d * (d + 1) // 2,), std, dtype=torch.float64).numpy()
-    start = 0
-    for i in range(d):  # row i's upper part gets its own draws; the column below the diagonal mirrors it
-        gram[i, i:] += noise[start : start + d - i]
-        gram[i + 1 :, i] = gram[i, i + 1 :]
-        start += d - i
-    del noise
+    first = 0
+    while first < d:  # rows first … last − 1 drawn in one call of ≤ NOISE_BLOCK values (or one row)
+        last, count = first + 1, d - first
+        while last < d and count + d - last <= NOISE_BLOCK:
+            count, last = count + d - last, last + 1
+        noise = rng.normal((count,), std, dtype=torch.float64).numpy()
+        start = 0
+        for i in range(first, last):  # row i's upper part gets its own draws; the column below mirrors it
+            gram[i, i:] += noise[start : start + d - i]
+            gram[i + 1 :, i] = gram[i, i + 1 :]
+            start += d - i
+        first = last
     grid = release_grid(std)  # in place: no d × d temporaries (a power of two: × and ÷ are exact)
     gram /= grid
     np.rint(gram, out=gram)
