@@ -67,6 +67,34 @@ def test_released_gram_is_symmetric_with_noise_std_s_on_the_grid() -> None:
     assert abs(np.corrcoef(gram[0, 2:], gram[1, 2:])[0, 1]) < 6 / math.sqrt(d - 2)
 
 
+def test_released_gram_uses_each_draw_once_in_blocks_of_whole_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The noise is drawn in blocks (NOISE_BLOCK values, whole rows): every upper-triangle coordinate
+    gets exactly one draw, in order, none reused or skipped, and no draw is larger than a block (or one
+    row). Fails if a block's offset is not advanced, a row is skipped or a draw is reused."""
+    import veil.data.whitening as whitening
+
+    class Recording(SeededSource):
+        def __init__(self, seed: int) -> None:
+            super().__init__(seed)
+            self.draws: list[torch.Tensor] = []
+
+        def normal(self, shape: tuple[int, ...], std: float, **kw: object) -> torch.Tensor:
+            out = super().normal(shape, std, **kw)  # type: ignore[arg-type]
+            self.draws.append(out.clone())
+            return out
+
+    monkeypatch.setattr(whitening, "NOISE_BLOCK", 450)
+    d, s = 120, 2.5
+    source = Recording(5)
+    gram = release_gram(np.zeros((3, d), dtype=np.float32), s, source)
+    assert len(source.draws) > 1 and all(len(t) <= max(450, d) for t in source.draws)
+    drawn = torch.cat(source.draws).numpy()
+    assert len(drawn) == d * (d + 1) // 2
+    grid = release_grid(s)
+    np.testing.assert_array_equal(gram[np.triu_indices(d)], (np.rint(drawn / grid) * grid).astype(np.float32))
+    np.testing.assert_array_equal(gram, gram.T)
+
+
 def test_released_gram_with_secure_noise() -> None:
     rows = np.eye(4, 30, dtype=np.float32)
     gram = release_gram(rows, 1.0, SecureSource())

@@ -103,8 +103,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 # The scattering preset's DP whitening (veil.data.whitening): DP-SGD on the head's unit rows whitened by
 # one Gaussian release of their Gram matrix (noise std 6 per coordinate, composed before the steps),
-# ridge 0.02 (a little above the noise's edge 2S√d/n ≈ 0.017 on Fashion-MNIST), rows scaled to a
-# root-mean-square norm of 60 (the GroupNorm rows' scale, at which lr 16 and C = 0.1 were tuned). On
+# ridge 0.02 (a little above the noise's edge 2S√d/n ≈ 0.017 on Fashion-MNIST), each whitened row
+# scaled to norm 60 (the GroupNorm rows' scale, at which lr 16 and C = 0.1 were tuned). On
 # Fashion-MNIST at ε = 3: +0.74 validation, +0.73 test over the preset without it, 3 seeds
 # (bench/fashion_scatter_levers.py --whiten 6 --whiten-ridge 0.02; docs/benchmarks.md).
 WHITENING: dict[str, dict[str, float]] = {
