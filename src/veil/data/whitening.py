@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "WhiteningPlan",
+    "eigh_ready",
     "gram_of_rows",
     "release_gram",
     "whiten_rows_",
@@ -122,17 +123,22 @@ def whitener(gram: np.ndarray, n: int, ridge: float) -> np.ndarray:
     """``P = (max(G̃, 0)/n + λI)^(-1/2)`` (float32, symmetric) from a released Gram matrix
     (post-processing: eigenvalues the noise made negative are taken as 0, λ keeps the
     noise-dominated directions from being blown up). Float64 arithmetic, two ``d × d`` float64
-    arrays at the peak (module docstring)."""
+    arrays at the peak (module docstring). A float64 Fortran-ordered ``gram`` is overwritten (pass
+    :func:`eigh_ready` of the release and drop the release first); anything else is copied once."""
     from scipy.linalg import eigh
 
-    a = np.array(gram, dtype=np.float64)  # the copy LAPACK overwrites
-    vals, vecs = eigh(a, overwrite_a=True, check_finite=False, driver="evr")
-    del a
+    vals, vecs = eigh(eigh_ready(gram), overwrite_a=True, check_finite=False, driver="evr")
     root = 1.0 / np.sqrt(np.maximum(vals, 0.0) / n + ridge)
     vecs *= np.sqrt(root)  # in place: V·diag(√root), so P = (V·diag(√root))(V·diag(√root))ᵀ, symmetric
     half = vecs.astype(np.float32)
     del vecs
     return half @ half.T
+
+
+def eigh_ready(gram: np.ndarray) -> np.ndarray:
+    """``gram`` as the float64 Fortran-ordered array LAPACK works in (itself if it already is one): a
+    C-ordered array would be copied again by the wrapper, a third ``d × d`` float64 array."""
+    return np.asarray(gram, dtype=np.float64, order="F")
 
 
 def whiten_rows_(rows: np.ndarray, rule: nn.Module, chunk: int = 4096) -> None:

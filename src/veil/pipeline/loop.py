@@ -157,7 +157,7 @@ def ensure_whitening(plan: RunPlan, run_dir: Path, ledger: Ledger) -> None:
 
     import torch
 
-    from veil.data.whitening import release_gram, whiten_rows_, whitener
+    from veil.data.whitening import eigh_ready, release_gram, whiten_rows_, whitener
     from veil.models.scattering import WhitenedRows
     from veil.pipeline.randomness import private_source
     from veil.pipeline.seeds import Purpose
@@ -178,8 +178,10 @@ def ensure_whitening(plan: RunPlan, run_dir: Path, ledger: Ledger) -> None:
         np.save(buf, gram)
         _record_release(run_dir, ledger, "whitening", WHITENING_FILE, buf.getvalue())
         del buf
-    p = whitener(gram, len(x_train), w.ridge)
+    work = eigh_ready(gram)  # float64, overwritten by the eigendecomposition
     del gram
+    p = whitener(work, len(x_train), w.ridge)
+    del work
     rule = WhitenedRows(w.row_norm)
     rule.set_whitener(torch.from_numpy(p))
     for rows in (x_train, x_test):
