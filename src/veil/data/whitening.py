@@ -22,6 +22,9 @@ the steps' σ is calibrated for what remains of ε). Noise comes from the run's 
 OS CSPRNG in secure mode (the default), a derived seed only in ``--reproducible`` research runs.
 ``n`` (the number of training rows) is treated as public, as in DP-SGD's ``q = B/N``.
 
+Why an eigendecomposition (the symmetric root) and not a Cholesky factor: ``max(G̃, 0)`` needs the
+eigenvalues (noise makes some negative), and the symmetric root is what the bench measured.
+
 Memory. The eigendecomposition is LAPACK's MRRR driver (``syevr``) on a float64 copy that it
 overwrites: two ``d × d`` float64 arrays at the peak (526 MB for d = 5,735), against four for
 ``numpy.linalg.eigh`` (its input copy and ``syevd``'s ``2d²`` workspace). It takes about a minute.
