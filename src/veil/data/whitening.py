@@ -5,8 +5,8 @@ of norm ≤ 1 (:class:`veil.models.scattering.UnitRows`: a public per-record rul
 step, one Gaussian release ``G̃ = Σ z zᵀ + N`` is made; ``P = (max(G̃, 0)/n + λI)^(-1/2)`` is computed
 from it (post-processing), and DP-SGD trains on the rows ``zP`` each rescaled to norm ``row_norm``
 (:class:`veil.models.scattering.WhitenedRows`, a public per-record rule once ``P`` is released). The
-released model applies the same map at prediction time, so it carries ``P`` (``d × d`` float32: 131.6
-MB for Fashion-MNIST's d = 5,735). Measured on Fashion-MNIST at ε = 3: +0.7 points over the preset
+released model applies the same map at prediction time, so it carries ``P`` (``d × d`` float32: 131.5
+MB for Fashion-MNIST's d = 5,734). Measured on Fashion-MNIST at ε = 3: +0.7 points over the preset
 without it (docs/benchmarks.md, eighth session); one global scale of ``zP`` instead of the per-row
 norm loses that gain (ninth session).
 
@@ -26,7 +26,7 @@ Why an eigendecomposition (the symmetric root) and not a Cholesky factor: ``max(
 eigenvalues (noise makes some negative), and the symmetric root is what the bench measured.
 
 Memory. The eigendecomposition is LAPACK's MRRR driver (``syevr``) on a float64 copy that it
-overwrites: two ``d × d`` float64 arrays at the peak (526 MB for d = 5,735), against four for
+overwrites: two ``d × d`` float64 arrays at the peak (526 MB for d = 5,734), against four for
 ``numpy.linalg.eigh`` (its input copy and ``syevd``'s ``2d²`` workspace). It takes about a minute.
 """
 

@@ -267,8 +267,8 @@ class WhitenedRows(nn.Module):
     Each row is mapped on its own by public values (``P`` is post-processing of a DP release), so
     precomputing the map once costs no privacy. Before ``P`` is set the buffer is empty and the map is
     the identity: the unit rows the Gram matrix is released from. ``load_state_dict`` takes ``P`` at
-    the size it was saved with, so a released ``model.pt`` (which carries ``P``: 4·d² bytes, 131.6 MB
-    for Fashion-MNIST's d = 5,735) loads into a freshly built model."""
+    the size it was saved with, so a released ``model.pt`` (which carries ``P``: 4·d² bytes, 131.5 MB
+    for Fashion-MNIST's d = 5,734) loads into a freshly built model."""
 
     whitener: torch.Tensor
 
