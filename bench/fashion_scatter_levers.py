@@ -297,7 +297,10 @@ def ssp_solve(gram, cross, ridge):
 
 def whitener(gram, n, ridge):
     """P = (max(G̃, 0)/n + λI)^(-1/2) from a released Gram matrix (post-processing: eigenvalues the
-    noise made negative are taken as 0, λ keeps the noise-dominated directions from being blown up)."""
+    noise made negative are taken as 0, λ keeps the noise-dominated directions from being blown up).
+    Also keeps ``tr(P G̃₊ P)/n`` as ``whitener.released_mean_square``: the mean square row norm of zP
+    estimated from the release, from which ``--whiten-scale global`` takes its one scale (the rule of
+    veil train's h29fm6 preset, ``c = norm / √that``)."""
     vals, vecs = torch.linalg.eigh(gram)
     top = (vals.flip(0) / n).tolist()
     print(
@@ -305,18 +308,27 @@ def whitener(gram, n, ridge):
         [f"{top[r - 1]:.2e}" for r in (1, 10, 100, 300, 1000, 3000)],
     )
     scale = (vals.clamp_min(0) / n + ridge).rsqrt()
+    whitener.released_mean_square = float((scale.square() * vals.clamp_min(0) / n).sum())
     return ((vecs * scale) @ vecs.T).float()
 
 
-def whitened_rows(model, x, bias, w, norm, chunk=4096):
+def whitened_rows(model, x, bias, w, norm, chunk=4096, scale=None):
     """The fixed per-example map of ``--whiten``: :func:`unit_rows`, times the public matrix P (none:
-    ``--unit-rows``), scaled to L2 norm ``norm`` (a public per-record rule)."""
+    ``--unit-rows``), scaled to L2 norm ``norm`` (a public per-record rule); with ``scale`` (the
+    ``--whiten-scale global*`` variants) multiplied by that one number instead."""
     out = []
     for i in range(0, len(x), chunk):
         z = unit_rows(model, x[i : i + chunk], bias)
         z = z if w is None else z @ w
-        out.append(z * (norm / z.norm(dim=1, keepdim=True).clamp_min(1e-12)))
+        out.append(z * (norm / z.norm(dim=1, keepdim=True).clamp_min(1e-12)) if scale is None else z * scale)
     return torch.cat(out)
+
+
+def row_norm_quantiles(x):
+    """Diagnostic: the rows' L2 norms at quantiles 0, 0.01, 0.5, 0.99, 1 and their root mean square."""
+    norms = torch.cat([x[i : i + 4096].norm(dim=1) for i in range(0, len(x), 4096)])
+    qs = torch.quantile(norms, torch.tensor([0.0, 0.01, 0.5, 0.99, 1.0])).tolist()
+    return {"q": [round(v, 2) for v in qs], "rms": round(float(norms.square().mean().sqrt()), 2)}
 
 
 def ssp_accuracy(model, w, x, y, bias):
@@ -438,6 +450,16 @@ def main():
     )
     p.add_argument("--whiten-ridge", dest="whiten_ridge", type=float, default=0.01)
     p.add_argument("--whiten-norm", dest="whiten_norm", type=float, default=60.0)
+    p.add_argument(
+        "--whiten-scale",
+        dest="whiten_scale",
+        default="row",
+        choices=["row", "global", "global-oracle"],
+        help="row: each whitened row zP scaled to norm --whiten-norm; global: all rows times one c from the"
+        " release (veil.data.whitening.whitener: root-mean-square --whiten-norm by the released spectrum,"
+        " what veil train's h29fm6 preset did); global-oracle: one c from the training rows' true root"
+        " mean square (non-private diagnostic)",
+    )
     p.add_argument("--ridge", default="100,300,1000", help="ssp: ridge λ values (post-processing)")
     p.add_argument("--ssp-bias", dest="ssp_bias", type=float, default=0.3, help="ssp: constant coordinate")
     p.add_argument("--ssp-label", dest="ssp_label", type=float, default=1.0, help="ssp: the label scale α")
@@ -469,6 +491,8 @@ def main():
     q = a.batch / n
     prefix = [Gaussian(a.bn_sigma)] if a.bn_sigma > 0 else []
     rows = a.whiten > 0 or a.unit_rows
+    if a.whiten_scale != "row" and not a.whiten > 0:
+        raise SystemExit("--whiten-scale global*: only with --whiten S")
     if rows:  # --whiten: one Gaussian release of the unit rows' Gram matrix (Δ = 1), before the steps
         t0 = time.time()
         front = head(a.head, a.groups, None, a.extra)
@@ -479,11 +503,22 @@ def main():
             gram, _ = ssp_release(front, xtr_t, ytr_t, a.ssp_bias, 0.0, a.whiten, g)
             w = whitener(gram, n, a.whiten_ridge)
             del gram
+            if a.whiten_scale == "global":  # veil train's h29fm6 rule: one c from the released spectrum
+                scale = a.whiten_norm / math.sqrt(whitener.released_mean_square)
+                print("released scale c", round(scale, 3), flush=True)
+        if a.whiten_scale == "global-oracle":
+            raw = whitened_rows(front, xtr_t, a.ssp_bias, w, a.whiten_norm, scale=1.0)
+            scale = a.whiten_norm / float(row_norm_quantiles(raw)["rms"])
+            print("oracle scale c", round(scale, 3), flush=True)
+            del raw
+        elif a.whiten_scale == "row":
+            scale = None
         xtr_t, xva_t, xte_t = (
-            whitened_rows(front, t, a.ssp_bias, w, a.whiten_norm) for t in (xtr_t, xva_t, xte_t)
+            whitened_rows(front, t, a.ssp_bias, w, a.whiten_norm, scale=scale) for t in (xtr_t, xva_t, xte_t)
         )
         del w
-        print("whitened", round(time.time() - t0, 1), "s", flush=True)
+        norms = row_norm_quantiles(xtr_t)
+        print("whitened", round(time.time() - t0, 1), "s; train rows' norms", norms, flush=True)
     sigma = calibrate_noise(a.eps, 1e-5, q, steps, prefix=prefix)
     torch.manual_seed(a.seed)
     stats = None

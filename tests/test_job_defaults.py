@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from veil.accounting.calibrate import dpsgd_event
+from veil.accounting.events import Gaussian
 from veil.errors import ConfigError
 from veil.pipeline.budget import StepPlan
 from veil.pipeline.checks import (
@@ -222,7 +223,7 @@ def test_randomness_check_and_release_ready() -> None:
 
 def _prepared(public: bool = True) -> Any:
     prep = SimpleNamespace(public=public, description="pixels / 16", event=None)
-    return SimpleNamespace(prep=prep, model_name="rff")
+    return SimpleNamespace(prep=prep, model_name="rff", whitening=None)
 
 
 GOOD_REPORT = {
@@ -246,6 +247,16 @@ def test_data_use_check_fails_on_unlabelled_or_unaccounted_use() -> None:
     dp = _prepared(public=False)
     dp.prep.event = dpsgd_event(1.0, 2.0)
     assert not data_use_check(dp, _Ledger([]), GOOD_REPORT).passed
+    # The scattering preset's Gram release (veil.data.whitening): one, as planned, or the check fails.
+    from veil.data.whitening import WhiteningPlan
+
+    gram = {"label": "whitening", "event": Gaussian(6.0).to_dict()}
+    assert not data_use_check(_prepared(), _Ledger([], [gram]), GOOD_REPORT).passed  # not planned
+    whitened = _prepared()
+    whitened.whitening = WhiteningPlan(6.0, 0.02, 60.0)
+    assert data_use_check(whitened, _Ledger([], [gram]), GOOD_REPORT).passed
+    assert not data_use_check(whitened, _Ledger([]), GOOD_REPORT).passed  # planned, not in the ledger
+    assert not data_use_check(whitened, _Ledger([], [gram, gram]), GOOD_REPORT).passed  # twice
 
 
 # -- hints never advise spending the budget again ------------------------------------------------------------

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from veil.config import TrainConfig
     from veil.data import Dataset
 
-__all__ = ["PRESETS", "apply_presets", "preset_for"]
+__all__ = ["PRESETS", "WHITENING", "apply_presets", "preset_for", "whitening_for"]
 
 # Tuned on veil's benchmarks (bench/utility.py; docs/train.md), per data kind; batch_size None
 # below means "a share of N" (see apply_presets).
@@ -99,6 +99,26 @@ PRESETS: dict[str, dict[str, Any]] = {
         "ema_decay": 0.0,
     },
 }
+
+
+# The scattering preset's DP whitening (veil.data.whitening): DP-SGD on the head's unit rows whitened by
+# one Gaussian release of their Gram matrix (noise std 6 per coordinate, composed before the steps),
+# ridge 0.02 (a little above the noise's edge 2S√d/n ≈ 0.017 on Fashion-MNIST), each whitened row
+# scaled to norm 60 (the GroupNorm rows' scale, at which lr 16 and C = 0.1 were tuned). On
+# Fashion-MNIST at ε = 3: +0.74 validation, +0.73 test over the preset without it, 3 seeds
+# (bench/fashion_scatter_levers.py --whiten 6 --whiten-ridge 0.02; docs/benchmarks.md).
+WHITENING: dict[str, dict[str, float]] = {
+    "image-scatternet": {"std": 6.0, "ridge": 0.02, "row_norm": 60.0},
+}
+
+
+def whitening_for(preset: str, model: str, input_shape: tuple[int, ...]) -> dict[str, float] | None:
+    """The preset's whitening settings, or None: only the scattering preset's two-scale head (images of
+    at least 16 × 16 pixels, :func:`veil.models.scatternet`) has one. Decided from public facts only."""
+    settings = WHITENING.get(preset)
+    if settings is None or model != "scatternet" or len(input_shape) != 3 or min(input_shape[1:]) < 16:
+        return None
+    return dict(settings)
 
 
 def preset_for(model: str, data: Dataset) -> str:

@@ -34,8 +34,11 @@ __all__ = [
     "MultiScaleScattering",
     "Scattering2d",
     "ScatteringHead",
+    "UnitRows",
+    "WhitenedRows",
     "scattering_channels",
     "scattering_features",
+    "unit_rows_net",
 ]
 
 
@@ -218,6 +221,99 @@ class ScatteringHead(nn.Module):
             out.append(norm(x[:, start : start + size].reshape(-1, c, h, w)).flatten(1))
             start += size
         return self.linear(torch.cat(out, dim=1))
+
+
+class UnitRows(nn.Module):
+    """The whitened preset's fixed per-record map of :class:`MultiScaleScattering`'s rows: each scale's
+    maps group-normalised as :class:`ScatteringHead` does at its initial affine (i.e. none), flattened,
+    concatenated, scaled to L2 norm ``√(1 − b²)``, then a constant coordinate ``b``.
+
+    Guarantee: every output row has L2 norm ≤ 1 (exactly 1 up to float rounding), whatever the record
+    — a public per-record rule, the sensitivity bound of the Gram release of
+    :mod:`veil.data.whitening`. No parameters, no batch statistics: each row from its own example."""
+
+    def __init__(self, parts: list[tuple[int, ...]], constant: float = 0.3) -> None:
+        super().__init__()
+        if not 0.0 <= constant < 1.0:
+            raise ValueError(f"the constant coordinate must lie in [0, 1), got {constant}")
+        self.parts = [tuple(int(v) for v in p) for p in parts]
+        self.constant = float(constant)
+
+    @property
+    def out_features(self) -> int:
+        return sum(c * h * w for c, h, w in self.parts) + 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, start = [], 0
+        for c, h, w in self.parts:
+            size = c * h * w
+            part = x[:, start : start + size].reshape(-1, c, h, w)
+            out.append(nn.functional.group_norm(part, _norm_groups(c)).flatten(1))
+            start += size
+        z = torch.cat(out, dim=1)
+        radius = math.sqrt(1.0 - self.constant * self.constant)
+        z = z * (radius / z.norm(dim=1, keepdim=True).clamp_min(1e-12))
+        return torch.cat([z, torch.full((len(z), 1), self.constant, dtype=z.dtype, device=z.device)], dim=1)
+
+    def extra_repr(self) -> str:
+        return f"parts={self.parts}, constant={self.constant}"
+
+
+class WhitenedRows(nn.Module):
+    """The whitened preset's last fixed per-record map: ``z ↦ norm · zP / ‖zP‖`` with ``P`` the public
+    whitening matrix (the buffer ``whitener``, ``d × d`` float32, set from the DP-released Gram matrix
+    by :func:`veil.data.whitening.whitener`) and ``norm`` the preset's row norm (60).
+
+    Each row is mapped on its own by public values (``P`` is post-processing of a DP release), so
+    precomputing the map once costs no privacy. Before ``P`` is set the buffer is empty and the map is
+    the identity: the unit rows the Gram matrix is released from. ``load_state_dict`` takes ``P`` at
+    the size it was saved with, so a released ``model.pt`` (which carries ``P``: 4·d² bytes, 131.5 MB
+    for Fashion-MNIST's d = 5,734) loads into a freshly built model."""
+
+    whitener: torch.Tensor
+
+    def __init__(self, norm: float) -> None:
+        super().__init__()
+        if not norm > 0:
+            raise ValueError(f"the row norm must be positive, got {norm}")
+        self.norm = float(norm)
+        self.register_buffer("whitener", torch.empty(0))
+
+    def set_whitener(self, p: torch.Tensor) -> None:
+        """Install ``P`` (kept as given: a float32 tensor shares a numpy array's memory)."""
+        if p.dim() != 2 or p.shape[0] != p.shape[1]:
+            raise ValueError(f"the whitener must be a square matrix, got shape {tuple(p.shape)}")
+        self.whitener = p
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        if self.whitener.numel() == 0:
+            return z
+        w = z @ self.whitener.to(z.dtype)
+        return w * (self.norm / w.norm(dim=1, keepdim=True).clamp_min(1e-12))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # type: ignore[no-untyped-def]
+        key = prefix + "whitener"
+        if key in state_dict:  # P at its saved size (empty before it is set)
+            self.whitener = torch.empty_like(state_dict[key], device=self.whitener.device)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def extra_repr(self) -> str:
+        return f"norm={self.norm}, whitener={tuple(self.whitener.shape)}"
+
+
+def unit_rows_net(net: nn.Module, constant: float = 0.3, row_norm: float = 60.0) -> nn.Module:
+    """The two-scale scattering model with its head replaced for the whitened preset: the fixed front
+    followed by :class:`UnitRows` and :class:`WhitenedRows` (still fixed, so precomputed once), then one
+    linear layer on the whitened rows (initialised from torch's generator, as the caller seeded it)."""
+    from veil.models import FixedFeaturesThenHead
+
+    if not (isinstance(net, FixedFeaturesThenHead) and isinstance(net.head, ScatteringHead)):
+        raise TypeError(f"unit rows need the two-scale scattering model, got {type(net).__name__}")
+    rows = UnitRows(net.head.parts, constant)
+    return FixedFeaturesThenHead(
+        nn.Sequential(net.features, rows, WhitenedRows(row_norm)),
+        nn.Linear(rows.out_features, net.head.linear.out_features),
+    )
 
 
 def scattering_features(x: np.ndarray, J: int = 2, L: int = 8, batch_size: int = 512) -> np.ndarray:

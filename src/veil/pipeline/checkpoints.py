@@ -67,6 +67,7 @@ HEADER_KEYS = (
     "n_train",
     "preprocessing",
     "preprocessing_event",
+    "whitening_event",  # absent (None) where the run has no whitening release
     "step_event",
     "secure_rng",
     "privacy_unit",  # absent (None) in a row-level run's header, old or new
@@ -182,17 +183,19 @@ def verify_files(run_dir: Path, ledger: Ledger | None) -> None:
     verified_preprocessing_file(run_dir, ledger)
 
 
-def verified_preprocessing_file(run_dir: Path, ledger: Ledger) -> Path | None:
-    """The recorded preprocessing release of this run (checksum verified), or None if none was made."""
-    done = ledger.last("preprocessing")
+def verified_preprocessing_file(run_dir: Path, ledger: Ledger, kind: str = "preprocessing") -> Path | None:
+    """The recorded release of this run before its steps (checksum verified), or None if none was made:
+    ``kind`` is the ledger record that names its file (``preprocessing``, or ``whitening``: the
+    scattering preset's released Gram matrix, :mod:`veil.data.whitening`)."""
+    done = ledger.last(kind)
     if done is None:
         return None
     path = run_dir / done["file"]
     if not path.is_file() or file_sha256(path) != done["sha256"]:
         raise CheckpointError(
-            "preprocessing",
+            kind,
             str(path),
-            "the released preprocessing statistic is missing or does not match its checksum",
+            f"the released {kind} statistic is missing or does not match its checksum",
             "restore it from a backup, then --resume (its release is already charged in the ledger)",
         )
     return path

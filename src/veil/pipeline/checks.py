@@ -236,11 +236,23 @@ def unlabelled_non_private(report: Any, path: str = "") -> list[str]:
 def data_use_check(prepared: Prepared, ledger: Ledger, report: dict[str, Any]) -> Check:
     """Every use of the private data is accounted in the ledger, declared public, or labelled non-private.
 
-    ``report``: the report as a dict (its checks aside). Fails when the preprocessing release is not
-    in the ledger as planned, the label set was not declared (nor DP-released), or a non-private
-    figure (test metrics, baseline, losses, audit) sits outside the ``non_private`` section."""
+    ``report``: the report as a dict (its checks aside). Fails when the preprocessing release or the
+    whitening's Gram release (:mod:`veil.data.whitening`) is not in the ledger as planned, the label
+    set was not declared (nor DP-released), or a non-private figure (test metrics, baseline, losses,
+    audit) sits outside the ``non_private`` section."""
     prep = prepared.prep
-    pre_records = list(ledger.of_kind("event"))
+    records = list(ledger.of_kind("event"))
+    pre_records = [r for r in records if r.get("label") != "whitening"]
+    gram_records = [r for r in records if r.get("label") == "whitening"]
+    w = prepared.whitening
+    if w is None:
+        gram_ok, gram_detail = not gram_records, None
+    else:
+        gram_ok = len(gram_records) == 1 and event_from_dict(gram_records[0]["event"]) == w.event
+        gram_detail = (
+            f"the whitening's Gram matrix is a DP release charged in the ledger before the steps "
+            f"({len(gram_records)} release(s), event {w.event.to_json()})"
+        )
     if prep.public:
         data_detail = f"preprocessing is public ({prep.description})"
         data_ok = not pre_records
@@ -254,8 +266,10 @@ def data_use_check(prepared: Prepared, ledger: Ledger, report: dict[str, Any]) -
     labels = report.get("label_set") or {}
     labels_ok = labels.get("source") == "declared"
     stray = unlabelled_non_private({k: v for k, v in report.items() if k != "checks"})
+    data_ok = data_ok and gram_ok
     parts = [
         data_detail,
+        *([] if gram_detail is None else [gram_detail]),
         f"label set {'declared public' if labels_ok else 'NOT declared'} ({labels.get('declared_by', '?')})",
         "test metrics, baseline and audit only in the non_private section"
         if not stray

@@ -15,12 +15,13 @@ from veil.config import TrainConfig
 from veil.errors import ConfigError, InvalidParameterError, SamplingError
 from veil.pipeline.randomness import private_source
 from veil.pipeline.seeds import Purpose
-from veil.presets import apply_presets, preset_for
+from veil.presets import apply_presets, preset_for, whitening_for
 
 if TYPE_CHECKING:
     from veil.accounting.events import PrivacyEvent
     from veil.data import Dataset
     from veil.data.preprocess import PreprocessingPlan
+    from veil.data.whitening import WhiteningPlan
 
 __all__ = [
     "Prepared",
@@ -36,8 +37,9 @@ __all__ = [
 
 @dataclass
 class Prepared:
-    """A job's checked inputs: the resolved config (presets applied), the data and the preprocessing
-    plan (whose DP statistic, if any, is not released yet)."""
+    """A job's checked inputs: the resolved config (presets applied), the data, the preprocessing
+    plan (whose DP statistic, if any, is not released yet) and the preset's DP whitening of a fixed
+    front's rows (:mod:`veil.data.whitening`; None for every other preset or job)."""
 
     cfg: TrainConfig
     data: Dataset
@@ -47,6 +49,8 @@ class Prepared:
     """A public size the steps are planned on (q = B / plan_size), when the data's own count is
     private (``veil tune``'s training part: ⌊(1 − F)·N⌋); None: the data's count, N."""
 
+    whitening: WhiteningPlan | None = None
+
     @property
     def n_planned(self) -> int:
         """What q = B/N and the steps per epoch are computed against: ``plan_size``, else N."""
@@ -54,8 +58,10 @@ class Prepared:
 
     @property
     def pre_events(self) -> list[PrivacyEvent]:
-        """The events charged before training: the preprocessing release, if it is a DP one."""
-        return [] if self.prep.event is None else [self.prep.event]
+        """The events charged before training, in the order they are made: the preprocessing release,
+        if it is a DP one, then the whitening's Gram release, if any."""
+        events = [] if self.prep.event is None else [self.prep.event]
+        return events if self.whitening is None else [*events, self.whitening.event]
 
 
 class UsesPrepared:
@@ -225,13 +231,20 @@ def delta_note(delta: float, n: int) -> str | None:
 
 
 def prepare(
-    cfg: TrainConfig, *, private: bool = True, streaming: bool = False, units: bool = False
+    cfg: TrainConfig,
+    *,
+    private: bool = True,
+    streaming: bool = False,
+    units: bool = False,
+    whiten: bool = False,
 ) -> Prepared:
     """Load and check the data, apply the presets, plan the preprocessing (nothing released).
 
     ``private=False`` (a σ = 0 reference run) skips the δ check: such a run promises nothing.
     ``streaming``, ``units``: see :func:`load_data`. With a privacy unit, N (for δ and the batch
-    size) counts units."""
+    size) counts units. ``whiten``: the caller trains through :func:`veil.pipeline.loop.start`, which
+    makes the preset's whitening release (``veil train``); planned for a private row-level run of a
+    preset that has one (:func:`veil.presets.whitening_for`), from public facts only."""
     from veil.data.preprocess import plan_preprocessing
     from veil.models import resolve_name
 
@@ -250,7 +263,14 @@ def prepare(
             f"pass --batch-size of at most {n}",
         )
     prep = plan_preprocessing(cfg, data)
-    return Prepared(cfg, data, prep, resolve_name(cfg.model, data.kind, data.input_shape))
+    name = resolve_name(cfg.model, data.kind, data.input_shape)
+    whitening = None
+    settings = whitening_for(preset_for(cfg.model, data), name, data.input_shape)
+    if whiten and private and settings is not None and data.units_train is None and not cfg.stream:
+        from veil.data.whitening import WhiteningPlan
+
+        whitening = WhiteningPlan(**settings)
+    return Prepared(cfg, data, prep, name, whitening)
 
 
 def release_preprocessing(prepared: Prepared, index: int = 0) -> None:

@@ -53,7 +53,9 @@ __all__ = [
     "Session",
     "checkpoint",
     "ensure_preprocessing",
+    "ensure_whitening",
     "evaluate_released",
+    "install_whitening",
     "start",
     "train_steps",
     "trainable_view",
@@ -82,6 +84,9 @@ class RunPlan(UsesPrepared):
     allowed: int
     out: Path
     feature_cache: dict[str, np.ndarray] = field(default_factory=dict)
+    whitener: np.ndarray | None = None
+    """``P`` once the cached rows are whitened (:func:`ensure_whitening`): installed in the released
+    model at the end (:func:`install_whitening`)."""
 
 
 def trainable_view(plan: RunPlan, net: nn.Module, device: str) -> tuple[Trainable, np.ndarray, np.ndarray]:
@@ -96,6 +101,30 @@ def trainable_view(plan: RunPlan, net: nn.Module, device: str) -> tuple[Trainabl
     return view, plan.feature_cache["train"], plan.feature_cache["test"]
 
 
+def _charge_release(plan: RunPlan, ledger: Ledger, label: str, method: str, event: Any) -> int:
+    """Charge a one-off release made before the steps (refused if it would pass the target ε);
+    returns its index among the run's releases (the seed derivation's, in research mode)."""
+    cfg = plan.cfg
+    if epsilon_of([*ledger.events(), event], cfg.delta, cfg.accountant) > cfg.epsilon:
+        raise BudgetExhaustedError(
+            label,
+            method,
+            f"releasing the {label} statistic again would pass the target ε",
+            "the run ends here, its spend recorded; see veil budget show for what remains of the dataset's "
+            "budget before planning another run",
+        )
+    released_before = len(list(ledger.of_kind("event")))
+    ledger.append("event", label=label, method=method, event=event.to_dict())
+    return released_before
+
+
+def _record_release(run_dir: Path, ledger: Ledger, kind: str, name: str, data: bytes) -> None:
+    """Write a released statistic into the run folder (never under ``release/``) and its checksum to
+    the ledger, so that a resume reuses it instead of releasing it again."""
+    write_files(run_dir, {name: data})
+    ledger.append(kind, file=name, sha256=hashlib.sha256(data).hexdigest())
+
+
 def ensure_preprocessing(plan: RunPlan, run_dir: Path, ledger: Ledger) -> None:
     """Release the DP preprocessing statistic once per run (charged first), or reuse the released one."""
     from veil.data.preprocess import restore_preprocessing
@@ -107,21 +136,73 @@ def ensure_preprocessing(plan: RunPlan, run_dir: Path, ledger: Ledger) -> None:
     if path is not None:
         restore_preprocessing(plan.prep, json.loads(path.read_text()))
         return
-    cfg = plan.cfg
-    if epsilon_of([*ledger.events(), plan.prep.event], cfg.delta, cfg.accountant) > cfg.epsilon:
-        raise BudgetExhaustedError(
-            "preprocessing",
-            plan.prep.method,
-            "releasing the preprocessing statistic again would pass the target ε",
-            "the run ends here, its spend recorded; see veil budget show for what remains of the dataset's "
-            "budget before planning another run",
-        )
-    released_before = len(list(ledger.of_kind("event")))
-    ledger.append("event", label="preprocessing", method=plan.prep.method, event=plan.prep.event.to_dict())
-    release_preprocessing(plan.prepared, index=released_before)
+    index = _charge_release(plan, ledger, "preprocessing", plan.prep.method, plan.prep.event)
+    release_preprocessing(plan.prepared, index=index)
     data = json.dumps(plan.prep.released, sort_keys=True).encode()
-    write_files(run_dir, {"preprocessing.json": data})
-    ledger.append("preprocessing", file="preprocessing.json", sha256=hashlib.sha256(data).hexdigest())
+    _record_release(run_dir, ledger, "preprocessing", "preprocessing.json", data)
+
+
+WHITENING_FILE = "whitening.npy"
+"""The released Gram matrix (float32) in the run folder: internal (kept out of ``release/``), read back
+by a resume so that it whitens with the same ``P``."""
+
+
+def ensure_whitening(plan: RunPlan, run_dir: Path, ledger: Ledger) -> None:
+    """The scattering preset's whitening (:mod:`veil.data.whitening`): release the Gram matrix of the
+    cached training rows once per run (its ``Gaussian(S)`` event charged first, before any step), or
+    reuse the released one on a resume; then map the cached train and test rows in place through
+    :class:`~veil.models.scattering.WhitenedRows` (``zP`` rescaled to the row norm), once per process.
+    Nothing to do without ``Prepared.whitening``."""
+    import io
+
+    import torch
+
+    from veil.data.whitening import eigh_ready, release_gram, whiten_rows_, whitener
+    from veil.models.scattering import WhitenedRows
+    from veil.pipeline.randomness import private_source
+    from veil.pipeline.seeds import Purpose
+
+    w = plan.prepared.whitening
+    if w is None or plan.whitener is not None:
+        return
+    x_train, x_test = plan.feature_cache["train"], plan.feature_cache["test"]
+    path = ckpt.verified_preprocessing_file(run_dir, ledger, "whitening")
+    if path is not None:
+        gram = np.load(path)
+    else:
+        cfg = plan.cfg
+        index = _charge_release(plan, ledger, "whitening", "gram", w.event)
+        noise = private_source(cfg.reproducible, cfg.seed, Purpose.PREPROCESSING, index)
+        gram = release_gram(x_train, w.std, noise)
+        buf = io.BytesIO()
+        np.save(buf, gram)
+        _record_release(run_dir, ledger, "whitening", WHITENING_FILE, buf.getvalue())
+        del buf
+    work = eigh_ready(gram)  # float64, overwritten by the eigendecomposition
+    del gram
+    p = whitener(work, plan.prepared.n_planned, w.ridge)  # a public count (tune: ⌊(1 − F)·N⌋)
+    del work
+    rule = WhitenedRows(w.row_norm)
+    rule.set_whitener(torch.from_numpy(p))
+    for rows in (x_train, x_test):
+        whiten_rows_(rows, rule)
+    plan.whitener = p
+
+
+def install_whitening(plan: RunPlan, full: nn.Module) -> None:
+    """Put the released ``P`` into the released model's :class:`~veil.models.scattering.WhitenedRows`
+    (shared memory, no copy), so that ``model.pt`` maps raw images exactly as the rows were trained
+    on. Call once, after the last evaluation on the cached rows; nothing to do without whitening."""
+    import torch
+
+    from veil.models.scattering import WhitenedRows
+
+    if plan.whitener is None:
+        return
+    rules = [m for m in full.modules() if isinstance(m, WhitenedRows)]
+    if len(rules) != 1:  # pragma: no cover - unit_rows_net builds exactly one
+        raise RuntimeError(f"expected one WhitenedRows in the released model, found {len(rules)}")
+    rules[0].set_whitener(torch.from_numpy(plan.whitener))
 
 
 @dataclass
@@ -194,8 +275,10 @@ def start(plan: RunPlan, run_dir: Path, ledger: Ledger, attach_audit: AttachAudi
 
     cfg, data, device = plan.cfg, plan.data, plan.cfg.device
     ensure_preprocessing(plan, run_dir, ledger)
-    net = build_net(cfg, data, cfg.seed)
+    whitening = plan.prepared.whitening
+    net = build_net(cfg, data, cfg.seed, whitening=whitening)
     view, x_train, x_test = trainable_view(plan, net, device)
+    ensure_whitening(plan, run_dir, ledger)
     if cfg.augment > 1:  # a last guard for every job (veil train refuses it before writing anything)
         from veil.augment.multiplicity import refuse_unsupported
 
@@ -211,7 +294,7 @@ def start(plan: RunPlan, run_dir: Path, ledger: Ledger, attach_audit: AttachAudi
     ema = {
         k: v.detach().clone() for k, v in (state["ema"] if state is not None else model.state_dict()).items()
     }
-    eval_model = trainable_view(plan, build_net(cfg, data, cfg.seed), device)[0]
+    eval_model = trainable_view(plan, build_net(cfg, data, cfg.seed, whitening=whitening), device)[0]
     return Session(
         model=model,
         full=eval_model.full,

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from veil.data import Dataset
     from veil.data.preprocess import PreprocessingPlan
+    from veil.data.whitening import WhiteningPlan
     from veil.engine import PrivacyEngine
 
 __all__ = [
@@ -39,8 +40,15 @@ __all__ = [
 ]
 
 
-def build_net(cfg: TrainConfig, data: Dataset, seed: int) -> nn.Module:
-    """The configured network for ``data``, initialised from ``seed``, validated and fixed."""
+def build_net(
+    cfg: TrainConfig, data: Dataset, seed: int, *, whitening: WhiteningPlan | None = None
+) -> nn.Module:
+    """The configured network for ``data``, initialised from ``seed``, validated and fixed.
+
+    ``whitening``: the scattering preset's whitened head (``Prepared.whitening``): the fixed front
+    ends in :class:`~veil.models.scattering.UnitRows` and
+    :class:`~veil.models.scattering.WhitenedRows` (its ``P`` set later) and the head is one linear
+    layer (:func:`veil.models.scattering.unit_rows_net`)."""
     import torch
 
     from veil.models import build_model
@@ -59,6 +67,10 @@ def build_net(cfg: TrainConfig, data: Dataset, seed: int) -> nn.Module:
             net = build_table_net(cfg.model, data.input_shape[0], embeddings, data.num_classes)
         else:
             net = build_model(cfg.model, data.input_shape, data.num_classes, data.kind)
+            if whitening is not None:
+                from veil.models.scattering import unit_rows_net
+
+                net = unit_rows_net(net, row_norm=whitening.row_norm)
     if validate(net):
         net = fix(net)
         problems = validate(net)

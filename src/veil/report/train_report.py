@@ -20,6 +20,12 @@ FILES: dict[str, tuple[str, bool, bool]] = {
     "report.json": ("this report, machine-readable (the full internal one)", False, False),
     "report.html": ("this report as a page (the full internal one)", False, False),
     "preprocessing.json": ("the released DP preprocessing statistic", True, False),
+    "whitening.npy": (
+        "the released DP Gram matrix of the whitening (kept for --resume; model.pt carries the P computed "
+        "from it)",
+        False,
+        False,
+    ),
     "encoder.json": (
         "the table encoder (schema and feature layout): veil predict encodes new rows with it",
         True,

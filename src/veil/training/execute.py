@@ -20,7 +20,14 @@ from veil.errors import BudgetExhaustedError
 from veil.pipeline.baseline import BaselineResult, train_baseline
 from veil.pipeline.budget import allowed_steps
 from veil.pipeline.checks import train_checks
-from veil.pipeline.loop import AttachAudit, RunPlan, evaluate_released, start, train_steps
+from veil.pipeline.loop import (
+    AttachAudit,
+    RunPlan,
+    evaluate_released,
+    install_whitening,
+    start,
+    train_steps,
+)
 from veil.report import Report
 from veil.training.outputs import write_outputs
 from veil.training.report import build_report
@@ -88,6 +95,7 @@ def execute_run(
         )
     audit = None if s.one_run is None else s.one_run.finish(delta=cfg.delta, epsilon_theoretical=eps)
     _, test_acc = evaluate_released(s, plan)
+    install_whitening(plan, s.full)  # the released model maps raw images as the rows were trained on
     if ledger.last("end") is None or ledger.last("end")["charged"] != ledger.steps:  # type: ignore[index]
         ledger.append("end", charged=ledger.steps, applied=s.applied, epsilon=eps)
     baseline: BaselineResult | None = None

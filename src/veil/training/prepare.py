@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from veil.config import TrainConfig
-from veil.distributed.runtime import refuse_private_preprocessing
+from veil.distributed.runtime import rank_and_world, refuse_private_preprocessing
 from veil.errors import BudgetExhaustedError
 from veil.pipeline.budget import allowed_steps, plan_steps
 from veil.pipeline.data import prepare
@@ -34,10 +34,10 @@ def prepare_run(cfg: TrainConfig, out: Path | None, check: bool = True) -> RunPl
     from veil.precision import autocast
 
     autocast(cfg.device, cfg.precision)  # a precision the device lacks is refused before anything is written
-    prepared = prepare(cfg, streaming=True, units=True)
+    prepared = prepare(cfg, streaming=True, units=True, whiten=rank_and_world()[1] == 1)
     refuse_private_preprocessing(prepared.prep.public)  # across ranks: one release is not yet supported
     cfg, data = prepared.cfg, prepared.data
-    net = build_net(cfg, data, cfg.seed)
+    net = build_net(cfg, data, cfg.seed, whitening=prepared.whitening)
     # The whole model (a fixed feature front included, which the engine never sees) must compute each
     # example's output from that example alone: probed on synthetic inputs of the public input shape,
     # never the private rows, so the verdict depends on no record.
@@ -100,6 +100,7 @@ def run_header(plan: RunPlan) -> dict[str, Any]:
         "max_rows_per_unit": max_rows(plan) if plan.cfg.privacy_unit else None,
         "preprocessing": plan.prep.method,
         "preprocessing_event": None if plan.prep.event is None else plan.prep.event.to_dict(),
+        "whitening_event": None if (w := plan.prepared.whitening) is None else w.event.to_dict(),
         "step_event": steps.step_event.to_dict(),
         "secure_rng": cfg.secure_rng,
     }

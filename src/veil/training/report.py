@@ -97,6 +97,10 @@ def _file_names(plan: RunPlan) -> list[str]:
     names = [*FILES, "release"]
     if not plan.prep.public:
         names.append("preprocessing.json")
+    if plan.prepared.whitening is not None:
+        from veil.pipeline.loop import WHITENING_FILE
+
+        names.append(WHITENING_FILE)
     if plan.data.encoder is not None:
         names.append("encoder.json")
     return names
@@ -104,12 +108,24 @@ def _file_names(plan: RunPlan) -> list[str]:
 
 def _preprocessing(plan: RunPlan) -> dict[str, Any]:
     """The report's ``preprocessing`` section: the method, and its DP event unless it was public."""
-    return {
+    section: dict[str, Any] = {
         "method": plan.prep.method,
         "description": plan.prep.description,
         "public": plan.prep.public,
         "event": None if plan.prep.event is None else plan.prep.event.to_dict(),
     }
+    w = plan.prepared.whitening
+    if w is not None:
+        section["whitening"] = {
+            "description": (
+                "the head's unit rows (norm ≤ 1) whitened by P = (max(G̃, 0)/n + λI)^(-1/2) from one "
+                f"Gaussian release G̃ of their Gram matrix (noise std {w.std:g} per coordinate, "
+                f"sensitivity 1; λ = {w.ridge:g}), before the steps; each row zP rescaled to norm "
+                f"{w.row_norm:g}; model.pt carries P (post-processing of the release)"
+            ),
+            "event": w.event.to_dict(),
+        }
+    return section
 
 
 def _dataset(plan: RunPlan) -> DatasetInfo:
@@ -178,12 +194,16 @@ def guarantee_covers(plan: RunPlan, ledger: Ledger) -> str:
     """What the (ε, δ) guarantee covers, in words (the report's ``covers``)."""
     cfg = plan.cfg
     pre = "" if plan.prep.public else " and the DP preprocessing statistic (preprocessing.json)"
+    if plan.prepared.whitening is not None:
+        pre += " and the DP Gram matrix of the whitening (whitening.npy)"
     units = unit_section(cfg, plan.data, max_rows(plan))
     records = f"{plan.data.n_train} training rows" if units is None else f"{units['units']} training units"
     text = (
         f"the released weights (model.pt){pre}, as a function of the {records}, protecting "
         f"{unit_covers(units)}: all {ledger.steps} charged DP-SGD steps"
-        f"{'' if plan.prep.public else ' and the preprocessing release'} are in the ledger. Not covered: "
+        f"{'' if plan.prep.public else ' and the preprocessing release'}"
+        f"{'' if plan.prepared.whitening is None else ' and the whitening release'}"
+        " are in the ledger. Not covered: "
         "everything in the report's non_private section (test metrics, a non-private release about the "
         "held-out rows; the non-private baseline; any audit) and the dataset fingerprint. N (the number "
         f"of {'units' if units else 'rows'}) and the label set are public by declaration"
