@@ -270,7 +270,7 @@ def prepare(
         from veil.data.whitening import WhiteningPlan
 
         whitening = WhiteningPlan(**settings)
-    return Prepared(cfg, data, prep, name, whitening)
+    return Prepared(cfg, data, prep, name, whitening=whitening)
 
 
 def release_preprocessing(prepared: Prepared, index: int = 0) -> None:
