@@ -3,14 +3,31 @@
 Every test gets its own privacy-budget registry (a SQLite file in its tmp folder), so a budget one test
 sets cannot refuse another test's run. Module- and session-scoped fixtures run before any function-scoped
 fixture, so a session-wide registry covers the runs they make.
+
+Under pytest-xdist (``make test`` runs ``-n 2``) each worker gets an equal share of the cores for torch's
+threads, and so do the processes a test starts (``OMP_NUM_THREADS``), so the workers do not
+oversubscribe the machine.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers is None:
+        return
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    share = max(1, cores // int(workers))
+    os.environ.setdefault("OMP_NUM_THREADS", str(share))
+    torch.set_num_threads(share)
 
 
 @pytest.fixture(autouse=True, scope="session")
