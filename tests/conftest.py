@@ -30,6 +30,28 @@ def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(share)
 
 
+LONGEST_FILES = (
+    "test_readme.py",
+    "test_federated_interrupt.py",
+    "test_federated_flower.py",
+    "test_crash_safety.py",
+    "test_distributed_train.py",
+)
+"""The suite's longest files (each a few minutes on 2 cores): handed to the xdist workers first, so that
+no worker is left running one of them alone at the end."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER_COUNT") is None:
+        return
+
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return LONGEST_FILES.index(name) if name in LONGEST_FILES else len(LONGEST_FILES)
+
+    items.sort(key=rank)  # stable: every other file keeps its order
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _session_budget_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     patch = pytest.MonkeyPatch()
