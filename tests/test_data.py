@@ -304,3 +304,22 @@ def test_dp_centring_a_non_finite_row_adds_zero() -> None:
     want = run_preprocessing(plan, dataclasses.replace(d, x_train=zeroed_x), make_source(False, 5))
     assert np.all(np.isfinite(got.offset))
     np.testing.assert_allclose(got.offset, want.offset, rtol=0, atol=1e-12)
+
+
+def test_dp_centre_divides_by_the_public_planned_size() -> None:
+    """revI I1: ``veil tune`` plans on a public size ⌊(1 − F)·N⌋, never its training part's own count
+    (which depends on the side of the keyed split each record fell). The released centre is the noisy
+    clipped sum divided by that public size: with the same noise, centre × plan_size equals the
+    centre planned on the part's count × that count. Dividing by the private count again fails."""
+    from veil.pipeline.data import prepare, release_preprocessing
+
+    cfg = make_config({"dataset": "breast-cancer", "epsilon": 1.0, "reproducible": True, "seed": 4})
+    own, planned = prepare(cfg), prepare(cfg)
+    n = own.data.n_train
+    planned.plan_size = n - 7
+    release_preprocessing(own)
+    release_preprocessing(planned)
+    assert own.prep.method == "dp-center"
+    np.testing.assert_allclose(
+        np.asarray(planned.prep.offset) * (n - 7), np.asarray(own.prep.offset) * n, rtol=1e-12
+    )

@@ -212,8 +212,15 @@ def transform_numpy(plan: PreprocessingPlan, x: np.ndarray) -> np.ndarray:
     return (z - plan.offset) * plan.scale
 
 
-def run_preprocessing(plan: PreprocessingPlan, dataset: Dataset, rng: RandomSource) -> PreprocessingPlan:
-    """Release the plan's DP statistic (call only after its event is in the ledger)."""
+def run_preprocessing(
+    plan: PreprocessingPlan, dataset: Dataset, rng: RandomSource, count: int | None = None
+) -> PreprocessingPlan:
+    """Release the plan's DP statistic (call only after its event is in the ledger).
+
+    The DP centre is the noisy clipped sum divided by ``count``, a public number: the training rows'
+    N where N is public (``veil train``), else a size fixed before reading (``veil tune``'s part:
+    ⌊(1 − F)·N⌋). Dividing by a private count would make the released centre move by up to twice
+    the accounted sensitivity between neighbours. None: ``dataset.n_train``."""
     if plan.method != "dp-center":
         return plan
     from veil.mechanisms.gaussian import gaussian_mechanism
@@ -228,7 +235,7 @@ def run_preprocessing(plan: PreprocessingPlan, dataset: Dataset, rng: RandomSour
     result = gaussian_mechanism(total, sensitivity=plan.clip_norm, std=plan.sigma * plan.clip_norm, rng=rng)
     if result.event != plan.event:  # pragma: no cover - the dry run fixes it
         raise RuntimeError(f"released event {result.event} differs from the accounted {plan.event}")
-    center = np.asarray(result.value, dtype=np.float64) / dataset.n_train
+    center = np.asarray(result.value, dtype=np.float64) / (dataset.n_train if count is None else count)
     plan.offset = center
     plan.released = {"center": center.tolist()}
     return plan

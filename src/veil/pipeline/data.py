@@ -285,4 +285,5 @@ def release_preprocessing(prepared: Prepared, index: int = 0) -> None:
         prepared.prep,
         prepared.data,
         private_source(cfg.reproducible, cfg.seed, Purpose.PREPROCESSING, index),
+        count=prepared.n_planned,  # public: N, or tune's planned size (never the part's own count)
     )
