@@ -81,3 +81,38 @@ def test_a_table_of_three_rows_is_not_refused_on_its_count(
     code, text = _pate(capsys, data, tmp_path, 1e-3)
     assert code == 0, text
     assert "3 examples" not in text
+
+
+def _idx(path: Path, a: np.ndarray) -> None:
+    import struct
+
+    path.write_bytes(bytes([0, 0, 8, a.ndim]) + struct.pack(f">{a.ndim}I", *a.shape) + a.tobytes())
+
+
+def test_a_built_in_name_on_the_users_files_refuses_nothing_on_n(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """revI I2: ``--dataset fashion-mnist --data-dir DIR`` reads the user's IDX files, whose count is
+    private: 72 and 73 images at δ = 1/72.5 both release labels, and no message holds the count.
+    Planted: the built-in refusal (``check_delta(cfg.delta, len(ds.y_train))``) makes 73 exit 2."""
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "pub.npz", x=rng.integers(0, 256, size=(12, 1, 28, 28)).astype(np.float32))
+    outcomes = []
+    for n in (72, 73):
+        folder = tmp_path / f"idx{n}"
+        folder.mkdir()
+        for prefix, rows in (("train", n), ("t10k", 10)):
+            _idx(
+                folder / f"{prefix}-images-idx3-ubyte",
+                rng.integers(0, 256, size=(rows, 28, 28), dtype=np.uint8),
+            )
+            _idx(folder / f"{prefix}-labels-idx1-ubyte", rng.integers(0, 10, size=rows, dtype=np.uint8))
+        code, stdout, err = cli(
+            capsys, "pate", "--dataset", "fashion-mnist", "--data-dir", str(folder),
+            "--public-data", str(tmp_path / "pub.npz"), "--teachers", "3", "--sigma", "1",
+            "--epsilon", "10", "--delta", repr(1 / 72.5), "--queries", "4",
+            "--out", str(tmp_path / f"out{n}"),
+        )  # fmt: skip
+        outcomes.append(code)
+        assert "N = " not in stdout + err and str(n) not in err, stdout + err
+    assert outcomes == [0, 0]
