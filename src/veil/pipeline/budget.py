@@ -27,8 +27,10 @@ def noise_multiplier(cfg: TrainConfig, q: float, steps: int, prefix: Sequence[Pr
         raise UnreachableTargetError(
             "preprocessing_budget",
             cfg.preprocessing_budget,
-            "the DP preprocessing alone already spends the whole target ε, leaving nothing for training",
-            "lower preprocessing_budget, raise --epsilon, or declare public feature_bounds",
+            "the releases before training (a DP preprocessing statistic, the scattering preset's "
+            "Gram release) already spend the whole target ε, leaving nothing for training",
+            "raise --epsilon (the scattering preset's whitening needs more than its Gram release's "
+            "cost), or lower preprocessing_budget or declare public feature_bounds",
         )
     return float(calibrate_noise(cfg.epsilon, cfg.delta, q, steps, cfg.accountant, prefix=prefix))
 
