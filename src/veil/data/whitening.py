@@ -20,7 +20,8 @@ of :func:`veil.optimizer.release_grid` (as a DP-SGD step's release, and for the 
 release is therefore the event ``Gaussian(S)``, composed *before* the steps (``Prepared.pre_events``:
 the steps' σ is calibrated for what remains of ε). Noise comes from the run's private source: the
 OS CSPRNG in secure mode (the default), a derived seed only in ``--reproducible`` research runs.
-``n`` (the number of training rows) is treated as public, as in DP-SGD's ``q = B/N``.
+``n`` is a public count, as in DP-SGD's ``q = B/N``: the job's planned size
+(``Prepared.n_planned``: N for ``veil train``, never a private part's own count).
 
 Why an eigendecomposition (the symmetric root) and not a Cholesky factor: ``max(G̃, 0)`` needs the
 eigenvalues (noise makes some negative), and the symmetric root is what the bench measured.
