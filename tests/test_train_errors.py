@@ -57,11 +57,6 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ),
     ("undeclared labels", lambda t: ["--dataset", _csv(t, "a,y\n" + ROWS), "--target", "y"], "--classes"),
     ("single class", lambda t: ["--classes", "0"], "at least two distinct"),
-    (
-        "few examples",
-        lambda t: ["--dataset", _csv(t, "a,y\n1,0\n2,1\n3,2\n"), "--target", "y", "--classes", "0,1,2"],
-        "fewer examples",
-    ),
     ("epsilon huge", lambda t: ["--epsilon", "1e9"], "epsilon=1000000000.0"),
     ("epsilon tiny", lambda t: ["--epsilon", "1e-9"], "epsilon=1e-09"),
     ("epsilon zero", lambda t: ["--epsilon", "0"], "epsilon=0.0"),
