@@ -150,11 +150,17 @@ def _partition(cfg: PateConfig, data: PateData, groups: Any) -> Partition:
 
     N (the examples or groups protected) is private for PATE and the rows are read by now: δ against
     1/N is a note in the internal report (:func:`veil.pipeline.data.delta_note`), never a refusal or
-    a message, which would let one record decide whether labels are released. Built-in names too:
-    ``--data-dir`` gives them the user's own files, whose count is private (revI I2)."""
+    a message, which would let one record decide whether labels are released. The one exception is a
+    built-in benchmark read from the files veil ships or knows (no ``--data-dir``): its split is a
+    fixed, documented dataset, so δ ≥ 1/N is refused there on public facts. With ``--data-dir`` a
+    built-in name reads the user's own files, whose count is private: a note (revI I2)."""
+    from veil.data import BUILTIN
     from veil.pate.partition import partition_teachers
+    from veil.pipeline.data import check_delta
 
     ds = data.ds
+    if cfg.dataset in BUILTIN and cfg.data_dir is None and groups is None:
+        check_delta(cfg.delta, len(ds.y_train))
     return partition_teachers(ds.x_train, ds.y_train, cfg.teachers, seed=cfg.seed, groups=groups)
 
 
