@@ -33,6 +33,7 @@ def _logged_epsilons(store: str, experiment: str | None = None) -> list[float]:
 
 def test_hf_and_lightning_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the example sets it; undone afterwards
     hf, lightning = code_blocks("integrations.md", "python")[:2]
     assert "DPTrainer" in hf and "DifferentialPrivacy" in lightning
     trainer = _run(hf)["trainer"]

@@ -39,12 +39,12 @@ def test_train_run_read_back_from_mlflow(
     assert main([*argv[1:-1], "--json", "--mlflow"]) == 0  # a bare --mlflow before another option
     report = json.loads(capsys.readouterr().out)
     read_back = code_blocks("integrations.md", "python")[-1]
-    previous = mlflow.get_tracking_uri()
-    namespace: dict[str, Any] = {}
-    try:  # the default store, next to the run folder; found by MLflow's own search
-        exec(compile(read_back, "docs/integrations.md", "exec"), namespace)
-    finally:
-        mlflow.set_tracking_uri(previous)
+    # The read-back sets MLflow's process-wide tracking URI; put back "never set" afterwards, or a later
+    # test in this worker (the Trainer's report_to) would log into this test's store.
+    tracking_state = mlflow.tracking._tracking_service.utils
+    monkeypatch.setattr(tracking_state, "_tracking_uri", tracking_state._tracking_uri)
+    namespace: dict[str, Any] = {}  # the default store, next to the run folder; found by MLflow's search
+    exec(compile(read_back, "docs/integrations.md", "exec"), namespace)
     capsys.readouterr()
     store = f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
     run = namespace["run"]
