@@ -45,6 +45,32 @@ def test_gram_of_rows_scales_rows_above_one_down() -> None:
     np.testing.assert_allclose(gram, want, atol=1e-6)
 
 
+def test_a_record_that_overflows_the_front_adds_a_bounded_row_to_the_gram_matrix() -> None:
+    """Review revJ J1: a finite image whose scattering overflows (one pixel 3e38) made its unit row NaN,
+    the Gram release NaN everywhere and the released P exactly 0. Every row must stay finite with norm
+    ≤ 1, whatever the record, and the Gram sum must move by at most 1 (upper triangle) with it."""
+    from veil.models.scattering import MultiScaleScattering
+
+    front = MultiScaleScattering((1, 16, 16))
+    rows = UnitRows([tuple(p) for p in front.parts], 0.3)
+    images = torch.rand(8, 1, 16, 16)
+    bad = images[:1].clone()
+    bad[0, 0, 3, 5] = 3e38  # finite in float32
+    with torch.no_grad():
+        z = rows(front(torch.cat([images, bad])))
+    assert torch.isfinite(z).all() and float(z.norm(dim=1).max()) <= 1.0 + 1e-6
+    with_bad = gram_of_rows(z.numpy())
+    without = gram_of_rows(z[:-1].numpy())
+    assert np.isfinite(with_bad).all()
+    assert np.linalg.norm(np.triu(with_bad - without)) <= 1.0 + 1e-6
+    nan_row = np.vstack([z[:-1].numpy(), np.full((1, z.shape[1]), np.nan, dtype=np.float32)])
+    np.testing.assert_array_equal(gram_of_rows(nan_row), without)  # the release's own guard
+    p = torch.from_numpy(whitener(without + np.eye(len(without)), 8, 0.02))
+    rule = WhitenedRows(60.0)
+    rule.set_whitener(p)
+    assert torch.isfinite(rule(torch.cat([z, torch.full((1, z.shape[1]), float("inf"))]))).all()
+
+
 def test_released_gram_is_symmetric_with_noise_std_s_on_the_grid() -> None:
     """Upper triangle drawn once (std S per coordinate), mirrored, rounded to the release grid.
 

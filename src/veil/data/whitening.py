@@ -79,14 +79,17 @@ class WhiteningPlan:
 
 def gram_of_rows(rows: np.ndarray, chunk: int = GRAM_CHUNK) -> np.ndarray:
     """``Σ z zᵀ`` over the rows (float64 accumulation of float32 chunk products), each row first scaled
-    down to norm ≤ 1 if above it (a per-record rule: the release's sensitivity bound)."""
+    down to norm ≤ 1 if above it and a row holding a non-finite value taken as zeros (per-record rules:
+    the release's sensitivity bound holds for every record, review revJ J1)."""
     import torch
+
+    from veil.models.scattering import finite_rows_or_zero
 
     d = rows.shape[1]
     total = np.zeros((d, d), dtype=np.float64)
     part = torch.empty(d, d, dtype=torch.float32)  # one chunk's product, reused
     for i in range(0, len(rows), chunk):
-        z = torch.from_numpy(np.ascontiguousarray(rows[i : i + chunk], dtype=np.float32))
+        z = finite_rows_or_zero(torch.from_numpy(np.ascontiguousarray(rows[i : i + chunk], dtype=np.float32)))
         norms = z.double().norm(dim=1, keepdim=True)
         z = z * (1.0 / norms.clamp_min(1.0)).float()
         torch.mm(z.T, z, out=part)

@@ -36,6 +36,7 @@ __all__ = [
     "ScatteringHead",
     "UnitRows",
     "WhitenedRows",
+    "finite_rows_or_zero",
     "scattering_channels",
     "scattering_features",
     "unit_rows_net",
@@ -223,6 +224,14 @@ class ScatteringHead(nn.Module):
         return self.linear(torch.cat(out, dim=1))
 
 
+def finite_rows_or_zero(z: torch.Tensor) -> torch.Tensor:
+    """``z`` with every row that holds a non-finite value replaced by zeros: a public per-record rule
+    (each row decided from its own values), so one record's overflow can never spread through a
+    statistic summed over the rows. (A row's norm can overflow to inf while its values are finite;
+    the callers apply it again after scaling.)"""
+    return torch.where(torch.isfinite(z).all(dim=1, keepdim=True), z, torch.zeros((), dtype=z.dtype))
+
+
 class UnitRows(nn.Module):
     """The whitened preset's fixed per-record map of :class:`MultiScaleScattering`'s rows: each scale's
     maps group-normalised as :class:`ScatteringHead` does at its initial affine (i.e. none), flattened,
@@ -230,7 +239,11 @@ class UnitRows(nn.Module):
 
     Guarantee: every output row has L2 norm ≤ 1 (exactly 1 up to float rounding), whatever the record
     — a public per-record rule, the sensitivity bound of the Gram release of
-    :mod:`veil.data.whitening`. No parameters, no batch statistics: each row from its own example."""
+    :mod:`veil.data.whitening`. A record whose normalised maps are not finite (a finite float image
+    can overflow the scattering front to ±inf, and group normalisation then gives NaN) gets the zero
+    row before the constant coordinate: its output is ``(0, …, 0, b)``, finite and of norm ``b``,
+    whatever its values (review revJ J1: one NaN row made the whole Gram release NaN and the released
+    ``P`` exactly 0). No parameters, no batch statistics: each row from its own example."""
 
     def __init__(self, parts: list[tuple[int, ...]], constant: float = 0.3) -> None:
         super().__init__()
@@ -250,9 +263,9 @@ class UnitRows(nn.Module):
             part = x[:, start : start + size].reshape(-1, c, h, w)
             out.append(nn.functional.group_norm(part, _norm_groups(c)).flatten(1))
             start += size
-        z = torch.cat(out, dim=1)
+        z = finite_rows_or_zero(torch.cat(out, dim=1))
         radius = math.sqrt(1.0 - self.constant * self.constant)
-        z = z * (radius / z.norm(dim=1, keepdim=True).clamp_min(1e-12))
+        z = finite_rows_or_zero(z * (radius / z.norm(dim=1, keepdim=True).clamp_min(1e-12)))
         return torch.cat([z, torch.full((len(z), 1), self.constant, dtype=z.dtype, device=z.device)], dim=1)
 
     def extra_repr(self) -> str:
@@ -288,8 +301,8 @@ class WhitenedRows(nn.Module):
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         if self.whitener.numel() == 0:
             return z
-        w = z @ self.whitener.to(z.dtype)
-        return w * (self.norm / w.norm(dim=1, keepdim=True).clamp_min(1e-12))
+        w = finite_rows_or_zero(z @ self.whitener.to(z.dtype))
+        return finite_rows_or_zero(w * (self.norm / w.norm(dim=1, keepdim=True).clamp_min(1e-12)))
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # type: ignore[no-untyped-def]
         key = prefix + "whitener"
