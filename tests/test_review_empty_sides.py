@@ -79,3 +79,36 @@ def test_no_row_count_in_the_label_check() -> None:
     check_labels(np.array([0, 1, 0]), ["0", "1"], "target")  # 3 rows, 2 classes: no refusal on N
     with pytest.raises(DataError, match="1 class"):
         check_labels(np.array([0, 0, 0]), ["0"], "target")  # the declared set: public
+
+
+# Twenty rows that the keyed split (the default test fraction and seed) keeps on the training side
+# (found by review revJ's search; the federated split is the train split).
+_ALL_TRAINING = [(1, 1), (5, 1), (6, 0), (7, 1), (8, 0), (9, 1), (10, 0), (13, 1), (15, 1), (16, 0)]
+_ALL_TRAINING += [(17, 1), (18, 0), (20, 0), (21, 1), (23, 1), (24, 0), (26, 0), (28, 0), (30, 0), (14, 0)]
+_SCHEMA = """reviewed = true
+[columns.a]
+type = "numeric"
+bounds = [0, 1000]
+[columns.y]
+role = "target"
+classes = ["0", "1"]
+"""
+
+
+def test_federated_with_an_empty_test_side_releases_and_reports_no_test_metric(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Review revJ J8: a federated run whose keyed split held no row out crashed after training (a NaN
+    test accuracy written as JSON): whether a model was released depended on one record's side.
+    Planted: the round's accuracy returned as NaN again (``federated/server.py``) fails this."""
+    (tmp_path / "d.csv").write_text("a,y\n" + "".join(f"{a},{y}\n" for a, y in _ALL_TRAINING))
+    (tmp_path / "s.toml").write_text(_SCHEMA)
+    code, out, err = cli(
+        capsys, "federated", "--mode", "record-level", "--dataset", f"csv:{tmp_path / 'd.csv'}",
+        "--schema", str(tmp_path / "s.toml"), "--clients", "2", "--rounds", "1", "--epsilon", "3",
+        "--delta", "1e-3", "--model", "logreg", "--out", str(tmp_path / "fed"),
+    )  # fmt: skip
+    assert code == 0, out + err
+    assert {p.name for p in (tmp_path / "fed" / "release").iterdir()} >= {"report.json", "report.html"}
+    report = json.loads((tmp_path / "fed" / "report.json").read_text())
+    assert report["non_private"]["final_test_accuracy"] is None
