@@ -243,3 +243,30 @@ def test_a_copied_release_folder_names_its_dataset(
     err = capsys.readouterr().err
     assert code == 2 and "report beside it names dataset name:clinic" in err, err
     assert not (tmp_path / "again").exists()
+
+
+def test_a_copied_model_with_its_ledger_is_refused_before_reading(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review revJ J9: a run's ``model.pt`` copied with its ``ledger.jsonl`` (no report beside it), the
+    run charged in another registry, on the same rows: refused before reading, nothing charged (it was
+    refused only after the data was read, the run charged). Planted: drop the ledger check in
+    :func:`veil.models.pretrained.refuse_released_here` and the registry holds a run."""
+    import shutil
+
+    from veil.registry.store import BudgetRegistry
+
+    data = _digits_npz(tmp_path / "d.npz")
+    code, _ = _npz_run(tmp_path, "first", data, "--dataset-id", "clinic")
+    assert code == 0, capsys.readouterr().err
+    (tmp_path / "copy").mkdir()
+    for name in ("model.pt", "ledger.jsonl"):
+        shutil.copy(tmp_path / "first" / name, tmp_path / "copy" / name)
+    monkeypatch.setenv("VEIL_BUDGET_DB", str(tmp_path / "another-registry.db"))
+    weights = str(tmp_path / "copy" / "model.pt")
+    code, _ = _npz_run(tmp_path, "again", data, "--dataset-id", "clinic", "--init-from", weights)
+    err = capsys.readouterr().err
+    assert code == 2 and "ledger beside it was charged to dataset name:clinic" in err, err
+    assert not (tmp_path / "again").exists()
+    with BudgetRegistry() as registry:
+        assert not registry.status("name:clinic").runs

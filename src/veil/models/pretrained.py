@@ -211,7 +211,10 @@ def refuse_released_here(spec: str, charge: DatasetCharge) -> None:
     Guarantee: a model file a run published under ``release/`` (recorded by
     :func:`veil.report.publish.publish`) is refused as a starting point of any later run charged to
     the same dataset in the same registry — under the same name, the file recorded for that name, or
-    the same file content — so a released model's stated ε never leaves out a run on its rows."""
+    the same file content — so a released model's stated ε never leaves out a run on its rows. A
+    file with a veil report or a run ledger beside it that names this dataset is refused here too,
+    whichever registry its run was charged in: these facts are on disk before any row is read, so
+    the refusal never comes after the charge."""
     from veil.registry.public_ids import known_released_id
     from veil.registry.released import datasets_releasing
 
@@ -229,9 +232,17 @@ def refuse_released_here(spec: str, charge: DatasetCharge) -> None:
             ours.add(name)
     if datasets_releasing(db, sha256) & ours:
         raise _same_dataset(path, "the budget registry records this file as released by a run on it")
+    known = ours | {known_released_id(db, d) for d in ours}
     named = _report_dataset_id(path.parent)
-    if named is not None and named in ours | {known_released_id(db, d) for d in ours}:
+    if named is not None and named in known:
         raise _same_dataset(path, f"the report beside it names dataset {named}")
+    # The run's own ledger beside the file (a run folder, or a copy of model.pt with its ledger), its
+    # run recorded in another registry: refused here, before reading, not by refuse_same_dataset after
+    # the data is read and charged (review revJ J9).
+    for header in _run_headers(path.parent):
+        charged = header.get("budget_dataset_id")
+        if isinstance(charged, str) and charged in known:
+            raise _same_dataset(path, f"the run's ledger beside it was charged to dataset {charged}")
 
 
 def refuse_same_dataset(
