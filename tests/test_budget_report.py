@@ -82,3 +82,21 @@ def test_one_dataset_only_and_an_empty_registry(registry: Path, tmp_path: Path) 
     assert main(["budget", "report", "--db", str(tmp_path / "new.db"), "--out", str(empty)]) == 0
     assert json.loads((empty / "budget.json").read_text())["datasets"] == []
     assert "No dataset is recorded" in (empty / "index.html").read_text()
+
+
+def test_no_end_time_on_the_page(registry: Path, tmp_path: Path) -> None:
+    """A run's end with its start gives its duration, a function of the private data: the page (and
+    budget.json) put each run at its admission time only."""
+    import sqlite3
+
+    db = sqlite3.connect(registry)
+    db.execute("UPDATE veil_budget_runs SET finished_at = '2031-07-04T12:34:56Z'")
+    db.commit()
+    created = [row[0] for row in db.execute("SELECT created_at FROM veil_budget_runs ORDER BY rowid")]
+    db.close()
+    out = tmp_path / "report"
+    assert main(["budget", "report", "--db", str(registry), "--out", str(out)]) == 0
+    for name in ("budget.json", "index.html"):
+        assert "2031" not in (out / name).read_text()
+    (d,) = json.loads((out / "budget.json").read_text())["datasets"]
+    assert [p["at"] for p in d["spent_over_time"]] == created

@@ -66,7 +66,7 @@ def test_poisson_with_secure_source() -> None:
 @pytest.mark.parametrize(
     ("args", "name"),
     [
-        ((0, 0.1, 1), "dataset_size"),
+        ((-1, 0.1, 1), "dataset_size"),
         ((10, 0.0, 1), "sampling_rate"),
         ((10, 1.5, 1), "sampling_rate"),
         ((10, 0.1, 0), "steps_per_epoch"),
@@ -75,6 +75,11 @@ def test_poisson_with_secure_source() -> None:
 def test_poisson_rejects_bad_arguments(args: tuple[int, float, int], name: str) -> None:
     with pytest.raises(InvalidParameterError, match=name):
         PoissonBatchSampler(*args, SeededSource(0))
+
+
+def test_poisson_over_zero_examples_yields_empty_batches() -> None:
+    """A part whose private size is 0 still takes its planned steps (``make_private(population=)``)."""
+    assert [len(b) for b in PoissonBatchSampler(0, 0.5, 3, SeededSource(0))] == [0, 0, 0]
 
 
 def test_rate_and_steps_come_from_batch_size_and_dataset() -> None:

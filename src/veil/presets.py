@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from veil.config import TrainConfig
     from veil.data import Dataset
 
-__all__ = ["PRESETS", "WHITENING", "apply_presets", "preset_for", "whitening_for"]
+__all__ = ["PRESETS", "WHITENING", "apply_presets", "preset_for", "preset_of", "whitening_for"]
 
 # Tuned on veil's benchmarks (bench/utility.py; docs/train.md), per data kind; batch_size None
 # below means "a share of N" (see apply_presets).
@@ -124,14 +124,20 @@ def whitening_for(preset: str, model: str, input_shape: tuple[int, ...]) -> dict
 def preset_for(model: str, data: Dataset) -> str:
     """The preset of the data's kind, refined by the model (``auto`` resolved) where that changes
     the optimum; decided from the configuration and the data's kind and shape only."""
+    return preset_of(model, data.preset, data.kind, data.input_shape)
+
+
+def preset_of(model: str, preset: str, kind: str, input_shape: tuple[int, ...]) -> str:
+    """:func:`preset_for` from the data's preset, kind and example shape alone (a built-in dataset's
+    are public before a row is read: :data:`veil.data.BUILTIN_SHAPES`, :data:`veil.data.BUILTIN_PRESETS`)."""
     from veil.models import resolve_name
 
-    name = resolve_name(model, data.kind, data.input_shape)
-    if data.preset == "image" and name == "scatternet":
+    name = resolve_name(model, kind, input_shape)
+    if preset == "image" and name == "scatternet":
         return "image-scatternet"
-    if data.preset == "image-small" and name == "rff":
+    if preset == "image-small" and name == "rff":
         return "image-rff"
-    return data.preset
+    return preset
 
 
 def apply_presets(config: TrainConfig, preset: str, n_train: int) -> TrainConfig:

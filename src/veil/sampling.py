@@ -50,9 +50,10 @@ __all__ = [
 Token = dict[str, Any]
 
 
-def _check_positive_int(name: str, value: Any, fix: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidParameterError(name, value, "it must be a positive whole number", fix)
+def _check_positive_int(name: str, value: Any, fix: str, least: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        why = "it must be a positive whole number" if least == 1 else "it must be a whole number ≥ 0"
+        raise InvalidParameterError(name, value, why, fix)
     return value
 
 
@@ -130,14 +131,15 @@ class PoissonBatchSampler(_TokenMixin, Sampler[list[int]]):
     Bernoulli(q) draw from ``rng`` (the accountant's ``PoissonSampled(q, ·)`` assumption).
     Batch sizes are random (Binomial(N, q)) and empty batches are yielded like any other: skipping them
     would change the sampling distribution. ``len(sampler)`` is ``steps_per_epoch``, the number of
-    logical batches per epoch.
+    logical batches per epoch. ``dataset_size`` 0 is allowed (every batch empty): a part whose exact
+    size is private may be empty, and its steps are still taken (``make_private(population=)``).
     """
 
     def __init__(
         self, dataset_size: int, sampling_rate: float, steps_per_epoch: int, rng: RandomSource
     ) -> None:
         self.dataset_size = _check_positive_int(
-            "dataset_size", dataset_size, "Poisson sampling needs a non-empty dataset"
+            "dataset_size", dataset_size, "pass the number of examples sampled from (≥ 0)", least=0
         )
         q = sampling_rate
         if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 < q <= 1:

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BUILTIN",
+    "BUILTIN_PRESETS",
     "BUILTIN_SHAPES",
     "DEFAULT_DATA_DIRS",
     "SCHEMA_CLASSES_FIX",
@@ -54,6 +55,14 @@ BUILTIN_SHAPES: dict[str, tuple[str, tuple[int, ...]]] = {
 }
 """Each built-in dataset's kind and example shape, from its documentation: public, so the checks
 that depend on them run before a row is read."""
+BUILTIN_PRESETS: dict[str, str] = {
+    "digits": "image-small",
+    "breast-cancer": "table",
+    "fashion-mnist": "image",
+    "mnist": "image",
+}
+"""Each built-in dataset's preset family (:mod:`veil.presets`), fixed by its name: public, so the
+plan's public parts (the scattering preset's whitening release) are known before a row is read."""
 USER_SCHEMES = ("csv", "parquet", "npz")
 DEFAULT_DATA_DIRS = {
     "fashion-mnist": "/usr/share/datasets/fashion-mnist",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from veil.data import Dataset, sha256_arrays, split
+from veil.data import BUILTIN_PRESETS, Dataset, sha256_arrays, split
 
 __all__ = ["load_builtin"]
 
@@ -32,7 +32,7 @@ def load_builtin(name: str, *, test_fraction: float, seed: int) -> Dataset:
             y_test=y_te,
             classes=[str(c) for c in bunch.target_names],
             sha256=digest,
-            preset="image-small",
+            preset=BUILTIN_PRESETS[name],
             pixel_max=DIGITS_PIXEL_MAX,
         )
     bunch = datasets.load_breast_cancer()
@@ -49,6 +49,6 @@ def load_builtin(name: str, *, test_fraction: float, seed: int) -> Dataset:
         y_test=y_te,
         classes=[str(c) for c in bunch.target_names],
         sha256=digest,
-        preset="table",
+        preset=BUILTIN_PRESETS[name],
         feature_names=[str(f) for f in bunch.feature_names],
     )

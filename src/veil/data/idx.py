@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from veil.data import Dataset, check_labels
+from veil.data import BUILTIN_PRESETS, Dataset, check_labels
 from veil.errors import DataError
 
 __all__ = ["IDX_FILES", "load_idx_dataset", "read_idx"]
@@ -169,7 +169,7 @@ def load_idx_dataset(name: str, data_dir: str) -> Dataset:
         y_test=y_test,
         classes=list(classes),
         sha256=digest.hexdigest(),
-        preset="image",
+        preset=BUILTIN_PRESETS[name],
         pixel_max=255.0,
         rules=rules,
     )

@@ -102,27 +102,26 @@ def _from_columns(
     first_row: int,
     declared: list[str] | None,
 ) -> Dataset:
+    """The no-schema table: every other column a numeric feature, the target's labels in the declared
+    order, the keyed train/test split.
+
+    Guarantee. After the rows are read nothing is refused on a count: a row with a cell that is not
+    a finite number, or with an undeclared label, is dropped (a per-record rule, listed in ``rules``),
+    and a file with no data rows, or with none left, goes on as a table of zero rows through the same
+    path. Whether that may train is the job's rule on its public N (``veil train``: N = 0 refused by
+    :func:`veil.pipeline.data.check_delta`, naming N = 0 only; ``veil tune`` plans on the public
+    ⌊(1 − F)·N⌋). No message here prints a count. The refusals left are on the header (column
+    names: metadata, checked before reading by :func:`veil.data.check_names`) and the declared
+    label set."""
     features = [c for c in columns if c != target]
     if not features:
         raise DataError(
             "dataset", name, "there are no feature columns besides the target", "add feature columns"
         )
-    if not columns[target]:
-        raise DataError("dataset", name, "the file has no data rows", "provide a file with examples")
     x, bad = _feature_matrix(columns, features)
     y, classes = encode_labels(columns[target], f"target '{target}'", declared)
     keep, rules = drop_unlabelled(y, bad)
     x, y = x[keep], y[keep]
-    if len(y) < 2 * len(classes) and bad.any():
-        raise DataError(
-            "dataset",
-            name,
-            "too few rows are left once the rows holding a cell that is not a finite number (a text "
-            "column, a missing value) are dropped: without a schema every feature must be a number",
-            "a table with text or missing cells needs a schema: draft one with `veil schema infer FILE "
-            "--target COLUMN --out schema.toml` (or release one with --epsilon), then train with --schema "
-            "schema.toml (docs/tables.md)",
-        )
     check_labels(y, classes, f"target '{target}'")
     x_tr, y_tr, x_te, y_te = split(x.astype(np.float32), y, test_fraction, seed, classes)
     return Dataset(
@@ -148,14 +147,13 @@ def read_csv_columns(
     tables' pyarrow reader (:func:`veil.tables.sources.read_csv_text`): one CSV parser for every job,
     so U+0085 or U+2028 inside a cell never cuts a row. One physical line is one record unless
     ``multiline_values`` (declared: quoted values may span lines; see
-    :mod:`veil.tables.sources.csv_reader` for the risk). ``encoding`` is declared."""
+    :mod:`veil.tables.sources.csv_reader` for the risk). ``encoding`` is declared. A header-only file
+    gives empty columns (no refusal on the row count: :func:`_from_columns`); no header is refused."""
     from veil.tables.sources import parse_source, read_csv_text
 
     columns = read_csv_text(parse_source(f"csv:{p}", encoding=encoding, multiline_values=multiline_values))
-    if not columns or not next(iter(columns.values())):
-        raise DataError(
-            "dataset file", str(p), "a CSV needs a header row and at least one data row", "add them"
-        )
+    if not columns:  # the header is metadata, read before any row (veil.data.check_names)
+        raise DataError("dataset file", str(p), "a CSV needs a header row", "add one")
     return dict(columns)
 
 
@@ -222,7 +220,7 @@ def _load_npz(
         )
     # Finite as float32, the type training reads (1e300 is a finite float64 and inf once cast).
     finite = (
-        np.isfinite(x.reshape(len(x), -1).astype(np.float32)).all(axis=1)
+        np.isfinite(x.reshape(len(x), math.prod(x.shape[1:])).astype(np.float32)).all(axis=1)
         if np.issubdtype(x.dtype, np.floating)
         else None
     )

@@ -85,6 +85,7 @@ class _Checked(NamedTuple):
     collate: Any
     probe: str
     noise_seed: int | None
+    template: Any
 
 
 class PrivacyEngine:
@@ -242,7 +243,11 @@ class PrivacyEngine:
         ``population``: a public number of records (or units) the rate is computed against, q =
         batch_size / population with ⌈population / batch_size⌉ steps per epoch, while each record of
         the dataset is drawn at that q (Poisson, one process): for data whose exact size is private
-        (:func:`veil.engine.planning.sizes`). Default: the dataset's own size.
+        (:func:`veil.engine.planning.sizes`). Default: the dataset's own size. With a population the
+        dataset may hold 0 rows: every planned step is taken on empty batches (noise alone) and
+        accounted, never refused on that size; empty batches are shaped from the dataset's structure
+        (:func:`veil.engine.wrapping.template_item`: a ``TensorDataset`` or a ``template_item()``
+        method, else refused whatever the size).
 
         No budget registry is opened or charged (see the class doc): use
         :class:`veil.pipeline.external.ExternalRun` for a run charged to its dataset.
@@ -318,6 +323,7 @@ class PrivacyEngine:
         sizes = planning.sizes(
             n, batch_size, sampling, unit_ids, max_rows_per_unit, ranks is not None, population
         )
+        template = wrapping.template_item(data_loader.dataset, population)
         wrapping.check_optimizer(module, optimizer)
         probe = wrapping.check_model(module, data_loader)
         # Last among the checks: calibration can take seconds.
@@ -328,7 +334,7 @@ class PrivacyEngine:
         planning.check_accountant(self.accountant, self.accountant_name, plan)
         if ranks is not None:
             ranks.agree(plan)  # a collective: every rank refuses together
-        return _Checked(module, ranks, plan, sizes, data_loader.collate_fn, probe, noise_seed)
+        return _Checked(module, ranks, plan, sizes, data_loader.collate_fn, probe, noise_seed, template)
 
     def _build(
         self,
@@ -347,7 +353,14 @@ class PrivacyEngine:
             module, plan.max_grad_norm, clipping=plan.clipping, loss_reduction=plan.loss_reduction
         )
         loader, signal = wrapping.private_loader(
-            data_loader, checked.collate, plan, checked.sizes, ranks, self.sampler_source, physical_batch_size
+            data_loader,
+            checked.collate,
+            plan,
+            checked.sizes,
+            ranks,
+            self.sampler_source,
+            physical_batch_size,
+            checked.template,
         )
         if checked.noise_seed is not None:
             from veil.mechanisms.rng import make_source

@@ -102,7 +102,8 @@ def check_sampling(poisson_sampling: bool, allow_non_poisson: bool) -> Sampling:
 
 
 def check_data_loader(data_loader: Any) -> tuple[Dataset[Any], int, int]:
-    """``(dataset, N, B)``: a map-style, non-empty dataset and the loader's expected batch size."""
+    """``(dataset, N, B)``: a map-style dataset (N may be 0: :func:`sizes` decides) and the loader's
+    expected batch size."""
     if not isinstance(data_loader, DataLoader):
         raise SamplingError(
             "data_loader",
@@ -119,8 +120,6 @@ def check_data_loader(data_loader: Any) -> tuple[Dataset[Any], int, int]:
             "use a map-style Dataset (with __len__ and __getitem__)",
         )
     n = len(dataset)
-    if n < 1:
-        raise DataError("dataset", "empty", "there is nothing to train on", "pass a non-empty dataset")
     batch_size = data_loader.batch_size
     if batch_size is None:
         raise SamplingError(
@@ -160,11 +159,19 @@ def sizes(
     count (``veil tune``'s ⌊(1 − F)·N⌋ for a training part whose exact size is private). Each record
     is still drawn independently at that q, which was fixed before any row was seen: Poisson
     sampling at a data-independent rate, whose amplification holds whatever the part's real size.
-    Poisson sampling in one process only."""
+    Poisson sampling in one process only.
+
+    An empty dataset is refused unless ``population`` is given: without one, its size is the size the
+    caller planned on (public, so the refusal says nothing about a record). With one, the dataset's
+    own size is private and may be 0 (``veil tune``'s keyed split can leave the training part empty):
+    no refusal depends on it; every planned step is taken, each an update of pure noise, and charged.
+    """
     from veil.units import check_units
 
     units = check_units(unit_ids, max_rows_per_unit, n, batch_size, sampling, distributed)
     drawn = n if units is None else len(units.rows)
+    if population is None and drawn < 1:
+        raise DataError("dataset", "empty", "there is nothing to train on", "pass a non-empty dataset")
     if population is None:
         population = drawn
     elif sampling != "poisson" or distributed:

@@ -43,6 +43,7 @@ __all__ = [
     "loader_kwargs",
     "private_loader",
     "private_optimizer",
+    "template_item",
 ]
 
 
@@ -140,6 +141,32 @@ def check_model(module: nn.Module, data_loader: DataLoader) -> str:
     return "passed" if "passed" in verdicts else verdicts[0]
 
 
+def template_item(dataset: Any, population: int | None) -> Any:
+    """The item an empty Poisson batch is shaped from (:class:`~veil.sampling.EmptyBatchCollate`).
+
+    Without a public ``population`` the dataset's size is the planned one and at least 1
+    (:func:`veil.engine.planning.sizes`): its first item. With one, the dataset's size is private and
+    may be 0, so the template is read from the dataset's structure, never from a row: a
+    ``TensorDataset``'s per-row shapes and dtypes (zeros), or the dataset's own ``template_item()``.
+    Any other dataset is refused here, whatever its size (a rule on its type, checked before a row is
+    drawn), so that a zero-row part takes its planned steps like any other."""
+    if population is None:
+        return dataset[0]
+    from torch.utils.data import TensorDataset
+
+    if isinstance(dataset, TensorDataset):
+        return tuple(t.new_zeros(t.shape[1:]) for t in dataset.tensors)
+    if callable(getattr(dataset, "template_item", None)):
+        return dataset.template_item()
+    raise InvalidParameterError(
+        "population",
+        f"a {type(dataset).__name__}",
+        "with a public population the dataset's own size may be 0, and the shape of an empty batch "
+        "must then come from the dataset's structure, not from a row",
+        "pass a TensorDataset, or give the dataset a template_item() method returning a zero item",
+    )
+
+
 def loader_kwargs(loader: DataLoader) -> dict[str, Any]:
     """The performance settings of the user's loader, carried over to the private one."""
     kwargs: dict[str, Any] = {
@@ -179,8 +206,10 @@ def private_loader(
     ranks: RankContext | None,
     rng: RandomSource,
     physical_batch_size: int | None,
+    template: Any,
 ) -> tuple[PrivateDataLoader, StepSignal]:
-    """Logical batches drawn by the plan's sampler over the user's dataset, and the step signal."""
+    """Logical batches drawn by the plan's sampler over the user's dataset, and the step signal
+    (``template``: the item empty batches are shaped from, :func:`template_item`)."""
     signal = StepSignal()
     dataset = data_loader.dataset
     loader = PrivateDataLoader(
@@ -190,7 +219,7 @@ def private_loader(
         physical_batch_size=physical_batch_size,
         signal=signal,
         collate_fn=collate,
-        template_item=dataset[0],
+        template_item=template,
         **loader_kwargs(data_loader),
     )
     return loader, signal

@@ -240,23 +240,36 @@ class FederatedCharge:
         """Identify the dataset; refuse at once if its recorded runs already spend its budget."""
         return cls(s, resume=resume)
 
+    def with_ids(self, s: FederatedSettings) -> FederatedSettings:
+        """``s`` with a new registry run id and the dataset's id, fixed *before* the registry is asked
+        (:meth:`reserve`, :meth:`reserve_stand_in`): an interrupt that lands after the registry's
+        commit and before the call returns still leaves the caller holding the id of the run the
+        registry recorded (:meth:`holds` says whether it did), so the run folder it then writes
+        names that run, for ``--resume``."""
+        return s.replace(budget_run_id=uuid.uuid4().hex, budget_dataset_id=self.charge.identity.id)
+
+    def holds(self, s: FederatedSettings) -> bool:
+        """Whether the registry recorded the run ``s`` names (read-only; False without an id)."""
+        return s.budget_run_id is not None and self.charge.registry.run(s.budget_run_id) is not None
+
     def reserve(self, s: FederatedSettings, silo_sizes: Sequence[int]) -> FederatedSettings:
-        """Admit the whole planned run or raise :class:`~veil.errors.BudgetExhaustedError` (nothing
-        recorded); the settings returned carry the registry's run and dataset ids to the ledger."""
-        run_id = uuid.uuid4().hex
-        self.charge.reserve(planned_events(s, silo_sizes), run_id, s.delta)
-        return s.replace(budget_run_id=run_id, budget_dataset_id=self.charge.identity.id)
+        """Admit the whole planned run (``s`` from :meth:`with_ids`) or raise
+        :class:`~veil.errors.BudgetExhaustedError` (nothing recorded); the settings returned carry the
+        registry's run and dataset ids to the ledger."""
+        assert s.budget_run_id is not None, "with_ids before reserving"
+        self.charge.reserve(planned_events(s, silo_sizes), s.budget_run_id, s.delta)
+        return s.replace(budget_dataset_id=self.charge.identity.id)
 
     def reserve_stand_in(self, s: FederatedSettings) -> FederatedSettings:
         """Record level, before a row is read: admit the stand-in (the target ε at δ,
-        :func:`~veil.pipeline.private_data.stand_in_plan`) or refuse with nothing recorded; from here
-        the run stays charged (the data is read next)."""
+        :func:`~veil.pipeline.private_data.stand_in_plan`; ``s`` from :meth:`with_ids`) or refuse with
+        nothing recorded; from here the run stays charged (the data is read next)."""
         from veil.pipeline.private_data import stand_in_plan
 
-        run_id = uuid.uuid4().hex
-        self.charge.reserve(stand_in_plan(s.epsilon, s.delta), run_id, s.delta, before_reading=True)
+        assert s.budget_run_id is not None, "with_ids before reserving"
+        self.charge.reserve(stand_in_plan(s.epsilon, s.delta), s.budget_run_id, s.delta, before_reading=True)
         self.charge.reading()
-        return s.replace(budget_run_id=run_id, budget_dataset_id=self.charge.identity.id)
+        return s.replace(budget_dataset_id=self.charge.identity.id)
 
     def replan(self, s: FederatedSettings, silo_sizes: Sequence[int]) -> None:
         """Replace the stand-in by the whole planned run (silos of ``silo_sizes`` records); over the

@@ -13,7 +13,8 @@ SuperLink/SuperNodes on loopback with :mod:`veil.federated.deploy`) → the regi
 what the ledger charged → the report, computed from the run folder. What is charged and why:
 :mod:`veil.federated.charge`.
 
-Ctrl-C (SIGINT) or SIGTERM during a simulated run stops it: Flower stops its SuperNodes, veil stops
+Ctrl-C (SIGINT) or SIGTERM during a simulated run — from the registry's reservation on, while the data
+is read and the silos planned as much as inside Flower — stops it: Flower stops its SuperNodes, veil stops
 the ServerApp thread (:mod:`veil.federated.stop`) before the registry settles, and once the plan is
 charged the job raises :class:`~veil.errors.RunInterrupted` (``veil federated --resume DIR``
 continues it): the run folder then holds the run's settings (written as soon as the plan is charged,
@@ -271,7 +272,8 @@ def charged(s: FederatedSettings, run_dir: Path, *, resume: bool = False) -> Ite
                 # The plan needs no data (σ from the clients' count, q and the rounds): reserved
                 # before a row is read; the checks then read the data, so a refusal stays charged
                 # (``release`` settles the plan once rows may have been read).
-                s = account.reserve(_with_sigma(s), [])
+                s = account.with_ids(_with_sigma(s))  # the run id before the registry records it
+                s = account.reserve(s, [])
                 try:
                     check_data(s)  # σ is calibrated already: the search is not run twice
                 except BaseException:
@@ -282,6 +284,7 @@ def charged(s: FederatedSettings, run_dir: Path, *, resume: bool = False) -> Ite
                 # ε at δ) is reserved before a row is read, and the plan replaces it once the silos
                 # are known; a refusal in between (δ against the smallest silo) stays charged at the
                 # stand-in.
+                s = account.with_ids(s)  # the run id before the registry records it
                 s = account.reserve_stand_in(s)
                 try:
                     s = plan(s)
@@ -293,7 +296,10 @@ def charged(s: FederatedSettings, run_dir: Path, *, resume: bool = False) -> Ite
             if not resume:
                 start_folder(s, run_dir)
         except KeyboardInterrupt:
-            if not resume and s.budget_run_id:  # charged, stopped while reading: --resume continues
+            # Charged (the registry recorded the run, even if the interrupt came before its reply),
+            # stopped while reserving or reading: the folder names the run, --resume continues it;
+            # the reservation stays charged (never released once it may have been recorded).
+            if not resume and account.holds(s):
                 start_folder(s, run_dir)
             raise
         try:
@@ -310,7 +316,7 @@ def deploy(s: FederatedSettings, timeout: float = 3600.0) -> dict[str, Any]:
 
     run_dir = Path(s.out)
     check_new_folder(run_dir)
-    with charged(s, run_dir) as s:
+    with sigterm_interrupts(), charged(s, run_dir) as s:  # SIGTERM: as Ctrl-C, from the first charge
         start = time.monotonic()
         local_deployment(s, run_dir / "deployment", timeout=timeout)
     raise_if_failed(run_dir)
@@ -347,11 +353,13 @@ def simulate(s: FederatedSettings, *, resume: bool = False, cpus: int = 2) -> di
     from veil.federated.local import shared_features
 
     try:
-        with charged(s, run_dir, resume=resume) as s:
+        # SIGTERM stops the job as Ctrl-C does from before the first charge (reserving, reading the
+        # data, planning the silos), not only inside Flower: the folder then says how to continue.
+        with sigterm_interrupts(), charged(s, run_dir, resume=resume) as s:
             (run_dir / "error.txt").unlink(missing_ok=True)
             start = time.monotonic()
             # a fixed front's features: computed once, read by every client
-            with sigterm_interrupts(), shared_features(s):
+            with shared_features(s):
                 run_simulation_engine(s, cpus=cpus)
     except KeyboardInterrupt as exc:
         # the registry is settled (the plan stays charged); the folder holds the run's settings and

@@ -15,7 +15,7 @@ from veil.config import TrainConfig
 from veil.errors import ConfigError, InvalidParameterError, SamplingError
 from veil.pipeline.randomness import private_source
 from veil.pipeline.seeds import Purpose
-from veil.presets import apply_presets, preset_for, whitening_for
+from veil.presets import apply_presets, preset_for, preset_of, whitening_for
 
 if TYPE_CHECKING:
     from veil.accounting.events import PrivacyEvent
@@ -31,7 +31,9 @@ __all__ = [
     "delta_note",
     "load_data",
     "prepare",
+    "refuse_whitening_over_target",
     "release_preprocessing",
+    "whitening_plan",
 ]
 
 
@@ -264,13 +266,63 @@ def prepare(
         )
     prep = plan_preprocessing(cfg, data)
     name = resolve_name(cfg.model, data.kind, data.input_shape)
-    whitening = None
-    settings = whitening_for(preset_for(cfg.model, data), name, data.input_shape)
-    if whiten and private and settings is not None and data.units_train is None and not cfg.stream:
-        from veil.data.whitening import WhiteningPlan
-
-        whitening = WhiteningPlan(**settings)
+    planned = whiten and private and data.units_train is None
+    whitening = whitening_plan(cfg, data.preset, data.kind, data.input_shape) if planned else None
     return Prepared(cfg, data, prep, name, whitening=whitening)
+
+
+def whitening_plan(
+    cfg: TrainConfig, preset: str, kind: str, input_shape: tuple[int, ...]
+) -> WhiteningPlan | None:
+    """The scattering preset's whitening release a private, row-level, one-process run plans
+    (:func:`veil.presets.whitening_for`; none with ``--stream``), from the model, the data's preset
+    family, kind and example shape: public facts, known before a row is read for a built-in dataset
+    (:func:`refuse_whitening_over_target`)."""
+    from veil.models import resolve_name
+
+    name = resolve_name(cfg.model, kind, input_shape)
+    settings = whitening_for(preset_of(cfg.model, preset, kind, input_shape), name, input_shape)
+    if settings is None or cfg.stream:
+        return None
+    from veil.data.whitening import WhiteningPlan
+
+    return WhiteningPlan(**settings)
+
+
+def refuse_whitening_over_target(cfg: TrainConfig, whiten: bool) -> None:
+    """Refuse, before the budget is charged and before a row is read, a target ε that the scattering
+    preset's Gram release alone reaches (σ calibrated by :func:`veil.pipeline.budget.noise_multiplier`
+    would find nothing left for training).
+
+    Guarantee. The refusal is a function of public facts only: ε, δ and the accountant, the model, a
+    built-in dataset's preset family, kind and example shape (:data:`veil.data.BUILTIN_SHAPES`), the
+    privacy unit and ``whiten`` (one process: :func:`prepare`'s condition); the release's cost is
+    ``Gaussian(S)`` with the preset's S, whatever the rows. Nothing to check for other data (their
+    shape is read from the file: the post-read check on the whole preprocessing stands) or with a
+    given σ (``--noise-multiplier``: no calibration)."""
+    from veil.data import BUILTIN_PRESETS, BUILTIN_SHAPES
+
+    if not whiten or cfg.privacy_unit is not None or cfg.noise_multiplier is not None:
+        return
+    if cfg.dataset not in BUILTIN_SHAPES:
+        return
+    kind, shape = BUILTIN_SHAPES[cfg.dataset]
+    whitening = whitening_plan(cfg, BUILTIN_PRESETS[cfg.dataset], kind, shape)
+    if whitening is None:
+        return
+    from veil.accounting.calibrate import epsilon_of
+    from veil.errors import UnreachableTargetError
+
+    cost = epsilon_of([whitening.event], cfg.delta, cfg.accountant)
+    if cost >= cfg.epsilon:
+        raise UnreachableTargetError(
+            "epsilon",
+            cfg.epsilon,
+            f"the scattering preset's whitening releases one Gram matrix before training, which alone "
+            f"costs ε = {cost:.3g} at δ = {cfg.delta:g}, leaving nothing for training",
+            f"pass --epsilon above {cost:.3g} (the preset was tuned at ε = 3), or another --model "
+            "(e.g. cnn, which has no whitening release)",
+        )
 
 
 def release_preprocessing(prepared: Prepared, index: int = 0) -> None:

@@ -2,7 +2,8 @@
 
 For every dataset in the registry (or one): its budget, the composed spend over time (a plot: the
 spend after each charged run, in the order the runs were recorded), and each run with its job, its
-own ε at its own δ, who ran it, when, and a link to its report. Written through the one report stack
+own ε at its own δ, who ran it, when it was admitted (never its end: :func:`spent_over_time`), and a
+link to its report. Written through the one report stack
 (:mod:`veil.report.render`, ``templates/budget.html.j2`` on the shared page skeleton): one
 self-contained ``index.html`` (plots embedded) and ``budget.json`` with the same facts.
 
@@ -23,7 +24,15 @@ __all__ = ["budget_report", "spent_over_time", "write_budget_report"]
 
 
 def spent_over_time(status: Any, runs: Sequence[Any]) -> list[dict[str, Any]]:
-    """The composed spend at the status' δ after each charged run (in recorded order)."""
+    """The composed spend at the status' δ after each charged run (in recorded order), each point at
+    the run's admission time.
+
+    Never a run's end: with its start (in the run's own report) the end gives the run's duration, a
+    function of the private data's size and content (revH's H6 for ``release/``). The page is the
+    data-protection officer's internal one (owner-only: it also holds users and, for a file read
+    without ``--dataset-id``, its SHA-256), yet it is the page a DPO files or forwards, so it states no
+    time a run's length moves; ``veil budget show`` (the operator's terminal view of the registry)
+    keeps the end times."""
     from veil.accounting.events import Neighbouring
     from veil.registry.compose import spent_epsilon
 
@@ -36,7 +45,7 @@ def spent_over_time(status: Any, runs: Sequence[Any]) -> list[dict[str, Any]]:
         events = [list(r.events) for r in charged[: i + 1]]
         points.append(
             {
-                "at": run.finished_at or run.created_at,
+                "at": run.created_at,
                 "run_id": run.run_id,
                 "spent_epsilon": spent_epsilon(events, status.delta, status.accountant, relation),
             }

@@ -213,14 +213,18 @@ def _settle(charge: DatasetCharge, ledger: Ledger, *, completed: bool) -> None:
 
 
 def _check_public(cfg: TrainConfig) -> None:
-    """The checks that need no private row (the privacy unit's combinations, the device's precision,
+    """The checks that need no private row (the privacy unit's combinations, a target ε the
+    scattering preset's Gram release alone reaches on a built-in dataset, the device's precision,
     the output folder, a model that mixes examples where the schema describes the data), run before
     the run is charged: such bad input is refused for free."""
+    from veil.distributed.runtime import rank_and_world
+    from veil.pipeline.data import refuse_whitening_over_target
     from veil.pipeline.public_inputs import refuse_mixing_before_reading
     from veil.pipeline.units import check_unit_request
     from veil.precision import autocast
 
     check_unit_request(cfg, "veil train", supported=True)  # --stream/--audit/ranks with a unit
+    refuse_whitening_over_target(cfg, whiten=rank_and_world()[1] == 1)  # as prepare_run plans it
     _refuse_augment_without_images(cfg)
     if cfg.model.startswith("hf:"):  # the model folder is public: weights, tokenizer, memory, max_length
         from veil.text.data import check_model_folder

@@ -30,7 +30,6 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from veil.errors import DataError
 from veil.tables.sources import csv_reader, parquet_reader, sql_reader
 from veil.tables.sources.common import (
     RawTable,
@@ -94,14 +93,9 @@ def read_source(
         return RawTable(table, source, first_row=2, malformed=malformed[0])
     if source.kind == "parquet":
         return RawTable(parquet_reader.read_table(source, schema, wanted), source)
+    # No refusal on the row count once the rows are read (a table or query with none goes on as zero
+    # rows, as a header-only CSV: each job's rule on its public N decides).
     table = sql_reader.read_table(source)
-    if table.num_rows == 0:
-        raise DataError(
-            "dataset",
-            source.describe(),
-            "the table or query returned no rows, so there is nothing to train on",
-            "check the table name, the query's WHERE clause and the database",
-        )
     return RawTable(table.select(wanted), source)
 
 

@@ -171,6 +171,13 @@ def read_table(source: TableSource, limit: int | None = None) -> pa.Table:
             _check_unique(sqlite_names)
             return pa.table({n: pa.array([], pa.null()) for n in sqlite_names})
         engine = _engine(source)  # the fallback check below, on a fresh engine
+    if limit == 0 and source.query is None and engine.dialect.name == "sqlite":
+        try:
+            names = _sqlite_table_columns(engine, source)
+        finally:
+            engine.dispose()
+        _check_unique(names)
+        return pa.table({n: pa.array([], pa.null()) for n in names})
     try:
         try:
             conn = engine.connect()
@@ -206,10 +213,15 @@ def _check_unique(names: list[str]) -> None:
         raise DataError("query columns", dup, "two result columns share a name", "alias them apart (AS ...)")
 
 
-def _sqlite_columns_without_rows(engine: Any, source: TableSource) -> list[str] | None:
+def _sqlite_columns_without_rows(
+    engine: Any, source: TableSource, skip_failing: bool = False
+) -> list[str] | None:
     """A SQLite ``--query``'s column names from a copy of the database's schema with no row in it (its
     tables' and views' ``CREATE`` statements run in an in-memory database), or None where that copy
     cannot be made (a virtual table's module, say: the caller falls back to ``WHERE 1 = 0``).
+    ``skip_failing``: a statement the copy refuses is left out instead (a virtual table's shadow
+    tables, which its ``CREATE VIRTUAL TABLE`` already made; a module not loaded here), and the query
+    runs on what was copied.
 
     Guarantee: the check sees no stored value, even for a query that closes the check's parenthesis
     (review revG F1), so its error text is shown — it can quote only the query and the schema — and
@@ -226,11 +238,12 @@ def _sqlite_columns_without_rows(engine: Any, source: TableSource) -> list[str] 
         ]
     empty = sqlite3.connect(":memory:")
     try:
-        try:
-            for statement in ddl:
+        for statement in ddl:
+            try:
                 empty.execute(statement)
-        except sqlite3.Error:
-            return None
+            except sqlite3.Error:
+                if not skip_failing:
+                    return None
         query = str(source.query).strip().rstrip(";")
         try:
             cursor = empty.execute(f"SELECT * FROM ({query}) AS veil_q WHERE 1 = 0")
@@ -244,6 +257,66 @@ def _sqlite_columns_without_rows(engine: Any, source: TableSource) -> list[str] 
         return [str(d[0]) for d in cursor.description or ()]
     finally:
         empty.close()
+
+
+def _sqlite_table_columns(engine: Any, source: TableSource) -> list[str]:
+    """A SQLite ``--table``'s column names from the schema alone: ``sqlite_master`` says what the name
+    is; a plain table's columns come from ``PRAGMA table_info`` (its declaration), a view's from a
+    copy of the database's schema with no row in it (:func:`_sqlite_columns_without_rows`: the view's
+    query runs there, over empty tables; a view the copy cannot run, over a module not loaded here,
+    is refused with the database's text, which quotes only the schema). A virtual table is refused:
+    its rows are made by its module's code, which describing it already runs (``xConnect``,
+    ``xBestIndex``) and which may read any data source (FTS5 reads its shadow tables), so no check
+    of it can promise to touch no stored value; its rows copied into a plain table are read like any
+    other.
+
+    Guarantee: no statement of this check runs over a stored row, so whether it passes (and so
+    whether a job goes on to charge) depends on the schema alone, never on a record."""
+    schema_name, _, name = str(source.table).rpartition(".")
+    prefix = f"{_quoted(schema_name)}." if schema_name else ""
+    try:
+        conn = engine.connect()
+    except Exception as exc:
+        raise _connect_error(source, exc) from None
+    with conn:
+        entries = {
+            str(row[0]): (str(row[1]), str(row[2] or ""))
+            for row in conn.exec_driver_sql(
+                f"SELECT name, type, sql FROM {prefix}sqlite_master WHERE type IN ('table', 'view') "
+                "AND name NOT LIKE 'sqlite_%'"
+            )
+        }
+        if name not in entries:
+            close = difflib.get_close_matches(name, list(entries), n=1)
+            hint = f"did you mean '{close[0]}'? " if close else ""
+            raise DataError(
+                "table",
+                source.table,
+                "the database has no such table",
+                f"{hint}tables there: {', '.join(sorted(entries)[:15]) or 'none'}",
+            )
+        kind, ddl = entries[name]
+        if kind == "table" and ddl.lstrip().upper().startswith("CREATE VIRTUAL TABLE"):
+            raise DataError(
+                "table",
+                source.table,
+                "it is a virtual table: its rows are made by its module's code, which even describing "
+                "its columns runs, so a check of it could depend on the stored data",
+                f"copy its rows into a plain table (CREATE TABLE {name}_rows AS SELECT * FROM {name}) and "
+                "pass --table with that table",
+            )
+        if kind == "table":
+            pragma = f"PRAGMA {prefix}table_info({_quoted(name)})"
+            return [str(row[1]) for row in conn.exec_driver_sql(pragma)]
+    view = TableSource(kind=source.kind, location=source.location, query=f"SELECT * FROM {_quoted(name)}")
+    names = _sqlite_columns_without_rows(engine, view, skip_failing=True)
+    assert names is not None  # skip_failing: the copy is always made
+    return names
+
+
+def _quoted(identifier: str) -> str:
+    """A SQLite identifier in double quotes (inner quotes doubled)."""
+    return '"' + identifier.replace('"', '""') + '"'
 
 
 _QUERY_DIALECTS = {"sqlite": None, "postgresql": "psycopg"}
