@@ -26,6 +26,9 @@ def test_refused_before_reading_and_before_the_charge(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import veil.data.idx
+    import veil.presets
+
+    monkeypatch.setattr(veil.presets, "WHITENING_MIN_EPSILON", 0.0)  # a preset that would whiten at 0.3
 
     def no_read(*args: object, **kwargs: object) -> None:
         raise AssertionError("a private row was read")
@@ -46,7 +49,10 @@ def test_refused_before_reading_and_before_the_charge(
     assert show(capsys, "fashion-mnist")["runs"] == []
 
 
-def test_only_the_whitened_preset_on_a_public_shape_is_checked() -> None:
+def test_only_the_whitened_preset_on_a_public_shape_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    import veil.presets
+
+    monkeypatch.setattr(veil.presets, "WHITENING_MIN_EPSILON", 0.0)  # a preset that would whiten at 0.3
     small = {"dataset": "fashion-mnist", "epsilon": 0.3}
     with pytest.raises(UnreachableTargetError, match="Gram"):
         refuse_whitening_over_target(make_config(small), whiten=True)
@@ -55,3 +61,21 @@ def test_only_the_whitened_preset_on_a_public_shape_is_checked() -> None:
     refuse_whitening_over_target(make_config(small), whiten=False)  # several ranks: no whitening
     refuse_whitening_over_target(make_config({**small, "dataset": "digits"}), whiten=True)  # 8×8: none
     refuse_whitening_over_target(make_config({**small, "noise_multiplier": 1.0}), whiten=True)  # σ given
+
+
+def test_the_preset_whitens_only_from_its_smallest_epsilon() -> None:
+    """Below :data:`veil.presets.WHITENING_MIN_EPSILON` the scattering preset trains its unwhitened
+    head (the Gram release's cost is more than a small target can spare), so a small ε is neither
+    refused nor whitened; from it on, the release is planned. A public rule on the settings alone."""
+    from veil.data import BUILTIN_PRESETS, BUILTIN_SHAPES
+    from veil.pipeline.data import whitening_plan
+    from veil.presets import WHITENING_MIN_EPSILON
+
+    kind, shape = BUILTIN_SHAPES["fashion-mnist"]
+    preset = BUILTIN_PRESETS["fashion-mnist"]
+    for eps, whitens in ((0.3, False), (1.0, False), (WHITENING_MIN_EPSILON, True), (3.0, True)):
+        cfg = make_config({"dataset": "fashion-mnist", "epsilon": eps})
+        assert (whitening_plan(cfg, preset, kind, shape) is not None) is whitens, eps
+        refuse_whitening_over_target(cfg, whiten=True)  # nothing refused at any of them
+    given = make_config({"dataset": "fashion-mnist", "epsilon": 0.3, "noise_multiplier": 1.0})
+    assert whitening_plan(given, preset, kind, shape) is not None  # no target ε: the preset as tuned

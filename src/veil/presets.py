@@ -14,7 +14,15 @@ if TYPE_CHECKING:
     from veil.config import TrainConfig
     from veil.data import Dataset
 
-__all__ = ["PRESETS", "WHITENING", "apply_presets", "preset_for", "preset_of", "whitening_for"]
+__all__ = [
+    "PRESETS",
+    "WHITENING",
+    "WHITENING_MIN_EPSILON",
+    "apply_presets",
+    "preset_for",
+    "preset_of",
+    "whitening_for",
+]
 
 # Tuned on veil's benchmarks (bench/utility.py; docs/train.md), per data kind; batch_size None
 # below means "a share of N" (see apply_presets).
@@ -112,11 +120,26 @@ WHITENING: dict[str, dict[str, float]] = {
 }
 
 
-def whitening_for(preset: str, model: str, input_shape: tuple[int, ...]) -> dict[str, float] | None:
+WHITENING_MIN_EPSILON = 2.0
+"""The smallest target ε the scattering preset whitens at. The Gram release costs ε ≈ 0.59 on its own
+(S = 6, δ = 1e-5), which small targets cannot spare: on Fashion-MNIST (seed 0, secure noise) the
+whitened head gave 0.8713 at ε = 1 against the unwhitened two-scale head's 0.8782, and 0.8983 at
+ε = 2 against 0.8927 (docs/benchmarks.md, "accuracy by ε, the whitened default"); at ε = 0.5 the
+release alone would pass the target. Between 1 and 2 nothing was measured; 2 is the first ε seen
+ahead."""
+
+
+def whitening_for(
+    preset: str, model: str, input_shape: tuple[int, ...], epsilon: float | None = None
+) -> dict[str, float] | None:
     """The preset's whitening settings, or None: only the scattering preset's two-scale head (images of
-    at least 16 × 16 pixels, :func:`veil.models.scatternet`) has one. Decided from public facts only."""
+    at least 16 × 16 pixels, :func:`veil.models.scatternet`) has one, and only at a target ε of at
+    least :data:`WHITENING_MIN_EPSILON` (``None``: no target, e.g. a given noise multiplier).
+    Decided from public facts only (the settings and the data's kind and shape)."""
     settings = WHITENING.get(preset)
     if settings is None or model != "scatternet" or len(input_shape) != 3 or min(input_shape[1:]) < 16:
+        return None
+    if epsilon is not None and epsilon < WHITENING_MIN_EPSILON:
         return None
     return dict(settings)
 

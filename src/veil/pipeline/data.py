@@ -281,7 +281,8 @@ def whitening_plan(
     from veil.models import resolve_name
 
     name = resolve_name(cfg.model, kind, input_shape)
-    settings = whitening_for(preset_of(cfg.model, preset, kind, input_shape), name, input_shape)
+    target = None if cfg.noise_multiplier is not None else cfg.epsilon
+    settings = whitening_for(preset_of(cfg.model, preset, kind, input_shape), name, input_shape, target)
     if settings is None or cfg.stream:
         return None
     from veil.data.whitening import WhiteningPlan
