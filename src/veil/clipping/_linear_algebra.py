@@ -70,8 +70,10 @@ def grouped_linear(
     elif groups == 1:
         a0, g0 = ap[:, 0], gp[:, 0]
         aa = _input_gram(a0, grams)
+        # the output gradients' Gram matrix is this call's own: the product is written over it
+        # (aa may be shared with the other maps on the same input)
         gg = torch.bmm(g0, g0.transpose(1, 2))
-        norm_sq = (aa * gg).sum(dim=(1, 2))
+        norm_sq = gg.mul_(aa).sum(dim=(1, 2))
     else:
         aa = torch.einsum("bgtd,bgsd->bgts", ap, ap)
         gg = torch.einsum("bgtp,bgsp->bgts", gp, gp)
