@@ -112,7 +112,8 @@ def register(app: typer.Typer) -> None:
 
 
 def _summary(report: dict[str, Any]) -> str:
-    """The few lines ``veil pate`` prints without ``--json``."""
+    """The few lines ``veil pate`` prints without ``--json``: the same lines whatever the private N
+    (no count from the private rows; an empty test side prints "none", as ``veil train`` does)."""
     from veil.pipeline.outputs import held_out_accuracy
     from veil.pipeline.randomness import RESEARCH_CAVEAT
 
@@ -122,13 +123,13 @@ def _summary(report: dict[str, Any]) -> str:
     lines = [
         (
             f"student test accuracy {held_out_accuracy(acc)} (non-private, internal)"
-            if acc is not None
+            if "student.model" in report["files"]
             else "no student (no label released)"
         )
         + f" from {report['queries_answered']} "
         f"private labels ({report['queries_asked']} queries asked, {report['teachers']} teachers, "
         f"{report['aggregator']})",
-        f"ε = {report['epsilon']:.4g} ({report['guarantee']} guarantee) at δ = {report['delta']:g}; "
+        f"ε = {report['epsilon']:.4g} ({report['pate']['guarantee']} guarantee) at δ = {report['delta']:g}; "
         f"data-independent {report['epsilon_data_independent']:.4g}, data-dependent "
         + (f"{dd:.4g} (released)" if dd is not None else "not analysed"),
         "release-ready: secure randomness and every check passed"

@@ -40,6 +40,7 @@ __all__ = [
     "check_labels",
     "check_names",
     "check_request",
+    "check_sql_request",
     "drop_unlabelled",
     "encode_labels",
     "load_dataset",
@@ -399,7 +400,7 @@ def check_request(
                 raise undeclared_classes(classes_fix)
             check_names(name, target=target)
         return
-    from veil.tables.sources import hide_password, parse_source, refuse_password_in_url
+    from veil.tables.sources import hide_password
 
     shown = "sql:" + hide_password(name[4:]) if name.startswith("sql:") else name
     if schema is None:
@@ -409,12 +410,7 @@ def check_request(
             "a SQL table's columns, levels, bounds and classes must be declared before it is read",
             "pass --schema SCHEMA.toml (draft one with `veil schema infer`, then review it)",
         )
-    if name.startswith("sql:"):
-        refuse_password_in_url(name[4:])
-        if query:
-            from veil.tables.sources.sql_reader import refuse_query_without_check
-
-            refuse_query_without_check(parse_source(name, query=query))
+    check_sql_request(name, query=query)
     if name.partition(":")[0] not in ("csv", "parquet", "sql"):
         raise ConfigError(
             "dataset",
@@ -435,6 +431,27 @@ def check_request(
             "drop --target (the schema says which column is the label) or fix the schema",
         )
     check_names(name, schema=loaded, unit_column=privacy_unit)
+
+
+def check_sql_request(name: str, *, query: str | None = None) -> None:
+    """A ``sql:`` source's refusals that need its URL and flags alone: a password in the URL (the run
+    folder records the address), and a ``query`` on a database whose column check would run it over
+    the rows (:func:`veil.tables.sources.sql_reader.refuse_query_without_check`). Nothing for any
+    other source.
+
+    Guarantee: every job runs it before its account with the budget registry opens
+    (:func:`veil.pipeline.private_data.open_account`, and earlier through :func:`check_request` and a
+    text run's checks), so such a typo is refused in one line with no run recorded and no ε spent;
+    it reads no row and opens no connection, so the refusal is the same whatever the database
+    holds."""
+    if not name.startswith("sql:"):
+        return
+    from veil.tables.sources import parse_source, refuse_password_in_url
+    from veil.tables.sources.sql_reader import refuse_query_without_check
+
+    refuse_password_in_url(name[4:])
+    if query:
+        refuse_query_without_check(parse_source(name, query=query))
 
 
 def check_names(

@@ -23,6 +23,15 @@ last — never more than the √2 (L2) and 2 (L1) the GNMax and LNMax bounds ass
 each order statistic, and the top count the confident threshold reads) moves by at most one per
 changed teacher and stays in [0, K], which is all the data-dependent bounds, their smooth
 sensitivity and the PTR distance use (:mod:`veil.pate.smooth_sensitivity`, :mod:`veil.pate.ptr`).
+
+No training row at all. The keyed train/test split may leave the training side empty (N = 0, which
+depends on one record: N is private for PATE). That is the same rule at its limit, never an error:
+every teacher abstains, every histogram is zero, and the aggregator answers each query as it would
+any other (GNMax: the noisy argmax of zero counts, a label drawn by the noise alone; Confident-GNMax:
+the threshold check on noise alone). Every query asked is charged as planned and the labels and
+report are released with the shape of any other run; adding one record then moves one teacher from
+abstaining to one vote, within the bounds above. The helpers here take zero rows as they take any
+(:func:`row_digests` hashes none, :func:`count_shared_rows` counts none).
 """
 
 from __future__ import annotations
@@ -58,10 +67,14 @@ class Partition:
 
 
 def _canonical_rows(x: np.ndarray) -> np.ndarray:
-    """Rows as contiguous float64 (−0.0 folded into 0.0), so equal values hash equally."""
+    """Rows as contiguous float64 (−0.0 folded into 0.0), so equal values hash equally.
+
+    No rows (a 0-d value, or an array of length 0: an empty training side, which depends on one
+    record) is no error: an empty ``(0, row size)`` array, whose rows there are none to hash."""
     a = np.asarray(x)
     if a.ndim == 0 or a.shape[0] == 0:
-        return a.reshape(a.shape[0] if a.ndim else 0, -1).astype(np.float64)
+        width = int(np.prod(a.shape[1:])) if a.ndim > 1 else 0
+        return np.zeros((0, width), dtype=np.float64)
     flat = a.reshape(a.shape[0], -1)
     if np.issubdtype(flat.dtype, np.number) or flat.dtype == np.bool_:
         return np.ascontiguousarray(flat.astype(np.float64) + 0.0)

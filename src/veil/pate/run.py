@@ -153,7 +153,9 @@ def _partition(cfg: PateConfig, data: PateData, groups: Any) -> Partition:
     a message, which would let one record decide whether labels are released. The one exception is a
     built-in benchmark read from the files veil ships or knows (no ``--data-dir``): its split is a
     fixed, documented dataset, so δ ≥ 1/N is refused there on public facts. With ``--data-dir`` a
-    built-in name reads the user's own files, whose count is private: a note (revI I2)."""
+    built-in name reads the user's own files, whose count is private: a note (revI I2). N = 0 (the
+    keyed split holding every row out) is partitioned like any N: every teacher abstains and the
+    aggregator still answers, charged and released as planned (:mod:`veil.pate.partition`)."""
     from veil.data import BUILTIN
     from veil.pate.partition import partition_teachers
     from veil.pipeline.data import check_delta

@@ -187,10 +187,12 @@ def check_declarations(cfg: TrainConfig, classes_fix: str | None = None) -> None
 
 def _check_text_request(cfg: TrainConfig, classes_fix: str | None) -> None:
     """A text run's declarations, from the flags and the file's header alone (revH's H9): the label
-    set (``--classes``: the text loader never takes it from the rows) and, for a CSV or Parquet file,
-    a ``--target`` among its column names."""
-    from veil.data import CLASSES_FIX, check_names, undeclared_classes
+    set (``--classes``: the text loader never takes it from the rows), a ``sql:`` URL's own refusals
+    (:func:`veil.data.check_sql_request`) and, for a CSV or Parquet file, a ``--target`` among its
+    column names."""
+    from veil.data import CLASSES_FIX, check_names, check_sql_request, undeclared_classes
 
+    check_sql_request(cfg.dataset, query=cfg.query)
     if cfg.classes is None:
         raise undeclared_classes(classes_fix or CLASSES_FIX)
     if cfg.table_schema is None:

@@ -173,8 +173,15 @@ def open_account(
     refuse_if_spent: bool = True,
 ) -> PrivateAccount:
     """Identify the dataset (the one resolver) and refuse it at once if its budget is spent, or if the
-    job starts from weights released by a run on it (``--init-from``)."""
+    job starts from weights released by a run on it (``--init-from``).
+
+    Before the registry is opened, a ``sql:`` source's public refusals (a password in the URL, a
+    ``--query`` whose check would run it: :func:`veil.data.check_sql_request`) are made here, for
+    every job: such input never records a run nor spends ε."""
+    from veil.data import check_sql_request
     from veil.registry.charge import DatasetCharge
+
+    check_sql_request(ref.spec, query=ref.query)
 
     charge = DatasetCharge.before_reading(
         ref.spec,

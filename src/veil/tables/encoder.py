@@ -191,6 +191,11 @@ class TableEncoder:
         With ``rows`` (an upper bound on the row count) the result is allocated once, zero pages
         untouched until written, so the peak is the result plus one batch; without it the encoded
         batches are concatenated at the end.
+
+        Guarantee: ``rows`` is a hint for memory, never a condition. Should more rows arrive than it
+        allows (a bound that is wrong), the rows encoded so far become the first block and the rest
+        is concatenated: the result is the one without a bound. How many rows the private file
+        holds never makes a job fail after reading, nor appears in a message.
         """
         x = np.zeros((rows, self.width), dtype=np.float32) if rows is not None else None
         y = np.zeros(rows, dtype=np.int64) if rows is not None and with_target else None
@@ -202,8 +207,9 @@ class TableEncoder:
         for raw in batches:
             rules["rows_dropped_malformed"] += raw.malformed
             m = raw.table.num_rows
-            if x is not None and n + m > x.shape[0]:  # pragma: no cover - the bound is an upper bound
-                raise RuntimeError(f"more rows than the bound {x.shape[0]}")
+            if x is not None and n + m > x.shape[0]:  # a bound passed: concatenate from here on
+                blocks.append((x[:n], y[:n] if y is not None else None))
+                x = y = None
             xb = x[n : n + m] if x is not None else np.zeros((m, self.width), dtype=np.float32)
             dropped = self._encode_into(raw, xb, rules)
             yb = _encode_target(target, raw.table.column(target.name), self.schema, rules) if target else None

@@ -109,7 +109,8 @@ def iter_source(
 ) -> tuple[int | None, Iterator[RawTable]]:
     """The table in batches, typed by the schema, and an upper bound on its row count (or None).
 
-    CSV is parsed block by block (pyarrow's streaming reader; the bound is the file's newline count),
+    CSV is parsed block by block (pyarrow's streaming reader; the bound is the file's line-end count,
+    :func:`~veil.tables.sources.csv_reader.newline_count`),
     Parquet batch by batch within its row groups (the count is in its metadata); a SQL result comes
     as one batch. A consumer that writes each batch into a preallocated result holds at most one
     batch of Arrow data at a time.
@@ -127,7 +128,7 @@ def iter_source(
         wanted.append(unit_column)
     if source.kind == "csv":
         path = Path(source.location)
-        bound = None if path.name.lower().endswith(".gz") else csv_reader.newline_count(path)
+        bound = None if path.name.lower().endswith(".gz") else csv_reader.newline_count(path, source.encoding)
         text = [unit_column] if unit_column else []
         return bound, csv_reader.read_batches(path, schema, wanted, source, present, text=text)
     if source.kind == "parquet":

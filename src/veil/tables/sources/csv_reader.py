@@ -221,12 +221,21 @@ def multiline_values(source: TableSource, schema: TableSchema | None) -> bool:
     return source.multiline_values or bool(schema is not None and schema.csv_multiline_values)
 
 
-def newline_count(path: Path) -> int:
-    """Newlines in the file: at least the number of data rows (+1 for a last line without one)."""
+def newline_count(path: Path, encoding: str = "utf-8") -> int:
+    """An upper bound on the file's data rows, by the reader's own rule: the line ends (``\r\n``, a
+    lone ``\r``, a lone ``\n``) in the text as the reader decodes it (same codec, a bad byte read as
+    U+FFFD), +1 for a last line without one.
+
+    Guarantee: whatever the bytes, no read of the file yields more rows than this (the reader never
+    ends a row elsewhere; the header, a blank or a dropped line only make it looser), so a table
+    job's preallocation is never too small. Counted on the decoded text, not the bytes: in a codec
+    such as cp500 a line end is not the byte ``\n``. A ``\r\n`` split between two blocks counts twice
+    (looser, still a bound). The encoder does not rely on it being one either
+    (:meth:`veil.tables.encoder.TableEncoder.encode_batches` grows past a bound, never refuses)."""
     count = 0
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 24), b""):
-            count += block.count(b"\n")
+    with _open_text(path, encoding) as fh:
+        for block in iter(lambda: fh.read(1 << 24), ""):
+            count += block.count("\n") + block.count("\r") - block.count("\r\n")
     return count + 1
 
 
