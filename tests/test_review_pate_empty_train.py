@@ -13,8 +13,9 @@ Planted (each seen to fail): restore ``a.reshape(a.shape[0] if a.ndim else 0, -1
 ``veil.cli.pate._summary`` and ``test_an_empty_test_side_still_names_its_student`` fails (as it does
 when the summary prints ``report['guarantee']``, the guarantee object, instead of its name).
 
-The header-only CSV (and one whose only line is malformed) is still refused after reading by
-``veil.data.tabular.read_csv_columns``, which another change owns; not covered here."""
+The header-only CSV and its neighbour with one training row: ``test_a_header_only_csv_releases_like_one_row``
+(``veil.data.tabular`` reads zero rows without a refusal since fixo; restoring its "a CSV needs a header
+row and at least one data row" refusal fails it)."""
 
 from __future__ import annotations
 
@@ -112,3 +113,16 @@ def test_an_empty_test_side_still_names_its_student(
     assert (tmp_path / "out-T" / "release" / "student.model").is_file()
     assert "student test accuracy none (no held-out row)" in stdout
     assert "no student" not in stdout and "{" not in stdout  # the guarantee by name, not a dict
+
+
+def test_a_header_only_csv_releases_like_one_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """H (the header alone) and its neighbour H' (one training row): both exit 0, charged, labels
+    released, reports of one shape (a header-only file was refused after the charge)."""
+    _write(tmp_path, H="", Hp=TRAIN_ROW)
+    runs = {name: _pate(capsys, tmp_path, name) for name in ("H", "Hp")}
+    for name, (code, stdout, err) in runs.items():
+        assert code == 0 and err == "", (name, stdout, err)
+        assert "labels.npz" in {p.name for p in (tmp_path / f"out-{name}" / "release").iterdir()}
+        assert [r["job"] for r in show(capsys, f"csv:{tmp_path / name}.csv")["runs"]] == ["pate"]
+    d, dp = (json.loads((tmp_path / f"out-{n}" / "release" / "report.json").read_text()) for n in ("H", "Hp"))
+    assert _shape(d) == _shape(dp)
