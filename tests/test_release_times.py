@@ -100,3 +100,24 @@ def test_a_later_runs_public_report_does_not_tell_whether_an_earlier_run_has_end
     json.dumps(public_ended)  # as release/report.json holds it
     b.finish(plan)
     c.finish(plan)
+
+
+def test_the_zip_the_docs_say_to_publish_holds_no_time_but_at(job_runs: Any, tmp_path: Path) -> None:
+    """revJ's J2: the files' ctime (the time the release was written; no call sets it) is outside the
+    guarantee, so docs/train.md says to publish a zip made with ``python -m zipfile -c``: its entries
+    carry the modification time alone (``at``, to the zip's 2 s) and no extra field (no ctime, atime)."""
+    import subprocess
+    import sys
+    import zipfile
+
+    out, _ = job_runs("train")
+    public = json.loads((out / "release" / "report.json").read_text())
+    (this,) = [r for r in public["dataset_budget"]["runs"] if r["this_run"]]
+    at = datetime.fromisoformat(this["at"].replace("Z", "+00:00")).timestamp()
+    archive = tmp_path / "release.zip"
+    subprocess.run([sys.executable, "-m", "zipfile", "-c", str(archive), "release/"], cwd=out, check=True)
+    entries = zipfile.ZipFile(archive).infolist()
+    assert {e.filename for e in entries} >= {"release/report.json", "release/model.pt"}
+    for entry in entries:
+        written = datetime(*entry.date_time).timestamp()  # a zip's times are local, to 2 s
+        assert at - 2 < written <= at and entry.extra == b"", entry
