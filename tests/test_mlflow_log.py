@@ -128,6 +128,59 @@ def test_mlflow_receives_the_public_report_only(tmp_path: Path, monkeypatch: pyt
     assert set(child.data.tags["non_private_metrics"].split(",")) == private
     assert child.data.metrics["non_private.test_accuracy"] == report["non_private"]["test_accuracy"]
     assert not child.data.params and not client.list_artifacts(child.info.run_id)
+    # Times (revJ J7): the release run starts, ends and logs every ε point at the public reservation
+    # time its own release/report.json states, never when the job ended (their difference would be
+    # the job's duration). The child run, outside the guarantee and labelled so, keeps MLflow's times.
+    at = _public_millis(back / "release" / "report.json")
+    assert run.info.start_time == run.info.end_time == at
+    history = client.get_metric_history(run.info.run_id, "epsilon")
+    assert history and {m.timestamp for m in history} == {at}
+    assert child.info.start_time > at and child.info.end_time >= child.info.start_time
+
+
+def _public_millis(public_report: Path) -> int:
+    """This run's public reservation time ``dataset_budget.runs[].at``, in MLflow's milliseconds."""
+    from datetime import datetime
+
+    (this,) = [r for r in json.loads(public_report.read_text())["dataset_budget"]["runs"] if r["this_run"]]
+    return round(datetime.fromisoformat(this["at"].replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def _digits_argv(tmp_path: Path, *more: str) -> list[str]:
+    return ["train", "--dataset", "digits", "--model", "logreg", "--epochs", "1", "--no-baseline",
+            "--out", str(tmp_path / "run"), *more]  # fmt: skip
+
+
+def test_a_file_store_this_mlflow_refuses_is_refused_before_the_job(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """revJ J7's aside: ``--mlflow file:DIR`` (MLflow keeps its file store in maintenance mode) was a
+    traceback after the run; now one line, exit 2, before the job: no run folder, nothing charged."""
+    from veil.registry.store import BudgetRegistry
+
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    for uri in (f"file:{tmp_path / 'mlruns'}", str(tmp_path / "mlruns")):
+        assert main(_digits_argv(tmp_path, "--mlflow", uri)) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "MLFLOW_ALLOW_FILE_STORE" in err, err
+        assert not (tmp_path / "run").exists() and not (tmp_path / "mlruns").exists()
+    with BudgetRegistry() as registry:
+        assert not any(status.runs for status in registry.statuses())
+
+
+def test_mlflow_failing_after_the_job_is_one_line_and_leaves_the_release(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A store that fails only when used (a SQLite file under a path that is a file): one line, exit 1
+    (the job ran and was charged, so not 2), and ``release/`` complete as the job wrote it."""
+    (tmp_path / "a-file").write_text("")
+    store = f"sqlite:///{tmp_path / 'a-file' / 'mlflow.db'}"
+    assert main(_digits_argv(tmp_path, "--mlflow", store)) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("veil: error: the job finished"), err
+    assert "Traceback" not in err and str(tmp_path / "run") in err
+    release = tmp_path / "run" / "release"
+    assert {p.name for p in release.iterdir()} >= {"model.pt", "report.json", "report.html"}
 
 
 def test_mlflow_non_private_without_mlflow_is_refused_before_the_job(

@@ -24,12 +24,28 @@ internal report, the ledger and the model are never logged.
 Tracking location: ``TRACKING_URI`` as MLflow understands it (``http://host:5000``,
 ``sqlite:///path.db``, ...); ``local`` (a bare ``--mlflow``) is a SQLite store ``mlflow.db`` with
 artifacts under ``mlartifacts/``, both in the run folder's parent (so every run under ``runs/`` lands
-in one store). Privacy: the parameters, the curve, the tag ``veil.release_ready`` and the artifacts
-come from the public report, so they are covered by its guarantee; the child run is not, and says so.
+in one store). A store MLflow will not write to is refused before the job runs, nothing charged
+(:func:`check_tracking_uri`: MLflow not installed; a ``file:`` URI or a plain path, whose file store
+this MLflow keeps in maintenance mode unless ``MLFLOW_ALLOW_FILE_STORE=true``). Privacy: the
+parameters, the curve, the tag ``veil.release_ready`` and the artifacts come from the public report,
+so they are covered by its guarantee; the child run is not, and says so.
+
+Times (revJ's J7, as ``release/``'s for revH's H6): the release run is logged after the job ends,
+and the times MLflow would stamp on it by itself — its start, its end, each ``epsilon`` point's
+timestamp — minus the reservation time its own ``release/report.json`` states
+(``dataset_budget.runs[].at``) would be the job's duration, which grows with private facts (for
+``veil tune`` the number of trials its bound assumes secret; for synth and PATE the private N). So
+all three are set to the time ``release/`` carries (:func:`veil.report.publish.release_time`, public
+already). The child run keeps MLflow's own times: it holds numbers outside the guarantee anyway and
+is labelled not to be shared. Not covered: the store's own bookkeeping, which no MLflow call sets —
+the experiment ``veil``'s creation time, when the first job logged to a new store created it
+(create the experiment beforehand to avoid it), and the times of the artifact files on the store's
+disk.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -37,7 +53,7 @@ from typing import Any
 
 from veil.errors import ConfigError
 
-__all__ = ["LOCAL", "log_report", "tracking_location"]
+__all__ = ["LOCAL", "check_tracking_uri", "log_report", "release_millis", "tracking_location"]
 
 LOCAL = "local"
 EXPERIMENT = "veil"
@@ -71,6 +87,48 @@ def _mlflow() -> Any:
     return mlflow
 
 
+def check_tracking_uri(uri: str) -> None:
+    """Refuse, before the job runs (nothing charged), a tracking location MLflow will not log to:
+    MLflow not installed, or a file store (a ``file:`` URI or a plain path) that this MLflow keeps in
+    maintenance mode (it raises on the first call unless ``MLFLOW_ALLOW_FILE_STORE=true``)."""
+    _mlflow()
+    if uri == LOCAL or uri.startswith(("databricks", "uc")):
+        return
+    from mlflow import environment_variables
+    from mlflow.utils.uri import get_uri_scheme
+
+    allowed = getattr(environment_variables, "MLFLOW_ALLOW_FILE_STORE", None)  # absent: file stores work
+    if get_uri_scheme(uri) in ("", "file") and allowed is not None and not allowed.get():
+        raise ConfigError(
+            "mlflow",
+            uri,
+            "this MLflow keeps its file store in maintenance mode and refuses to log to it",
+            "give a database or server URI (sqlite:///path/mlflow.db, http://host:5000), a bare --mlflow "
+            "(a SQLite store next to the run folder), or set MLFLOW_ALLOW_FILE_STORE=true",
+        )
+
+
+def _published(run_dir: Path) -> dict[str, Any] | None:
+    """``release/report.json`` as ``publish`` wrote it (the reservation time it states is the one the
+    release run must carry; the report handed back to the command may lack its budget section)."""
+    from veil.pipeline.run_folder import RELEASE
+
+    try:
+        published = json.loads((run_dir / RELEASE / "report.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return published if isinstance(published, dict) else None
+
+
+def release_millis(public: Mapping[str, Any]) -> int:
+    """The time of every time field of the release run, in MLflow's milliseconds: the time ``release/``
+    carries (:func:`veil.report.publish.release_time`, the run's public reservation time), never a time
+    the job's length moves. At least 1 ms: MLflow reads 0 as "now"."""
+    from veil.report.publish import release_time
+
+    return max(1, round(release_time(public) * 1000))
+
+
 def tracking_location(uri: str, run_dir: Path) -> tuple[str, str | None]:
     """``(tracking URI, artifact location for a new experiment or None)`` for ``uri`` (see module doc)."""
     if uri != LOCAL:
@@ -97,16 +155,19 @@ def log_report(report: Mapping[str, Any], uri: str, *, job: str, non_private: bo
         else client.create_experiment(EXPERIMENT, artifact_location=artifacts)
     )
 
+    at = release_millis(_published(run_dir) or public)  # the release run's every time (module doc: Times)
+
     def log_release(run_id: str) -> None:
         for key, value in params_of(public, job).items():
             client.log_param(run_id, key, value)
         for step, eps in epsilon_points(public):
-            client.log_metric(run_id, "epsilon", eps, step=step)
+            client.log_metric(run_id, "epsilon", eps, timestamp=at, step=step)
         for name in ("report.html", "report.json"):
             if (run_dir / RELEASE / name).is_file():
                 client.log_artifact(run_id, str(run_dir / RELEASE / name), artifact_path=RELEASE)
 
-    release_id = _logged_run(client, experiment_id, run_dir.name, _release_tags(public, job), log_release)
+    tags = _release_tags(public, job)
+    release_id = _logged_run(client, experiment_id, run_dir.name, tags, log_release, at=at)
     if non_private:
         metrics = non_private_metrics(report)
 
@@ -120,16 +181,23 @@ def log_report(report: Mapping[str, Any], uri: str, *, job: str, non_private: bo
 
 
 def _logged_run(
-    client: Any, experiment_id: str, name: str, tags: dict[str, str], log: Callable[[str], None]
+    client: Any,
+    experiment_id: str,
+    name: str,
+    tags: dict[str, str],
+    log: Callable[[str], None],
+    *,
+    at: int | None = None,
 ) -> str:
-    """A new run with ``tags``, filled by ``log(run_id)``, ended (FAILED if ``log`` raised)."""
-    run_id: str = client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
+    """A new run with ``tags``, filled by ``log(run_id)``, ended (FAILED if ``log`` raised); started
+    and ended at ``at`` (MLflow's milliseconds) when given, else when MLflow is called."""
+    run_id: str = client.create_run(experiment_id, start_time=at, run_name=name, tags=tags).info.run_id
     try:
         log(run_id)
     except BaseException:
-        client.set_terminated(run_id, status="FAILED")
+        client.set_terminated(run_id, status="FAILED", end_time=at)
         raise
-    client.set_terminated(run_id)
+    client.set_terminated(run_id, end_time=at)
     return run_id
 
 

@@ -44,7 +44,12 @@ def with_default_uri(argv: Sequence[str]) -> list[str]:
 
 
 def check_mlflow_flags(uri: str | None, non_private: bool) -> None:
-    """Refuse ``--mlflow-non-private`` without ``--mlflow`` (before the job runs: nothing charged)."""
+    """Refuse ``--mlflow-non-private`` without ``--mlflow``, and a tracking location MLflow will not log
+    to (:func:`veil.mlflow_log.check_tracking_uri`), before the job runs: nothing charged."""
+    if uri is not None:
+        from veil.mlflow_log import check_tracking_uri
+
+        check_tracking_uri(uri)
     if non_private and uri is None:
         raise ConfigError(
             "mlflow-non-private",
@@ -56,9 +61,20 @@ def check_mlflow_flags(uri: str | None, non_private: bool) -> None:
 
 def log_if_asked(report: Mapping[str, Any], uri: str | None, job: str, non_private: bool = False) -> None:
     """Log the finished job's report to MLflow when ``--mlflow`` was given (its non-private numbers too,
-    in a child run, with ``--mlflow-non-private``)."""
+    in a child run, with ``--mlflow-non-private``). Whatever MLflow raises (a server that does not
+    answer, a store it refuses) is one line, :class:`~veil.cli._output.FailedAfterTheJob` (exit 1):
+    the job's run folder and ``release/`` stand as written."""
     if uri is None:
         return
+    from veil.cli._output import FailedAfterTheJob
     from veil.mlflow_log import log_report
 
-    log_report(report, uri, job=job, non_private=non_private)
+    try:
+        log_report(report, uri, job=job, non_private=non_private)
+    except Exception as exc:  # a VeilError too: after the charge, exit 2 ("nothing charged") is untrue
+        why = " ".join(str(exc).split())[:300]
+        raise FailedAfterTheJob(
+            f"the job finished and its release is complete in {report.get('out_dir')}/release, but "
+            f"logging it to MLflow at {uri!r} failed ({type(exc).__name__}: {why}); the run is not in "
+            "MLflow: fix the tracking store before the next job"
+        ) from None

@@ -10,6 +10,12 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 
+class FailedAfterTheJob(Exception):
+    """A step after the job failed (logging its report to MLflow): the job itself ran, was charged and
+    wrote its run folder and ``release/``, unchanged. The entry point prints ``veil: error: MESSAGE``
+    as the one line and exits 1 — not 2, which says bad input refused with nothing charged."""
+
+
 class CommandInterrupted(Exception):
     """Ctrl-C caught by a subcommand that has something to say about it (e.g. how to resume): the
     entry point prints ``veil: MESSAGE`` as the one line and exits 130. A plain Exception, so that the

@@ -2,7 +2,8 @@
 
 Each subcommand lives in its own module exposing ``register(app)``; the work itself is a plain
 function returning a result, testable without a subprocess. Bad input is reported as one line on
-stderr with exit status 2: no traceback, nothing half-written.
+stderr with exit status 2: no traceback, nothing half-written. A step after a finished job (logging it
+to MLflow) that fails is one line too, with exit status 1: the job's folder and release stand.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import NoReturn
 import typer
 
 from veil.cli import _examples
-from veil.cli._output import CommandInterrupted
+from veil.cli._output import CommandInterrupted, FailedAfterTheJob
 from veil.errors import VeilError
 
 # Subcommand modules, in help order. A module missing here is simply not offered.
@@ -36,6 +37,7 @@ SUBCOMMANDS = (
     "env",
 )
 
+EXIT_FAILED_AFTER_THE_JOB = 1  # the job ran and was charged; a later step (MLflow) failed
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 
@@ -103,6 +105,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CommandInterrupted as exc:
         sys.stderr.write(f"veil: {exc}\n")
         return EXIT_INTERRUPTED
+    except FailedAfterTheJob as exc:
+        fail(str(exc))
+        return EXIT_FAILED_AFTER_THE_JOB
     except Exception as exc:
         # Typer's parser errors (click's, vendored or not, depending on the typer version) are
         # recognised by shape rather than by class so that both layouts work.

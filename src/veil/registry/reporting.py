@@ -177,6 +177,15 @@ def empty_status(dataset_id: str, label: str) -> DatasetStatus:
     return DatasetStatus(dataset_id, label, None, None, DEFAULT_ACCOUNTANT, relation, None, 0.0, ())
 
 
+def reporting_delta(budget_delta: float | None, charged: Sequence[Any]) -> float | None:
+    """The δ a dataset's total spend is stated at: its budget's, else the sum of the charged runs' own δ
+    (at most 1; None when no run states one)."""
+    if budget_delta is not None:
+        return budget_delta
+    deltas = [r.delta for r in charged if r.delta is not None]
+    return min(sum(deltas), 1.0) if deltas else None
+
+
 def dataset_status(row: Any, run_rows: Sequence[Any], per_run: bool = True) -> DatasetStatus:
     """Budget, composed spend and history from a dataset row and its run rows (in order).
 
@@ -185,11 +194,7 @@ def dataset_status(row: Any, run_rows: Sequence[Any], per_run: bool = True) -> D
     """
     relation = Neighbouring(row.neighbouring)
     charged = [r for r in run_rows if r.status in CHARGED]
-    if row.delta is not None:
-        delta: float | None = row.delta
-    else:
-        deltas = [r.delta for r in charged if r.delta is not None]
-        delta = min(sum(deltas), 1.0) if deltas else None
+    delta = reporting_delta(row.delta, charged)
     records = tuple(run_record(r, delta if per_run else None, row.accountant, relation) for r in run_rows)
     spent: float | None
     if not charged:
@@ -224,6 +229,19 @@ def public_label(label: str, dataset_id: str, released_id: str | None) -> str | 
     return label
 
 
+def as_found(status: DatasetStatus, run_id: str | None) -> list[RunRecord]:
+    """The charged runs a report of ``run_id`` counts: those admitted up to and including it (the
+    registry's order, ``created_at`` then ``run_id``); every charged run when ``run_id`` is None or
+    unknown (``veil budget report``).
+
+    Why (revJ's J6): a run admitted after ``run_id`` is in the registry when ``run_id``'s report is
+    written only if ``run_id`` was still running then, so listing it, or counting it in the spend,
+    would tell ``run_id``'s duration, which grows with private facts (revH's H6)."""
+    charged = [r for r in status.runs if r.charged]
+    ids = [r.run_id for r in charged]
+    return charged if run_id not in ids else charged[: ids.index(run_id) + 1]
+
+
 def budget_section(
     status: DatasetStatus,
     run_id: str | None = None,
@@ -234,6 +252,8 @@ def budget_section(
     """A report's ``dataset_budget`` section: the dataset's budget, the composed spend of its charged
     runs (``run_id`` counted with ``events``, what it released, in place of its plan) and each run's
     own ε at its own δ. ``info``: who ran each run and where its report is (``veil_budget_run_info``).
+    A run's report counts the runs admitted up to it (:func:`as_found`), each with its live status;
+    the public view withholds the other runs' statuses (:func:`veil.report.schema.public_view`).
 
     ``spent_delta`` is the δ the total is stated at (the budget's, or without a budget the sum of the
     runs' own δ); a DP preprocessing release (``veil schema infer --epsilon``) is one of the runs.
@@ -249,14 +269,15 @@ def budget_section(
     with all its rows), which is what every run charged there protects.
     """
     relation = Neighbouring(status.neighbouring)
-    runs = [r for r in status.runs if r.charged]
+    runs = as_found(status, run_id)
     own = {
         r.run_id: (list(events) if events is not None and r.run_id == run_id else list(r.events))
         for r in runs
     }
-    spent: float | None = status.spent_epsilon
-    if status.delta is not None and status.delta < 1.0 and runs:
-        spent = spent_epsilon(list(own.values()), status.delta, status.accountant, relation)
+    delta = reporting_delta(status.delta_budget, runs)  # of the runs counted, not the registry's all
+    spent: float | None = 0.0 if not runs else None
+    if delta is not None and delta < 1.0 and runs:
+        spent = spent_epsilon(list(own.values()), delta, status.accountant, relation)
     left = None
     if status.epsilon_budget is not None and spent is not None:
         left = max(status.epsilon_budget - spent, 0.0)
@@ -299,7 +320,7 @@ def budget_section(
         "budget_epsilon": status.epsilon_budget,
         "budget_delta": status.delta_budget,
         "spent_epsilon": spent,
-        "spent_delta": status.delta,
+        "spent_delta": delta,
         "left_epsilon": left,
         "runs": rows,
     }

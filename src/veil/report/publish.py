@@ -12,7 +12,14 @@ Two things a published folder must not leak beside its files' contents:
   (``dataset_budget.runs[].at``) is the run's duration, which grows with the private rows (the
   Poisson batches' sizes; for ``veil tune`` the number of trials, which its bound assumes secret).
   Every file in ``release/`` and the folder itself carry the run's reservation time
-  (:func:`release_time`), public already, whenever they were written.
+  (:func:`release_time`), public already, as modification and access time, whenever they were
+  written. Not covered (revJ's J2): their *change* time (ctime), which the system sets when a file is
+  written and no call can set, so it is the time the release was written; ``stat`` shows it and a
+  pax tar (``tar --format=posix``) archives it. Nor is the moment the job visibly ends (its process
+  exits, its report appears). Both give the duration to whoever sees them, so they are outside the
+  guarantee: publish the files' contents, not the folder's metadata — e.g. a zip made with
+  ``python -m zipfile -c release.zip release/`` (it keeps each file's modification time, ``at``, and
+  no ctime) or the files uploaded one by one — and not at the moment the job ends (docs/train.md).
 * its provenance. Each released file's SHA-256 is recorded in the budget registry for the run
   (:mod:`veil.registry.released`), so that ``--init-from`` refuses a DP release of the same rows
   under any path or name.

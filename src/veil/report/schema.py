@@ -297,7 +297,10 @@ def public_view(report: Mapping[str, Any]) -> dict[str, Any]:
     """What ``release/report.json`` holds: the report without ``non_private``, without the paths it
     labels non-private elsewhere (``non_private.labelled_elsewhere``), without local paths and the
     run's wall time (``duration_s``: it grows with the sampled batches' sizes), without
-    the users and report folders of the dataset's runs, and with the dataset named by its released id
+    the users and report folders of the dataset's runs, without the other runs' statuses (revJ's J6:
+    "reserved" or "committed" when the report is written tells whether that run had ended; the runs
+    listed are those admitted up to this one, :func:`veil.registry.reporting.as_found`), and with the
+    dataset named by its released id
     (``dataset_budget.released_id``: never the content fingerprint, which is a function of the private
     rows; :mod:`veil.registry.public_ids`), or :data:`WITHHELD_ID` when the section names none; a
     ``label`` that is or holds that fingerprint is replaced by the same released id."""
@@ -328,8 +331,16 @@ def public_view(report: Mapping[str, Any]) -> dict[str, Any]:
         hidden = not isinstance(label, str) or public_label(label, key, None) is None
         if key != budget["dataset_id"] and hidden:
             budget["label"] = budget["dataset_id"]  # nor through the label (:func:`public_label`)
-        # who ran what, and where on this machine: for the DPO only
-        budget["runs"] = [{k: v for k, v in r.items() if k not in ("user", "report")} for r in budget["runs"]]
+        # who ran what, and where on this machine: for the DPO only; nor another run's status, which
+        # moves when that run ends ("reserved" → "committed") and so would tell its duration (J6)
+        budget["runs"] = [
+            {
+                k: v
+                for k, v in r.items()
+                if k not in ("user", "report", *(() if r.get("this_run") else ("status",)))
+            }
+            for r in budget["runs"]
+        ]
     return out
 
 
