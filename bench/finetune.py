@@ -210,6 +210,7 @@ def veil_split(args: argparse.Namespace) -> dict[str, np.ndarray]:
         preset="text-finetune",
         classes=["negative", "neutral", "positive"],
         fine_tune="lora",
+        multiline_values=True,  # as veil train --csv-multiline-values (tweets hold line breaks)
     )
     # a cap takes a seeded subset, not the first rows: the split keeps the file's order, and the
     # tweets' CSV is sorted by class (its first 8,000 training rows are all negative)

@@ -8,6 +8,10 @@ tokenized to ``MAX_LENGTH`` tokens by MiniLM's tokenizer) *trains* on: a file fo
 with the real command, whose own split (``--seed 1``: seed 0 would hold none of these rows out)
 then carves a validation set from the training tweets; no test tweet is in it.
 
+1,564 tweets hold a line break inside their quoted text: ``veil train`` reads one line as one
+record unless told otherwise, so pass ``--csv-multiline-values`` (or ``csv_multiline_values = true``
+in a TOML) with these files.
+
 Usage::
 
     python bench/tweets_csv.py runs/tweets.csv
@@ -40,7 +44,7 @@ def trained_on(path: Path, max_length: int) -> np.ndarray:
     from veil.text.load import inspect_folder, load_tokenizer
     from veil.text.tokens import text_rows, tokenize
 
-    columns = read_csv_columns(path)
+    columns = read_csv_columns(path, multiline_values=True)  # 1,564 tweets hold a line break
     texts, reason = text_rows(columns["text"], "text")
     labels = np.array([CLASSES.index(str(c)) for c in columns["sentiment"]], dtype=np.int64)
     kept = reason == 0
