@@ -199,10 +199,20 @@ def _check_text_request(cfg: TrainConfig, classes_fix: str | None) -> None:
         check_names(cfg.dataset, target=cfg.target)
 
 
-def check_delta(delta: float, n: int) -> None:
+NO_SCHEMA_HINT = (
+    "; a table read without a schema keeps only the rows whose every feature is a number (a text or "
+    "missing cell drops its row): draft a schema with `veil schema infer FILE --target COLUMN --out "
+    "schema.toml`, review it, and train with --schema schema.toml (docs/tables.md)"
+)
+"""What the N = 0 refusal adds for a table read without a schema: a fixed text, chosen from the
+configuration alone (the rows that were dropped are never described)."""
+
+
+def check_delta(delta: float, n: int, hint: str = "") -> None:
     """Refuse δ ≥ 1/N: such a δ allows a mechanism that publishes one whole record. ``n`` is a public
     count (N by declaration, as in DP-SGD, or a size planned from public numbers); N < 1 is refused
-    in one line (nothing to train on), never divided by."""
+    in one line (nothing to train on), never divided by. ``hint``: a fixed text the caller chose from
+    its configuration (e.g. :data:`NO_SCHEMA_HINT`), appended to the fix."""
     from veil.errors import DataError
 
     if n < 1:
@@ -210,7 +220,7 @@ def check_delta(delta: float, n: int) -> None:
             "dataset",
             f"N = {n} training examples",
             "there is no example to train on, so no guarantee about one record can be stated",
-            "provide more examples, or a smaller test or validation fraction",
+            "provide more examples, or a smaller test or validation fraction" + hint,
         )
     if delta >= 1.0 / n:
         raise InvalidParameterError(
@@ -255,7 +265,8 @@ def prepare(
     data = load_data(cfg, streaming=streaming, units=units)
     n = data.n_records
     if private:
-        check_delta(cfg.delta, n)
+        table = cfg.table_schema is None and cfg.dataset.partition(":")[0] in ("csv", "parquet", "sql")
+        check_delta(cfg.delta, n, NO_SCHEMA_HINT if table else "")
     cfg = apply_presets(cfg, preset_for(cfg.model, data), n)
     assert cfg.batch_size is not None and cfg.epochs is not None
     if cfg.batch_size > n:
