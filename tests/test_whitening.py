@@ -283,3 +283,20 @@ def test_train_charges_the_gram_release_first_keeps_it_out_of_release_and_folds_
     ledger.close()
     again = torch.load(copy / "release" / "model.pt", weights_only=True)
     assert all(torch.equal(again[k], state[k]) for k in state)  # the same P folded into the same weights
+
+
+def test_rows_of_huge_finite_norm_enter_the_gram_sum_at_norm_at_most_one() -> None:
+    """Review revK K7: the factor 1/norm was cast to float32 before the product; for a row of norm
+    ~1e40 it is subnormal and the scaled row's norm reached 1 + 5e-6 (the reviewer's k8 rows). The
+    scaling is now done in float64, and a cast row still above 1 is shrunk below it."""
+    from veil.data.whitening import _within_unit_norm
+
+    for d in (2, 64, 1024, 4096):
+        for value in (1e19, 1e30, 1e37, 3e38):
+            row = np.full((1, d), value, dtype=np.float32)
+            assert float(np.linalg.norm(gram_of_rows(row))) <= 1.0 + 1e-6, (d, value)
+            scaled = _within_unit_norm(torch.from_numpy(row))
+            assert float(scaled.double().norm()) <= 1.0, (d, value)
+    rows = torch.from_numpy(np.random.default_rng(0).normal(size=(2000, 37)).astype(np.float32)) * 10.0
+    rows[::7] *= 1e36
+    assert float(_within_unit_norm(rows).double().norm(dim=1).max()) <= 1.0

@@ -192,7 +192,7 @@ def _has_float(value: Any) -> bool:
     return isinstance(value, float)
 
 
-def public_loaders(loader: DataLoader, module: nn.Module) -> list[DataLoader] | str:
+def public_loaders(loader: DataLoader, module: nn.Module, template: Any = None) -> list[DataLoader] | str:
     """Probe loaders of :data:`_PROBE_ITEMS` synthetic items each, built like ``loader``'s dataset items
     (with its ``collate_fn``), or a string saying why none can be made.
 
@@ -203,15 +203,22 @@ def public_loaders(loader: DataLoader, module: nn.Module) -> list[DataLoader] | 
     below the model's smallest embedding table (its architecture is public), floats from three public
     distributions (a forward that mixes only on inputs of one range is still probed there); strings
     get public texts. Every draw comes from a fixed seed, so the verdict is a function of the model,
-    the items' structure and these public choices."""
-    dataset = loader.dataset
-    try:
-        n = len(dataset)  # type: ignore[arg-type]
-    except TypeError:
-        return "skipped: the dataset has no length"
-    if n < 2:
-        return "skipped: fewer than 2 examples"
-    template = dataset[0]
+    the items' structure and these public choices.
+
+    ``template``: an item built from the dataset's structure alone (with a public population the
+    dataset's size is private and may be 0 or 1: :func:`veil.engine.wrapping.template_item`). Given,
+    the probe never looks at the dataset's length or rows, so its verdict is the same for every
+    private size; without it the first item is read and a dataset of fewer than 2 items is skipped
+    (its size is then public)."""
+    if template is None:
+        dataset = loader.dataset
+        try:
+            n = len(dataset)  # type: ignore[arg-type]
+        except TypeError:
+            return "skipped: the dataset has no length"
+        if n < 2:
+            return "skipped: fewer than 2 examples"
+        template = dataset[0]
     tables = [m.num_embeddings for m in module.modules() if isinstance(m, nn.Embedding)]
     int_high = max(2, min(tables)) if tables else 2
     lengths: tuple[int | None, ...] = _SEQUENCE_LENGTHS if _has_sequence(template) else (None,)

@@ -92,7 +92,7 @@ def _per_example_vmap(model: nn.Module, xs: torch.Tensor, ys: torch.Tensor) -> t
         return F.cross_entropy(out, yi.unsqueeze(0))
 
     grads = vmap(grad(one), in_dims=(None, 0, 0))(values, xs, ys)
-    return torch.cat([grads[name].reshape(len(xs), -1) for name in names], dim=1)
+    return torch.cat([grads[name].reshape(len(xs), values[name].numel()) for name in names], dim=1)
 
 
 def _per_example_loop(model: nn.Module, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from veil.data.rows import flat_rows
 from veil.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
@@ -256,7 +257,7 @@ def row_hashes(x: np.ndarray, labels: list[str], domain: str, seed: int) -> list
     out = []
     for start in range(0, len(x), _HASH_CHUNK):  # float64 copies of a chunk only, never of all rows
         chunk = np.asarray(x[start : start + _HASH_CHUNK], dtype=np.float64)
-        rows = np.ascontiguousarray(chunk.reshape(len(chunk), -1) + 0.0)
+        rows = np.ascontiguousarray(flat_rows(chunk) + 0.0)
         for i in range(len(rows)):
             h = hashlib.blake2b(rows[i].tobytes(), digest_size=8, key=key)
             h.update(b"|" + labels[start + i].encode())

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from veil.data import BUILTIN_PRESETS, Dataset, check_labels
+from veil.data.rows import flat_rows
 from veil.errors import DataError
 
 __all__ = ["IDX_FILES", "load_idx_dataset", "read_idx"]
@@ -113,7 +114,7 @@ def _pixels_in_range(images: np.ndarray) -> np.ndarray:
     same through the weights: one record decided the released model. Such an image is dropped."""
     if images.dtype == np.uint8:
         return np.ones(len(images), dtype=bool)
-    flat = images.reshape(len(images), -1)
+    flat = flat_rows(images)
     ok = np.ones(len(images), dtype=bool)
     for start in range(0, len(flat), 4096):
         part = flat[start : start + 4096].astype(np.float64)

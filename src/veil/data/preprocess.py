@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import numpy as np
 
 from veil.accounting.events import PrivacyEvent
+from veil.data.rows import flat_rows
 from veil.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -220,13 +221,15 @@ def run_preprocessing(
     The DP centre is the noisy clipped sum divided by ``count``, a public number: the training rows'
     N where N is public (``veil train``), else a size fixed before reading (``veil tune``'s part:
     ⌊(1 − F)·N⌋). Dividing by a private count would make the released centre move by up to twice
-    the accounted sensitivity between neighbours. None: ``dataset.n_train``."""
+    the accounted sensitivity between neighbours. None: ``dataset.n_train``. Any number of training
+    rows, 0 included (an empty trial part is private), gives a release: the rows are flattened to the
+    public example shape, never to a size inferred from the data."""
     if plan.method != "dp-center":
         return plan
     from veil.mechanisms.gaussian import gaussian_mechanism
 
     assert plan.clip_norm is not None and plan.sigma is not None
-    z = transform_numpy(plan, dataset.x_train.reshape(dataset.n_train, -1))
+    z = transform_numpy(plan, flat_rows(dataset.x_train, dataset.input_shape))
     norms = np.linalg.norm(z, axis=1)
     factor = np.minimum(1.0, plan.clip_norm / np.maximum(norms, 1e-300))
     # per-record rule: a row whose transformed vector is not finite adds zero (not NaN to everyone)

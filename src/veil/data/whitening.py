@@ -41,6 +41,7 @@ import numpy as np
 from veil.accounting.events import Gaussian
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
     from veil.mechanisms.rng import RandomSource
@@ -80,7 +81,13 @@ class WhiteningPlan:
 def gram_of_rows(rows: np.ndarray, chunk: int = GRAM_CHUNK) -> np.ndarray:
     """``Σ z zᵀ`` over the rows (float64 accumulation of float32 chunk products), each row first scaled
     down to norm ≤ 1 if above it and a row holding a non-finite value taken as zeros (per-record rules:
-    the release's sensitivity bound holds for every record, review revJ J1)."""
+    the release's sensitivity bound holds for every record, review revJ J1).
+
+    Guarantee: every float32 row entering the product has norm ≤ 1 (measured in float64). The scaling
+    is done in float64 and cast once (a float32 factor ``1/norm`` is subnormal for a row of norm
+    ~1e40, and the scaled row overshot norm 1 by up to 5e-6: review revK K7); a row whose cast still
+    lands above 1 (rounding of each coordinate, ≤ 2⁻²⁴ relative) is divided by its norm times
+    ``1 + 2⁻²²``, which no rounding can undo."""
     import torch
 
     from veil.models.scattering import finite_rows_or_zero
@@ -90,11 +97,24 @@ def gram_of_rows(rows: np.ndarray, chunk: int = GRAM_CHUNK) -> np.ndarray:
     part = torch.empty(d, d, dtype=torch.float32)  # one chunk's product, reused
     for i in range(0, len(rows), chunk):
         z = finite_rows_or_zero(torch.from_numpy(np.ascontiguousarray(rows[i : i + chunk], dtype=np.float32)))
-        norms = z.double().norm(dim=1, keepdim=True)
-        z = z * (1.0 / norms.clamp_min(1.0)).float()
+        z = _within_unit_norm(z)
         torch.mm(z.T, z, out=part)
         np.add(total, part.numpy(), out=total)  # numpy casts chunk-wise: no d × d float64 temporary
     return total
+
+
+def _within_unit_norm(z: torch.Tensor) -> torch.Tensor:
+    """Float32 rows scaled down (in float64) to norm ≤ 1 where above it; see :func:`gram_of_rows`."""
+    import torch
+
+    wide = z.double()
+    scaled = (wide / wide.norm(dim=1, keepdim=True).clamp_min(1.0)).float()
+    after = scaled.double().norm(dim=1, keepdim=True)
+    over = after > 1.0
+    if bool(over.any()):
+        shrunk = (scaled.double() / (after * (1.0 + 2.0**-22))).float()
+        scaled = torch.where(over, shrunk, scaled)
+    return scaled
 
 
 def release_gram(rows: np.ndarray, std: float, rng: RandomSource) -> np.ndarray:

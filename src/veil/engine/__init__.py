@@ -325,7 +325,9 @@ class PrivacyEngine:
         )
         template = wrapping.template_item(data_loader.dataset, population)
         wrapping.check_optimizer(module, optimizer)
-        probe = wrapping.check_model(module, data_loader)
+        # With a population the dataset's size is private: the probe is shaped from the structural
+        # template, never skipped on the size (a verdict that would depend on one record).
+        probe = wrapping.check_model(module, data_loader, template if population is not None else None)
         # Last among the checks: calibration can take seconds.
         sigma = planning.noise_multiplier(noise_multiplier, targets, sizes, sampling, self.accountant_name)
         plan = planning.make_plan(

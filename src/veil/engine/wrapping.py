@@ -122,14 +122,18 @@ def check_optimizer(module: nn.Module, optimizer: Optimizer) -> None:
         )
 
 
-def check_model(module: nn.Module, data_loader: DataLoader) -> str:
+def check_model(module: nn.Module, data_loader: DataLoader, template: Any = None) -> str:
     """The validator's problems and the example-mixing probe on synthetic items shaped like the
     loader's (:func:`~veil.mixing_probe.public_loaders`: every public draw probed, refused if any
-    mixes); returns the probe's verdict ("passed" if any draw passed, else the first reason skipped)."""
+    mixes); returns the probe's verdict ("passed" if any draw passed, else the first reason skipped).
+
+    ``template`` (with a public population: :func:`template_item`, from the dataset's structure):
+    the probe's items are shaped from it and the dataset's private size is never consulted, so a
+    mixing model is refused alike at 0, 1 or many rows."""
     problems = validate(module)
     if problems:
         raise ModelNotSupportedError(problems)
-    loaders = public_loaders(data_loader, module)  # the items' structure, never their values
+    loaders = public_loaders(data_loader, module, template)  # the items' structure, never their values
     if isinstance(loaders, str):
         return loaders
     verdicts = []

@@ -43,6 +43,7 @@ from typing import Literal
 
 import numpy as np
 
+from veil.data.rows import flat_rows
 from veil.errors import DataError, InvalidParameterError
 
 __all__ = ["Partition", "check_public_shape", "count_shared_rows", "partition_teachers", "row_digests"]
@@ -75,7 +76,7 @@ def _canonical_rows(x: np.ndarray) -> np.ndarray:
     if a.ndim == 0 or a.shape[0] == 0:
         width = int(np.prod(a.shape[1:])) if a.ndim > 1 else 0
         return np.zeros((0, width), dtype=np.float64)
-    flat = a.reshape(a.shape[0], -1)
+    flat = flat_rows(a)
     if np.issubdtype(flat.dtype, np.number) or flat.dtype == np.bool_:
         return np.ascontiguousarray(flat.astype(np.float64) + 0.0)
     return np.ascontiguousarray(flat)

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from veil.data.rows import flat_rows
 from veil.errors import CheckpointError, ConfigError, InvalidParameterError
 from veil.pipeline.run_folder import write_files
 
@@ -74,7 +75,7 @@ SCATTER_C = 1.0
 
 def _scale(x: np.ndarray, pixel_max: float | None) -> np.ndarray:
     """Public rescaling: images by their documented pixel range; tables untouched (see estimators)."""
-    flat = np.asarray(x, dtype=np.float32).reshape(len(x), -1)
+    flat = flat_rows(np.asarray(x, dtype=np.float32))
     return flat / pixel_max if pixel_max else flat
 
 
@@ -122,7 +123,7 @@ def scatter(x: np.ndarray, input_shape: tuple[int, ...], pixel_max: float | None
         if key in _FEATURES:
             return _FEATURES[key]
     imgs = a.reshape((len(a), *input_shape)) / (pixel_max or 1.0)
-    feats = scattering_features(imgs, J=J).reshape(len(a), -1)
+    feats = flat_rows(scattering_features(imgs, J=J))
     if key[1]:
         if len(_FEATURES) >= 4:
             _FEATURES.pop(next(iter(_FEATURES)))

@@ -95,7 +95,9 @@ def read_source(
         return RawTable(parquet_reader.read_table(source, schema, wanted), source)
     # No refusal on the row count once the rows are read (a table or query with none goes on as zero
     # rows, as a header-only CSV: each job's rule on its public N decides).
-    table = sql_reader.read_table(source)
+    # A --table with a schema selects only the declared columns: an undeclared one is never computed.
+    declared = list(dict.fromkeys(wanted)) if schema is not None and source.table else None
+    table = sql_reader.read_table(source, columns=declared)
     return RawTable(table.select(wanted), source)
 
 

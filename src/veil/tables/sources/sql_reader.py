@@ -130,8 +130,15 @@ def _read_failed(source: TableSource) -> DataError:
     return DataError("table", str(source.table), _READ_FAILED.format(what="reading the table"), _TABLE_FIX)
 
 
-def read_table(source: TableSource, limit: int | None = None) -> pa.Table:
+def read_table(
+    source: TableSource, limit: int | None = None, columns: Sequence[str] | None = None
+) -> pa.Table:
     """Run the table read or query; ``limit=0`` fetches the column names only.
+
+    ``columns`` (a ``--table`` read): select only these columns (the schema's declared ones, checked
+    present before), as quoted identifiers, so a column veil will not use is never computed — an
+    undeclared generated column evaluates an expression per row and can fail on one stored value
+    (revK K4), after the run was charged. None: every reflected column (no schema declared).
 
     ``limit=0`` on a ``--query`` evaluates no row: on SQLite the query runs on a copy of the schema
     without rows (:func:`_sqlite_columns_without_rows`), on PostgreSQL the server describes it without
@@ -184,7 +191,7 @@ def read_table(source: TableSource, limit: int | None = None) -> pa.Table:
         except sa_exc.SQLAlchemyError as exc:
             raise _connect_error(source, exc) from None
         with conn:
-            statement = _statement(sqlalchemy, conn, source, limit)
+            statement = _statement(sqlalchemy, conn, source, limit, columns)
             try:
                 result = conn.execution_options(stream_results=True).execute(statement)
             except Exception:
@@ -436,7 +443,9 @@ def _one_type_per_column(parts: list[pa.Table]) -> list[pa.Table]:
     return parts
 
 
-def _statement(sqlalchemy: Any, conn: Any, source: TableSource, limit: int | None) -> Any:
+def _statement(
+    sqlalchemy: Any, conn: Any, source: TableSource, limit: int | None, columns: Sequence[str] | None = None
+) -> Any:
     if source.query is not None:
         text = source.query.strip().rstrip(";")
         if limit == 0:
@@ -459,8 +468,13 @@ def _statement(sqlalchemy: Any, conn: Any, source: TableSource, limit: int | Non
     # The reflected names, without their types: a typed Table makes SQLAlchemy convert every cell after
     # fetching it (a DATETIME column holding other text raised with the cell's value in the message,
     # after the run was charged). Untyped columns pass the driver's values through to the cell rule.
+    # Only the requested columns when given (each name quoted as stored): a column left out is never
+    # computed by the database, so an undeclared generated column cannot fail the read on one row.
+    names = [c.name for c in reflected.columns] if columns is None else list(columns)
     table = sqlalchemy.table(
-        name, *(sqlalchemy.column(c.name) for c in reflected.columns), schema=schema_name or None
+        name,
+        *(sqlalchemy.column(sqlalchemy.sql.quoted_name(c, quote=True)) for c in names),
+        schema=schema_name or None,
     )
     statement = sqlalchemy.select(table)
     return statement.where(sqlalchemy.false()) if limit == 0 else statement
