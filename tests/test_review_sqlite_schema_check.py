@@ -23,20 +23,9 @@ import sqlalchemy
 from sqlalchemy import event
 
 from _budget_cli import cli
+from tables_support import TWO_FEATURES_SCHEMA as SCHEMA
 from veil.errors import DataError
 from veil.tables.sources import parse_source, source_columns
-
-SCHEMA = """reviewed = true
-[columns.a]
-type = "numeric"
-bounds = [-4, 4]
-[columns.b]
-type = "numeric"
-bounds = [-4, 4]
-[columns.label]
-role = "target"
-classes = ["0", "1"]
-"""
 
 
 def _database(path: Path, fts5: bool = False) -> Path:

@@ -24,20 +24,10 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from _budget_cli import cli
+from tables_support import TWO_FEATURES_SCHEMA as SCHEMA
 from veil.engine import PrivacyEngine
 from veil.errors import DataError, InvalidParameterError
 
-SCHEMA = """reviewed = true
-[columns.a]
-type = "numeric"
-bounds = [-4, 4]
-[columns.b]
-type = "numeric"
-bounds = [-4, 4]
-[columns.label]
-role = "target"
-classes = ["0", "1"]
-"""
 # Four rows each on the training side of the train/test split and in the validation part at F = 0.3,
 # seed 0 (checked below through the report's n_train): the planned size is ⌊0.7 · 4⌋ = 2, so the one
 # candidate (1 epoch, batch 1; no preset) takes 2 steps.

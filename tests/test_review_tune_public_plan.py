@@ -21,23 +21,12 @@ import numpy as np
 import pytest
 
 from _budget_cli import cli
+from tables_support import TWO_FEATURES_SCHEMA as SCHEMA
 from veil.config import make_config
 from veil.errors import DataError
 from veil.pipeline.data import check_delta
 from veil.tune.run import planned_size, validation_mask
 from veil.tune.trial import prepare_trial
-
-SCHEMA = """reviewed = true
-[columns.a]
-type = "numeric"
-bounds = [-4, 4]
-[columns.b]
-type = "numeric"
-bounds = [-4, 4]
-[columns.label]
-role = "target"
-classes = ["0", "1"]
-"""
 
 
 def _write(path: Path, rows: list[str]) -> None:
