@@ -73,11 +73,10 @@ def _canonical_rows(x: np.ndarray) -> np.ndarray:
     No rows (a 0-d value, or an array of length 0: an empty training side, which depends on one
     record) is no error: an empty ``(0, row size)`` array, whose rows there are none to hash."""
     a = np.asarray(x)
-    if a.ndim == 0 or a.shape[0] == 0:
-        width = int(np.prod(a.shape[1:])) if a.ndim > 1 else 0
-        return np.zeros((0, width), dtype=np.float64)
-    flat = flat_rows(a)
-    if np.issubdtype(flat.dtype, np.number) or flat.dtype == np.bool_:
+    if a.ndim == 0:
+        return np.zeros((0, 0), dtype=np.float64)
+    flat = flat_rows(a)  # (0, row size) for no rows
+    if len(flat) == 0 or np.issubdtype(flat.dtype, np.number) or flat.dtype == np.bool_:
         return np.ascontiguousarray(flat.astype(np.float64) + 0.0)
     return np.ascontiguousarray(flat)
 
